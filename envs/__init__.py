@@ -1,0 +1,35 @@
+"""Text environments behind one Gymnasium-style API (DESIGN section 5).
+
+    env = envs.make("household", seed=0)
+    obs, info = env.reset(env.task_ids("train")[0])
+    obs, reward, terminated, truncated, info = env.step("go to countertop 1")
+
+`household` is pure Python and always available. The real environments
+(ScienceWorld, TextWorld, ALFWorld) import their packages only when made, so
+this package imports without them.
+"""
+import importlib
+
+from envs.base import TextEnv
+
+# name -> "module:Class"; modules are imported lazily by make().
+REGISTRY = {
+    "household": "envs.household:HouseholdEnv",
+}
+
+
+def register(name, entry_point):
+    """Register an environment class under `name` ("module:Class")."""
+    REGISTRY[name] = entry_point
+
+
+def make(name, **kwargs):
+    """Build environment `name` with keyword arguments (seed=..., size knobs)."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown env {name!r}; valid: {', '.join(sorted(REGISTRY))}")
+    module_name, cls_name = REGISTRY[name].split(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls(**kwargs)
+
+
+__all__ = ["TextEnv", "REGISTRY", "register", "make"]

@@ -1,0 +1,48 @@
+"""The interface every text environment implements (DESIGN section 5)."""
+
+
+class TextEnv:
+    """Text in, text out. Subclasses set `name`, `instruction`, `max_steps` and
+    implement task_ids / reset / step / expert_action / is_invalid."""
+
+    name = "base"
+    instruction = ""
+    max_steps = 50
+    splits = ("train", "seen", "unseen")
+
+    def task_ids(self, split):
+        """All task ids of `split` (a list of strings like "train/00042")."""
+        raise NotImplementedError
+
+    def reset(self, task_id):
+        """Start task `task_id`; returns (obs, info) with info["task"] the goal sentence."""
+        raise NotImplementedError
+
+    def step(self, action):
+        """Execute one command; returns (obs, reward, terminated, truncated, info)."""
+        raise NotImplementedError
+
+    def expert_action(self):
+        """The expert's next command from the current state."""
+        raise NotImplementedError
+
+    def expert_text(self):
+        """The expert's whole turn in ReAct form. Default: the bare action."""
+        return f"Action: {self.expert_action()}"
+
+    def is_invalid(self, obs):
+        """True if `obs` says the last command did nothing (retrospective 'invalid' label)."""
+        raise NotImplementedError
+
+    def close(self):
+        """Release resources (subprocesses); safe to call twice."""
+
+    def _check_split(self, split):
+        if split not in self.splits:
+            raise ValueError(f"unknown split {split!r} for env {self.name!r}; valid: {', '.join(self.splits)}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

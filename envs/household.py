@@ -1,0 +1,489 @@
+"""household: a small ALFWorld-like text world in pure Python (the project's default env).
+
+A task is generated deterministically from (seed, split, index): a room of numbered
+receptacles (cabinet 1, countertop 2, fridge 1, ...) holding numbered objects (mug 1,
+apple 2, ...). Closed receptacles (cabinet, drawer, fridge, microwave) hide their
+contents until opened. The six ALFWorld task types are:
+
+    pick_and_place          put a mug in shelf 1.
+    pick_clean_then_place   put a clean mug in coffeemachine 1.   (clean O with sinkbasin 1)
+    pick_heat_then_place    put a hot apple in countertop 1.      (heat O with microwave 1)
+    pick_cool_then_place    put a cool tomato in diningtable 1.   (cool O with fridge 1)
+    look_at_obj_in_light    look at book under the desklamp.      (use desklamp 1 holding it)
+    pick_two_obj_and_place  put two spoon in drawer 1.
+
+Commands: go to X, open X, close X, take O from X, put O in/on X, clean O with X,
+heat O with X, cool O with X, use X, examine X, inventory, look. Any command that does
+nothing returns exactly "Nothing happens.". Reward is 1.0 on the step that reaches the
+goal (terminated), else 0.0; `max_steps` commands end the episode (truncated).
+
+Splits. Every task has a *goal pairing* (object type, goal receptacle type), where the
+goal of a look_at_obj_in_light task is "desklamp". A fixed rule, `is_unseen_pairing`,
+holds out about a quarter of all pairings:
+    train  - tasks whose pairing is not held out           (instances "train/i")
+    seen   - new instances of the same pairings            (instances "seen/i")
+    unseen - tasks whose pairing is held out, never in train or seen.
+Every task type has both kinds of pairing. Instances come from separate random
+streams, so train and seen share no task (tests check this on the whole default splits).
+
+The expert acts only on what it has observed: it searches receptacles in the order in
+which the object type is likely to be found (OBJECT_LOCATIONS, then the rest), opens
+closed ones, then carries out the task. It writes ReAct text: a short `Thought:` line
+where its plan changes and a bare `Action:` elsewhere.
+"""
+import random
+import zlib
+
+from envs.base import TextEnv
+
+NOTHING = "Nothing happens."
+
+OPENABLE = {"cabinet", "drawer", "fridge", "microwave"}
+
+# Where each object type tends to be, most likely first. The generator places objects
+# with these preferences and the expert searches in this order.
+OBJECT_LOCATIONS = {
+    "mug": ["cabinet", "countertop", "coffeemachine", "shelf", "diningtable", "sinkbasin"],
+    "cup": ["cabinet", "countertop", "diningtable", "shelf", "fridge", "microwave"],
+    "plate": ["cabinet", "countertop", "diningtable", "shelf", "fridge"],
+    "bowl": ["cabinet", "diningtable", "countertop", "shelf", "fridge", "microwave"],
+    "apple": ["countertop", "diningtable", "fridge", "garbagecan", "sinkbasin", "microwave"],
+    "potato": ["fridge", "countertop", "diningtable", "garbagecan", "microwave", "sinkbasin"],
+    "tomato": ["fridge", "countertop", "diningtable", "sinkbasin", "garbagecan"],
+    "egg": ["fridge", "countertop", "diningtable", "garbagecan", "microwave", "sinkbasin"],
+    "bread": ["countertop", "diningtable", "fridge", "cabinet"],
+    "lettuce": ["fridge", "countertop", "diningtable"],
+    "knife": ["countertop", "drawer", "diningtable", "sinkbasin"],
+    "spoon": ["drawer", "countertop", "diningtable", "sinkbasin"],
+    "fork": ["drawer", "countertop", "diningtable", "sinkbasin"],
+    "cloth": ["cabinet", "countertop", "drawer", "sinkbasin"],
+    "book": ["desk", "shelf", "sidetable", "drawer"],
+    "cd": ["drawer", "desk", "shelf", "sidetable"],
+    "cellphone": ["desk", "sidetable", "drawer", "shelf"],
+    "pen": ["drawer", "desk", "sidetable", "shelf"],
+    "keychain": ["drawer", "sidetable", "shelf", "desk"],
+    "alarmclock": ["desk", "sidetable", "shelf"],
+    "creditcard": ["drawer", "desk", "sidetable", "countertop"],
+}
+LAMP_LOCATIONS = ["desk", "sidetable"]
+
+KITCHENWARE = ["mug", "cup", "plate", "bowl"]
+FOOD = ["apple", "potato", "tomato", "egg", "bread", "lettuce"]
+UTENSILS = ["knife", "spoon", "fork"]
+DESK_ITEMS = ["book", "cd", "cellphone", "pen", "keychain", "alarmclock", "creditcard"]
+
+# Receptacle types an object may be put in (the goal of the place tasks).
+PLACE_TARGETS = {}
+for _o in KITCHENWARE:
+    PLACE_TARGETS[_o] = ["countertop", "diningtable", "cabinet", "shelf", "microwave", "fridge"]
+for _o in ["mug", "cup"]:
+    PLACE_TARGETS[_o] = PLACE_TARGETS[_o] + ["coffeemachine"]
+for _o in FOOD:
+    PLACE_TARGETS[_o] = ["countertop", "diningtable", "fridge", "garbagecan", "microwave"]
+for _o in UTENSILS:
+    PLACE_TARGETS[_o] = ["countertop", "diningtable", "drawer"]
+for _o in DESK_ITEMS:
+    PLACE_TARGETS[_o] = ["desk", "sidetable", "shelf", "drawer", "garbagecan"]
+PLACE_TARGETS["cloth"] = ["countertop", "cabinet", "drawer", "garbagecan"]
+
+TASK_TYPES = {
+    # type: (objects allowed, object state required, appliance, verb)
+    "pick_and_place": (sorted(PLACE_TARGETS), None, None, None),
+    "pick_clean_then_place": (KITCHENWARE + ["apple", "potato", "tomato", "lettuce"] + UTENSILS + ["cloth"],
+                              "clean", "sinkbasin", "clean"),
+    "pick_heat_then_place": (KITCHENWARE + ["apple", "potato", "tomato", "egg", "bread"], "hot", "microwave", "heat"),
+    "pick_cool_then_place": (KITCHENWARE + ["apple", "potato", "tomato", "egg", "bread", "lettuce"],
+                             "cool", "fridge", "cool"),
+    "look_at_obj_in_light": (DESK_ITEMS + ["mug", "bowl"], None, None, None),
+    "pick_two_obj_and_place": (sorted(PLACE_TARGETS), None, None, None),
+}
+
+# Receptacle types in a room: always-present ones, then optional ones with their max count.
+ALWAYS = ["fridge", "microwave", "sinkbasin", "countertop", "cabinet", "drawer"]
+OPTIONAL = {"cabinet": 4, "drawer": 3, "countertop": 2, "shelf": 2, "diningtable": 1,
+            "coffeemachine": 1, "garbagecan": 1, "desk": 1, "sidetable": 2}
+
+
+def is_unseen_pairing(obj, goal):
+    """The split rule: an (object type, goal receptacle type) pairing is held out for
+    the unseen split iff crc32("obj>goal") % 4 == 0. Stable across Python versions."""
+    return zlib.crc32(f"{obj}>{goal}".encode()) % 4 == 0
+
+
+def goal_of(task_type, obj, target):
+    return "desklamp" if task_type == "look_at_obj_in_light" else target
+
+
+def all_pairings():
+    """Every (task_type, object, goal) combination the generator can produce."""
+    out = []
+    for task_type, (objs, _, appliance, _) in TASK_TYPES.items():
+        for obj in objs:
+            if task_type == "look_at_obj_in_light":
+                out.append((task_type, obj, "desklamp"))
+                continue
+            for target in PLACE_TARGETS[obj]:
+                if target != appliance:  # "put a hot mug in microwave 1" would be odd
+                    out.append((task_type, obj, target))
+    return out
+
+
+def _listing(objs):
+    """ALFWorld's list style: 'a mug 1, a apple 2, and a knife 1'."""
+    items = [f"a {o}" for o in objs]
+    if not items:
+        return "nothing"
+    if len(items) == 1:
+        return items[0]
+    return ", ".join(items[:-1]) + ", and " + items[-1]
+
+
+def _kind(name):
+    return name.rsplit(" ", 1)[0]
+
+
+class HouseholdEnv(TextEnv):
+    """See the module docstring. Size knobs: n_receptacles, n_distractors, max_steps,
+    and the number of tasks per split."""
+
+    name = "household"
+
+    def __init__(self, seed=0, n_receptacles=10, n_distractors=6, max_steps=30,
+                 n_train=1000, n_seen=100, n_unseen=100):
+        if n_receptacles < len(ALWAYS) + 2:
+            raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
+        self.seed = seed
+        self.n_receptacles = n_receptacles
+        self.n_distractors = n_distractors
+        self.max_steps = max_steps
+        self.n_tasks = {"train": n_train, "seen": n_seen, "unseen": n_unseen}
+        pairings = all_pairings()
+        self.pairings = {
+            "train": [p for p in pairings if not is_unseen_pairing(p[1], p[2])],
+            "unseen": [p for p in pairings if is_unseen_pairing(p[1], p[2])],
+        }
+        self.pairings["seen"] = self.pairings["train"]
+        self.instruction = (
+            "You are a household agent. Reach the goal with text commands. Each turn, write an optional "
+            "line 'Thought: ...' and then one line 'Action: <command>'. Commands: go to X, open X, close X, "
+            "take O from X, put O in/on X, clean O with X, heat O with X, cool O with X, use X, examine X, "
+            f"inventory, look. A command that does nothing returns '{NOTHING}'"
+        )
+        self._task = None
+
+    # ------------------------------------------------------------------ tasks
+    def task_ids(self, split):
+        self._check_split(split)
+        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
+
+    def _parse_task_id(self, task_id):
+        try:
+            split, index = task_id.split("/")
+            index = int(index)
+        except (AttributeError, ValueError):
+            raise ValueError(f"bad task id {task_id!r}; expected '<split>/<index>' like 'train/00042'") from None
+        self._check_split(split)
+        if not 0 <= index < self.n_tasks[split]:
+            raise ValueError(f"task id {task_id!r} out of range; split {split!r} has indices 0..{self.n_tasks[split] - 1}")
+        return split, index
+
+    def generate(self, task_id):
+        """Build the world of `task_id` deterministically. Returns a dict (no side effects)."""
+        split, index = self._parse_task_id(task_id)
+        rng = random.Random(f"household/{self.seed}/{split}/{index}")  # str seeds hash with sha512: stable
+        task_type = rng.choice(sorted(TASK_TYPES))  # type first, so the six types are equally common
+        task_type, obj, target = rng.choice([p for p in self.pairings[split] if p[0] == task_type])
+
+        # Receptacles: the always-present ones, the target and the object's likely spots, then random fill.
+        counts = {k: 0 for k in list(OPTIONAL) + ALWAYS}
+        for k in ALWAYS:
+            counts[k] = 1
+        needed = [rng.choice(LAMP_LOCATIONS)] if task_type == "look_at_obj_in_light" else [target]
+        for k in needed:
+            counts[k] = max(counts[k], 1)
+        optional = [k for k, m in OPTIONAL.items() for _ in range(m)]
+        rng.shuffle(optional)
+        for k in optional:
+            if sum(counts.values()) >= self.n_receptacles:
+                break
+            if counts[k] < OPTIONAL.get(k, 1):
+                counts[k] += 1
+        receptacles = sorted(f"{k} {i}" for k, n in counts.items() for i in range(1, n + 1))
+        contents = {r: [] for r in receptacles}
+
+        def place(obj_type, forbid=()):
+            kinds = [k for k in OBJECT_LOCATIONS[obj_type] if counts[k] > 0 and k not in forbid]
+            kinds = kinds or [k for k in ALWAYS if k not in forbid]  # no likely spot in this room
+            weights = [0.5 ** i for i in range(len(kinds))]  # earlier in the list = more likely
+            kind = rng.choices(kinds, weights)[0]
+            rec = f"{kind} {rng.randint(1, counts[kind])}"
+            contents[rec].append(obj_type)
+
+        # Desklamp on a desk or sidetable (look tasks need one; others get one if there is a desk).
+        lamp_kinds = [k for k in LAMP_LOCATIONS if counts[k] > 0]
+        if lamp_kinds:
+            contents[f"{rng.choice(lamp_kinds)} 1"].append("desklamp")
+
+        n_target = 2 if task_type == "pick_two_obj_and_place" else rng.choice([1, 1, 2])
+        for _ in range(n_target):
+            place(obj, forbid=(target,))
+        others = [o for o in OBJECT_LOCATIONS if o != obj]
+        for _ in range(self.n_distractors):
+            place(rng.choice(others))
+
+        # Number instances per type in receptacle order, e.g. mug 1, mug 2.
+        numbered, seen_count = {}, {}
+        for rec in receptacles:
+            rng.shuffle(contents[rec])
+            numbered[rec] = []
+            for o in contents[rec]:
+                seen_count[o] = seen_count.get(o, 0) + 1
+                numbered[rec].append(f"{o} {seen_count[o]}")
+
+        if task_type == "look_at_obj_in_light":
+            sentence = f"look at {obj} under the desklamp."
+        else:
+            adjective = {"pick_clean_then_place": "clean ", "pick_heat_then_place": "hot ",
+                         "pick_cool_then_place": "cool "}.get(task_type, "")
+            tgt = f"{target} 1"
+            sentence = (f"put two {obj} in {tgt}." if task_type == "pick_two_obj_and_place"
+                        else f"put a {adjective}{obj} in {tgt}.")
+        return {"task_id": task_id, "task_type": task_type, "object": obj, "target": target,
+                "task": sentence, "receptacles": receptacles, "contents": numbered}
+
+    # ------------------------------------------------------------------ episode
+    def reset(self, task_id):
+        g = self.generate(task_id)
+        self._task = g
+        self.where = {o: r for r, objs in g["contents"].items() for o in objs}  # object -> receptacle
+        self.is_open = {r: False for r in g["receptacles"] if _kind(r) in OPENABLE}
+        self.state = {o: set() for o in self.where}  # object -> {"clean", "hot", "cool"}
+        self.location = None
+        self.holding = None
+        self.t = 0
+        self.done = False
+        self.lamp_on = False
+        # What the agent has observed: receptacle -> the objects it saw there.
+        self.known = {}
+        self._last_phase = None
+        obs = "You are in the middle of a room. Looking quickly around you, you see " + \
+              _listing(g["receptacles"]) + "."
+        self.last_obs = obs
+        return obs, {"task": g["task"], "task_type": g["task_type"], "task_id": task_id}
+
+    def _here(self, rec):
+        return sorted((o for o, r in self.where.items() if r == rec), key=self._obj_key)
+
+    def _obj_key(self, o):
+        return (_kind(o), int(o.rsplit(" ", 1)[1]))
+
+    def _describe(self, rec):
+        """Contents sentence; records what the agent now knows."""
+        objs = self._here(rec)
+        self.known[rec] = list(objs)
+        if _kind(rec) in OPENABLE:
+            return f"The {rec} is open. In it, you see {_listing(objs)}."
+        return f"On the {rec}, you see {_listing(objs)}."
+
+    def _visible(self, rec):
+        return _kind(rec) not in OPENABLE or self.is_open[rec]
+
+    def _execute(self, cmd):
+        """Apply one command; returns the observation (NOTHING if it did nothing)."""
+        g = self._task
+        recs = set(g["receptacles"])
+        words = cmd.split()
+        if not words:
+            return NOTHING
+        if cmd == "look":
+            return f"You are facing the {self.location}." if self.location else "You are in the middle of a room."
+        if cmd == "inventory":
+            return f"You are carrying: a {self.holding}." if self.holding else "You are not carrying anything."
+        if cmd.startswith("go to "):
+            rec = cmd[6:]
+            if rec not in recs or rec == self.location:
+                return NOTHING
+            self.location = rec
+            if self._visible(rec):
+                return f"You arrive at {rec}. " + self._describe(rec)
+            return f"You arrive at {rec}. The {rec} is closed."
+        if words[0] in ("open", "close"):
+            rec = cmd[len(words[0]) + 1:]
+            if rec != self.location or rec not in self.is_open or self.is_open[rec] == (words[0] == "open"):
+                return NOTHING
+            self.is_open[rec] = words[0] == "open"
+            if words[0] == "open":
+                return f"You open the {rec}. " + self._describe(rec)
+            return f"You close the {rec}."
+        if cmd.startswith("take ") and " from " in cmd:
+            o, rec = cmd[5:].split(" from ", 1)
+            if (self.holding or rec != self.location or self.where.get(o) != rec or not self._visible(rec)
+                    or _kind(o) == "desklamp"):
+                return NOTHING
+            del self.where[o]
+            self.holding = o
+            self.known[rec] = self._here(rec)
+            return f"You pick up the {o} from the {rec}."
+        if cmd.startswith("put ") and (" in/on " in cmd or " in " in cmd or " on " in cmd):
+            for sep in (" in/on ", " in ", " on "):
+                if sep in cmd:
+                    o, rec = cmd[4:].split(sep, 1)
+                    break
+            if o != self.holding or rec != self.location or not self._visible(rec):
+                return NOTHING
+            self.where[o] = rec
+            self.holding = None
+            self.known[rec] = self._here(rec)
+            return f"You put the {o} in/on the {rec}."
+        for verb, appliance, effect in (("clean", "sinkbasin", "clean"), ("heat", "microwave", "hot"),
+                                        ("cool", "fridge", "cool")):
+            if words[0] == verb and " with " in cmd:
+                o, rec = cmd[len(verb) + 1:].split(" with ", 1)
+                if o != self.holding or rec != self.location or _kind(rec) != appliance:
+                    return NOTHING
+                self.state[o].add(effect)
+                return f"You {verb} the {o} using the {rec}."
+        if cmd.startswith("use "):
+            thing = cmd[4:]
+            if _kind(thing) != "desklamp" or self.where.get(thing) != self.location:
+                return NOTHING
+            self.lamp_on = True
+            return f"You turn on the {thing}."
+        if cmd.startswith("examine "):
+            thing = cmd[8:]
+            if thing == self.location and self._visible(thing):
+                return self._describe(thing)
+            if thing == self.holding:
+                adjectives = " ".join(sorted(self.state[thing]))
+                return f"This is a {adjectives + ' ' if adjectives else ''}{thing}."
+            return NOTHING
+        return NOTHING
+
+    def _success(self):
+        g = self._task
+        obj, task_type = g["object"], g["task_type"]
+        if task_type == "look_at_obj_in_light":
+            return self.lamp_on and self.holding is not None and _kind(self.holding) == obj
+        need = {"pick_clean_then_place": "clean", "pick_heat_then_place": "hot",
+                "pick_cool_then_place": "cool"}.get(task_type)
+        tgt = f"{g['target']} 1"
+        placed = [o for o, r in self.where.items() if r == tgt and _kind(o) == obj
+                  and (need is None or need in self.state[o])]
+        return len(placed) >= (2 if task_type == "pick_two_obj_and_place" else 1)
+
+    def step(self, action):
+        if self._task is None:
+            raise RuntimeError("call reset(task_id) before step()")
+        if self.done:
+            raise RuntimeError("episode is over; call reset(task_id)")
+        self._last_phase = self._phase()
+        cmd = " ".join(str(action).strip().split())
+        obs = self._execute(cmd)
+        if cmd == "use desklamp 1" and obs != NOTHING and not self._success():
+            self.lamp_on = False  # the lamp only counts while the object is in hand
+        self.t += 1
+        terminated = self._success()
+        truncated = not terminated and self.t >= self.max_steps
+        self.done = terminated or truncated
+        self.last_obs = obs
+        info = {"task": self._task["task"], "won": terminated, "steps": self.t}
+        return obs, (1.0 if terminated else 0.0), terminated, truncated, info
+
+    def is_invalid(self, obs):
+        return obs.strip() == NOTHING
+
+    # ------------------------------------------------------------------ expert
+    def _search_order(self, kinds_first):
+        order = []
+        for k in kinds_first:
+            order += [r for r in self._task["receptacles"] if _kind(r) == k]
+        order += [r for r in self._task["receptacles"] if r not in order]
+        return order
+
+    def _plan(self):
+        """(phase, command) of the expert from the current state and the agent's knowledge."""
+        g = self._task
+        obj, task_type = g["object"], g["task_type"]
+        tgt = f"{g['target']} 1"
+        need, appliance, verb = TASK_TYPES[task_type][1:]
+        loc = self.location
+
+        def reach(rec, then):
+            """Go to rec, open it if needed, then `then`."""
+            if loc != rec:
+                return f"go to {rec}"
+            if not self._visible(rec):
+                return f"open {rec}"
+            return then
+
+        def search(kinds, phase, want):
+            # Receptacles not yet looked into, in prior order; the target never holds the object.
+            for rec in self._search_order(kinds):
+                if rec not in self.known and not (want == obj and rec == tgt):
+                    return phase, reach(rec, None) or f"examine {rec}"
+            return phase, "look"  # everything searched: cannot happen for generated tasks
+
+        if self.holding is not None and _kind(self.holding) != obj:
+            return "drop", f"put {self.holding} in/on {loc}"
+        if self.holding is not None:  # holding an object of the goal type
+            o = self.holding
+            if task_type == "look_at_obj_in_light":
+                lamp = next((r for r, objs in self.known.items() if "desklamp 1" in objs), None)
+                if lamp is None:
+                    return search(LAMP_LOCATIONS, "find lamp", "desklamp")
+                return "use lamp", reach(lamp, "use desklamp 1")
+            if need and need not in self.state[o]:
+                app = f"{appliance} 1"
+                return verb, (f"go to {app}" if loc != app else f"{verb} {o} with {app}")
+            return "place", reach(tgt, f"put {o} in/on {tgt}")
+        # Hands empty: fetch a known instance that is not already placed, else search.
+        for rec in self._search_order(OBJECT_LOCATIONS[obj]):
+            if rec == tgt and task_type != "look_at_obj_in_light":
+                continue
+            for o in self.known.get(rec, []):
+                if _kind(o) == obj and self.where.get(o) == rec:
+                    return "take", reach(rec, f"take {o} from {rec}")
+        return search(OBJECT_LOCATIONS[obj], "search", obj)
+
+    def _phase(self):
+        return self._plan()[0] if self._task is not None and not self.done else None
+
+    def expert_action(self):
+        return self._plan()[1]
+
+    def expert_text(self):
+        """ReAct text: a short thought where the plan changes, a bare action elsewhere."""
+        phase, cmd = self._plan()
+        if phase == self._last_phase:
+            return f"Action: {cmd}"
+        g = self._task
+        obj = g["object"]
+        thoughts = {
+            "search": f"I need to find a {obj}.",
+            "take": f"I found a {obj}. Next, I take it.",
+            "clean": f"Now I clean the {obj} with sinkbasin 1.",
+            "heat": f"Now I heat the {obj} with microwave 1.",
+            "cool": f"Now I cool the {obj} with fridge 1.",
+            "place": f"Now I put the {obj} in/on {g['target']} 1.",
+            "find lamp": "Now I need to find the desklamp.",
+            "use lamp": "Now I use the desklamp.",
+            "drop": "I am holding the wrong thing; I put it down.",
+        }
+        if phase == "search" and self._last_phase is None:
+            thoughts["search"] = f"To solve the task, I need to find a {obj}."
+        if phase == "search" and g["task_type"] == "pick_two_obj_and_place" and self._last_phase == "place":
+            thoughts["search"] = f"Now I need to find the second {obj}."
+        return f"Thought: {thoughts[phase]}\nAction: {cmd}"
+
+    # ------------------------------------------------------------------ baseline
+    def random_action(self, rng):
+        """A uniformly random command of the grammar over this room's names (a baseline)."""
+        g = self._task
+        recs = g["receptacles"]
+        objs = sorted(set(o for objs in g["contents"].values() for o in objs))
+        r, o = rng.choice(recs), rng.choice(objs)
+        return rng.choice([
+            f"go to {r}", f"open {r}", f"close {r}", f"take {o} from {r}", f"put {o} in/on {r}",
+            f"clean {o} with {r}", f"heat {o} with {r}", f"cool {o} with {r}", f"use {o}",
+            f"examine {r}", "inventory", "look",
+        ])

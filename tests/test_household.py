@@ -1,0 +1,138 @@
+"""The household environment against its rules (DESIGN section 5, issue: foundation)."""
+import collections
+import random
+
+import pytest
+
+import envs
+from envs.household import NOTHING, TASK_TYPES, all_pairings, is_unseen_pairing
+
+
+@pytest.fixture(scope="module")
+def env():
+    return envs.make("household", seed=0)
+
+
+def run_expert(env, task_id):
+    obs, info = env.reset(task_id)
+    texts, terminated, truncated = [], False, False
+    while not (terminated or truncated):
+        texts.append(env.expert_text())
+        obs, reward, terminated, truncated, _ = env.step(env.expert_action())
+    return terminated, reward, env.t, texts
+
+
+@pytest.mark.parametrize("split", ["train", "seen", "unseen"])
+def test_expert_solves_every_task_within_the_step_limit(env, split):
+    for tid in env.task_ids(split):
+        won, reward, steps, _ = run_expert(env, tid)
+        assert won and reward == 1.0 and steps <= env.max_steps, tid
+
+
+def test_expert_writes_react_text(env):
+    _, _, _, texts = run_expert(env, "train/00000")
+    assert texts[0].startswith("Thought: ") and "\nAction: " in texts[0]
+    assert any(t.startswith("Action: ") for t in texts)  # bare actions where the plan holds
+    assert all(t.split("\n")[-1].startswith("Action: ") for t in texts)
+
+
+def test_random_policy_rarely_succeeds(env):
+    rng = random.Random(0)
+    wins = 0
+    tids = env.task_ids("seen")
+    for tid in tids:
+        env.reset(tid)
+        terminated = truncated = False
+        while not (terminated or truncated):
+            _, _, terminated, truncated, _ = env.step(env.random_action(rng))
+        wins += terminated
+    assert wins / len(tids) < 0.05  # measured: 0 of 100 with seed 0
+
+
+def test_same_task_id_gives_the_same_episode():
+    a, b = envs.make("household", seed=0), envs.make("household", seed=0)
+    for tid in ["train/00007", "unseen/00003"]:
+        assert a.reset(tid) == b.reset(tid)
+        assert run_expert(a, tid) == run_expert(b, tid)
+    c = envs.make("household", seed=1)
+    assert any(c.generate(t) != a.generate(t) for t in a.task_ids("seen")[:10])
+
+
+def test_splits_are_disjoint_by_the_pairing_rule(env):
+    def world(g):
+        return (g["task"], tuple(sorted((r, tuple(o)) for r, o in g["contents"].items())))
+    pairs = {}
+    for split in ["train", "seen", "unseen"]:
+        gens = [env.generate(t) for t in env.task_ids(split)]
+        pairs[split] = {(g["object"], "desklamp" if g["task_type"] == "look_at_obj_in_light" else g["target"])
+                        for g in gens}
+        worlds = {world(g) for g in gens}
+        if split == "train":
+            train_worlds = worlds
+        elif split == "seen":
+            assert not worlds & train_worlds  # no task in two splits
+    assert all(not is_unseen_pairing(*p) for p in pairs["train"] | pairs["seen"])
+    assert all(is_unseen_pairing(*p) for p in pairs["unseen"])
+    assert pairs["seen"] <= pairs["train"]
+
+
+def test_every_task_type_occurs_in_every_split(env):
+    for split in ["train", "seen", "unseen"]:
+        types = collections.Counter(env.generate(t)["task_type"] for t in env.task_ids(split))
+        assert set(types) == set(TASK_TYPES), (split, types)
+    for task_type in TASK_TYPES:  # both kinds of pairing exist for each type
+        flags = {is_unseen_pairing(o, g) for t, o, g in all_pairings() if t == task_type}
+        assert flags == {True, False}, task_type
+
+
+def test_invalid_commands_return_nothing_happens(env):
+    obs, _ = env.reset("train/00000")
+    g = env.generate("train/00000")
+    closed = next(r for r in g["receptacles"] if r.startswith("cabinet"))
+    for bad in ["fly to the moon", "go to spaceship 1", "take mug 9 from countertop 1",
+                f"open {closed}",  # not there yet
+                "put apple 1 in/on fridge 1", "use desklamp 1", "clean mug 1 with sinkbasin 1", ""]:
+        obs, reward, terminated, truncated, _ = env.step(bad)
+        assert obs == NOTHING and env.is_invalid(obs) and reward == 0.0, bad
+    obs, *_ = env.step(f"go to {closed}")
+    assert obs == f"You arrive at {closed}. The {closed} is closed."
+    assert env.step(f"go to {closed}")[0] == NOTHING  # already there
+    assert env.step(f"open {closed}")[0].startswith(f"You open the {closed}. The {closed} is open. In it, you see ")
+    assert env.step(f"open {closed}")[0] == NOTHING  # already open
+    assert not env.is_invalid("You arrive at countertop 1. On the countertop 1, you see nothing.")
+
+
+def test_closed_receptacles_hide_contents_until_opened(env):
+    for tid in env.task_ids("train")[:50]:
+        env.reset(tid)
+        g = env.generate(tid)
+        full = [r for r in g["receptacles"] if r.startswith(("fridge", "cabinet", "drawer")) and g["contents"][r]]
+        if full:
+            rec = full[0]
+            obs = env.step(f"go to {rec}")[0]
+            assert g["contents"][rec][0] not in obs
+            obs = env.step(f"open {rec}")[0]
+            assert all(o in obs for o in g["contents"][rec])
+            return
+    pytest.fail("no closed receptacle with contents in 50 tasks")
+
+
+def test_step_limit_truncates(env):
+    env.reset("train/00001")
+    for i in range(env.max_steps):
+        _, reward, terminated, truncated, _ = env.step("look")
+        assert not terminated and reward == 0.0
+        assert truncated == (i == env.max_steps - 1)
+    with pytest.raises(RuntimeError):
+        env.step("look")
+
+
+def test_unknown_names_say_what_is_valid(env):
+    with pytest.raises(ValueError, match="household"):
+        envs.make("no-such-env")
+    with pytest.raises(ValueError, match="train, seen, unseen"):
+        env.task_ids("test")
+    with pytest.raises(ValueError, match="indices 0..99"):
+        env.reset("seen/00100")
+    with pytest.raises(ValueError, match="expected '<split>/<index>'"):
+        env.reset("banana")
