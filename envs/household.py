@@ -164,10 +164,9 @@ class HouseholdEnv(TextEnv):
         }
         self.pairings["seen"] = self.pairings["train"]
         self.instruction = (
-            "You are a household agent. Reach the goal with text commands. Each turn, write an optional "
-            "line 'Thought: ...' and then one line 'Action: <command>'. Commands: go to X, open X, close X, "
-            "take O from X, put O in/on X, clean O with X, heat O with X, cool O with X, use X, examine X, "
-            f"inventory, look. A command that does nothing returns '{NOTHING}'"
+            "Household agent. Reply with an optional 'Thought: ...' line, then 'Action: <command>'. "
+            "Commands: go to X, open X, close X, take O from X, put O in/on X, clean/heat/cool O with X, "
+            f"use X, examine X, inventory, look. A useless command gives '{NOTHING}'"
         )
         self._task = None
 

@@ -1,0 +1,411 @@
+"""Stage 02 - collect trajectories (and evaluate): run a policy on many environments at once.
+
+Reads   --policy expert (the environment's own expert) or a policy directory (01 / 05 output)
+Writes  --out FILE.jsonl: one episode per line (DESIGN section 4), every step labeled;
+        FILE.json beside it: a summary (success rate, labels, speed), also printed as one line.
+
+Environments run in lockstep, --num-envs at a time (a wave): at each step the replies of
+all live episodes are generated in one batch that stops at the end-of-turn token. The KV
+cache of a wave is kept across turns (class Session), so each turn feeds only the new
+observation tokens instead of re-reading the whole history. Sampling with --temperature
+collects data; --greedy evaluates.
+
+Retrospective labels (paper: "retrospective reward labeling") come from the next
+observation only, with precedence format > invalid > repeat > ok:
+    format   the reply has no parseable `Action:` line (the env is not stepped)
+    invalid  the environment says the command did nothing ("Nothing happens.")
+    repeat   o_{t+1} == o_t (the step changed nothing the agent can see)
+and r_aux = --r-fmt / --r-inv / --r-repeat for those labels, else 0. These auxiliary
+rewards train the critic only (03); advantages use environment rewards alone (04).
+
+    python 02_collect.py --policy expert --split train --episodes 300 --out runs/demo/data/expert.jsonl
+    python 02_collect.py --policy runs/demo/policy_0 --split seen --greedy --out runs/demo/eval/policy_0_seen.jsonl
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, StaticCache
+
+import envs
+
+FORMAT_ERROR_OBS = "Invalid reply. End your reply with one line: Action: <command>"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Stage 02: collect labeled trajectories or evaluate a policy.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--policy", required=True, help="'expert' or a policy directory (save_pretrained)")
+    p.add_argument("--out", required=True, help="output episode JSONL; the summary goes to the same name with .json")
+    p.add_argument("--env", default="household", help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
+    p.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
+    p.add_argument("--env-seed", type=int, default=0, help="the environment's world seed (which tasks exist)")
+    p.add_argument("--split", default="train", help="task split: train, seen or unseen")
+    p.add_argument("--episodes", type=int, default=0, help="number of tasks, drawn without replacement with --seed (0: every task of the split, in order)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")
+    p.add_argument("--greedy", action="store_true", help="greedy decoding (evaluation); default samples")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for collection")
+    p.add_argument("--num-envs", type=int, default=64, help="environments run in lockstep (the generation batch)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="longest reply per turn, in tokens")
+    p.add_argument("--r-fmt", type=float, default=-0.2, help="auxiliary reward of a 'format' step")
+    p.add_argument("--r-inv", type=float, default=-0.1, help="auxiliary reward of an 'invalid' step")
+    p.add_argument("--r-repeat", type=float, default=-0.1, help="auxiliary reward of a 'repeat' step")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--metrics", default="", help="append the summary to this JSONL file")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
+# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
+# ----------------------------------------------------------------------------------------
+def die(msg):
+    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+def write_atomic(path, write_fn):
+    """Write a file or directory via a temporary sibling and one rename: a killed stage
+    leaves the previous state or nothing, never half an artifact."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    write_fn(tmp)
+    if os.path.isdir(path) and not os.path.islink(path):
+        old = f"{path}.old{os.getpid()}"
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+def write_jsonl(path, rows):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    write_atomic(path, write)
+
+def write_json(path, obj):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+    write_atomic(path, write)
+
+def log_metrics(path, record):
+    """Append one JSON object to <run>/metrics.jsonl (no-op without --metrics)."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+def episode_messages(ep):
+    """DESIGN section 6: system = instruction; user = task + o_0; then assistant = step
+    text and user = observation, alternately."""
+    msgs = [{"role": "system", "content": ep["instruction"]},
+            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
+    for step in ep["steps"]:
+        msgs.append({"role": "assistant", "content": step["text"]})
+        msgs.append({"role": "user", "content": step["obs"]})
+    return msgs
+
+def load_tokenizer(path):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        die(f"{path} is not a model directory (no config.json); pass a directory written by "
+            "01_bc.py / 05_bppo.py or a local Hugging Face model")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: parsing replies and retrospective labels.
+# ----------------------------------------------------------------------------------------
+def parse_action(text):
+    """The command after the last 'Action:' in a reply, or None (a format error)."""
+    if "Action:" not in text:
+        return None
+    action = " ".join(text.rsplit("Action:", 1)[1].split("\n")[0].split())
+    return action or None
+
+
+def retro_label(action, prev_obs, next_obs, invalid):
+    """Paper: retrospective reward labeling, from the next observation only.
+    action is None for a format error; precedence format > invalid > repeat > ok."""
+    if action is None:
+        return "format"
+    if invalid:
+        return "invalid"
+    if next_obs == prev_obs:
+        return "repeat"
+    return "ok"
+
+
+# ----------------------------------------------------------------------------------------
+# Policies: the expert, and a language model with batched generation.
+# ----------------------------------------------------------------------------------------
+class Session:
+    """One KV cache shared by a wave of episodes, so each turn feeds only the new tokens
+    (the last reply's end, the observation, the next generation prompt) instead of the
+    whole history. All rows share the cache's column index; a row's visible tokens are
+    the columns whose attention mask is 1 - pads and stale tokens are masked out."""
+
+    def __init__(self, model, n_rows, max_cols, pad_id):
+        self.model, self.pad_id, self.max_cols = model, pad_id, max_cols
+        self.cache = StaticCache(config=model.config, max_cache_len=max_cols)
+        self.mask = torch.zeros((n_rows, max_cols), dtype=torch.long, device=model.device)
+        self.width = 0                                # columns used so far
+        self.ids = [[] for _ in range(n_rows)]        # visible tokens of each row
+        self.cols = [[] for _ in range(n_rows)]       # their columns in the cache
+
+    def sync(self, r, prompt):
+        """Tokens row r must feed so that it sees `prompt`: the part after the longest
+        common prefix with what it already sees (the rest is hidden)."""
+        n = 0
+        while n < min(len(prompt), len(self.ids[r])) and prompt[n] == self.ids[r][n]:
+            n += 1
+        self.mask[r, self.cols[r][n:]] = 0
+        self.cols[r], self.ids[r] = self.cols[r][:n], self.ids[r][:n]
+        return prompt[n:]
+
+    @torch.no_grad()
+    def feed(self, new):
+        """new: a token list per row (empty for idle rows) -> next-token logits (B, V)."""
+        B, W = len(new), max(1, max(len(t) for t in new))
+        chunk = torch.full((B, W), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((B, W), dtype=torch.long)
+        for r, toks in enumerate(new):  # left-pad each row's chunk so its last token is in the last column
+            if toks:
+                n = len(toks)
+                chunk[r, W - n:] = torch.tensor(toks)
+                pos[r, W - n:] = torch.arange(len(self.ids[r]), len(self.ids[r]) + n)
+                cols = list(range(self.width + W - n, self.width + W))
+                self.mask[r, cols] = 1
+                self.cols[r] += cols
+                self.ids[r] += toks
+        dev = self.model.device
+        out = self.model(input_ids=chunk.to(dev), attention_mask=self.mask, position_ids=pos.to(dev),
+                         past_key_values=self.cache, cache_position=torch.arange(self.width, self.width + W, device=dev),
+                         use_cache=True)
+        self.width += W
+        return out.logits[:, -1].float()
+
+
+class ModelPolicy:
+    """A language model acting for a wave of environments at once (batched, KV-cached)."""
+
+    def __init__(self, path, args):
+        self.tokenizer = load_tokenizer(path)
+        self.device, dtype = pick_device()
+        self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).to(self.device).eval()
+        self.eos_id = self.tokenizer.eos_token_id
+        self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
+        self.greedy, self.temperature, self.max_new = args.greedy, args.temperature, args.max_new_tokens
+        self.generated_tokens = 0
+
+    def prompt_ids(self, episode):
+        text = self.tokenizer.apply_chat_template(episode_messages(episode), add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def start_wave(self, n_rows):
+        self.session, self.n_rows = None, n_rows
+
+    @torch.no_grad()
+    def act(self, rows, prompts):
+        """Generate one reply for each row in `rows` given its prompt (token ids) -> strings."""
+        s = self.session
+        if s is not None:
+            new = [[] for _ in range(self.n_rows)]
+            for r, p in zip(rows, prompts):
+                new[r] = s.sync(r, p)
+        if s is None or s.width + max(len(t) for t in new) + self.max_new > s.max_cols:
+            # A new wave, or a cache full of pads and stale columns: start a cache that fits
+            # what the rows see now plus room for a few turns. (Attention reads every column,
+            # so a cache much larger than needed would only cost time.)
+            s = self.session = Session(self.model, self.n_rows, max(len(p) for p in prompts) + 512,
+                                       self.tokenizer.pad_token_id)
+            new = [[] for _ in range(self.n_rows)]
+            for r, p in zip(rows, prompts):
+                new[r] = p
+        logits = s.feed(new)
+        replies = {r: [] for r in rows}
+        for _ in range(self.max_new):
+            if self.greedy:
+                nxt = logits.argmax(-1)
+            else:
+                nxt = torch.multinomial(torch.softmax(logits / self.temperature, dim=-1), 1).squeeze(-1)
+            feed = [[] for _ in s.ids]
+            for r in replies:
+                if not replies[r] or replies[r][-1] != self.eos_id:
+                    replies[r].append(int(nxt[r]))
+                    if replies[r][-1] != self.eos_id:
+                        feed[r] = [replies[r][-1]]
+            if not any(feed):
+                break
+            logits = s.feed(feed)
+        out = []
+        for r in rows:
+            toks = replies[r]
+            self.generated_tokens += len(toks)
+            if toks and toks[-1] == self.eos_id:
+                toks = toks[:-1]
+            out.append(self.tokenizer.decode(toks, skip_special_tokens=True).strip())
+        return out
+
+
+def run_episodes(make_env, task_ids, policy, args, aux):
+    """Run every task once, args.num_envs environments at a time in lockstep (a wave);
+    returns the finished episodes and the number of environment steps."""
+    n_slots = min(args.num_envs, len(task_ids))
+    slots = [make_env() for _ in range(n_slots)]
+    finished, env_steps, too_long = [], 0, 0
+    bar = tqdm(total=len(task_ids), desc=f"02_collect {args.split}", unit="ep")
+    for w in range(0, len(task_ids), n_slots):
+        wave = task_ids[w:w + n_slots]
+        live, last_obs = {}, {}
+        for i, tid in enumerate(wave):
+            obs, info = slots[i].reset(tid)
+            live[i] = {"env": args.env, "task_id": tid, "split": args.split, "source": policy_source(args),
+                       "policy": policy_name(args), "seed": args.seed, "instruction": slots[i].instruction,
+                       "task": info["task"], "obs0": obs, "steps": []}
+            last_obs[i] = obs
+        if policy != "expert":
+            policy.start_wave(len(wave))
+        while live:
+            rows = sorted(live)
+            ended = set()
+            if policy == "expert":
+                replies = [slots[i].expert_text() for i in rows]
+            else:
+                prompts = [policy.prompt_ids(live[i]) for i in rows]
+                # An episode whose next prompt would overflow the model's context ends here (truncated).
+                ended = {i for i, p in zip(rows, prompts) if len(p) > policy.max_prompt}
+                too_long += len(ended)
+                keep = [(i, p) for i, p in zip(rows, prompts) if i not in ended]
+                replies = policy.act([i for i, _ in keep], [p for _, p in keep]) if keep else []
+                rows = [i for i, _ in keep]
+            for i, text in zip(rows, replies):
+                env, ep = slots[i], live[i]
+                action = parse_action(text)
+                if action is None:  # format error: the environment is not stepped
+                    obs, r_env, terminated, truncated, invalid = FORMAT_ERROR_OBS, 0.0, False, False, False
+                else:
+                    obs, r_env, terminated, truncated, _ = env.step(action)
+                    invalid = env.is_invalid(obs)
+                    env_steps += 1
+                label = retro_label(action, last_obs[i], obs, invalid)
+                ep["steps"].append({"text": text, "action": action or "", "obs": obs, "r_env": float(r_env),
+                                    "label": label, "r_aux": aux[label], "done": bool(terminated)})
+                last_obs[i] = obs
+                # Format errors count toward the step limit too.
+                if terminated or truncated or len(ep["steps"]) >= env.max_steps:
+                    ended.add(i)
+            for i in ended:
+                ep = live.pop(i)
+                if not ep["steps"]:  # not even the first prompt fit: nothing to record
+                    continue
+                ep["reward"] = float(sum(s["r_env"] for s in ep["steps"]))
+                ep["success"] = bool(ep["steps"][-1]["done"] and ep["reward"] > 0)
+                ep["truncated"] = not ep["steps"][-1]["done"]
+                finished.append(ep)
+                bar.update(1)
+    bar.close()
+    for env in slots:
+        env.close()
+    if too_long:
+        print(f"note: {too_long} episodes were cut because their next prompt exceeded the model's context")
+    return finished, env_steps
+
+
+def policy_source(args):
+    return "expert" if args.policy == "expert" else "self"
+
+
+def policy_name(args):
+    return "expert" if args.policy == "expert" else os.path.basename(os.path.normpath(args.policy))
+
+
+def summarize(episodes, env_steps, wall, args, generated_tokens):
+    labels = Counter(s["label"] for ep in episodes for s in ep["steps"])
+    n = len(episodes)
+    return {
+        "stage": "02_collect", "policy": policy_name(args), "env": args.env, "split": args.split,
+        "greedy": args.greedy, "episodes": n,
+        "success_rate": sum(ep["success"] for ep in episodes) / n,
+        "avg_reward": sum(ep["reward"] for ep in episodes) / n,
+        "avg_steps": sum(len(ep["steps"]) for ep in episodes) / n,
+        "labels": {k: labels.get(k, 0) for k in ("ok", "invalid", "repeat", "format")},
+        "env_steps": env_steps, "generated_tokens": generated_tokens,
+        "wall_s": round(wall, 2), "episodes_per_s": round(n / max(wall, 1e-9), 2),
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # Validate every input before anything is written.
+    if args.env not in envs.REGISTRY:
+        die(f"unknown env {args.env!r}; valid: {', '.join(sorted(envs.REGISTRY))}")
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+        assert isinstance(env_kwargs, dict)
+    except (json.JSONDecodeError, AssertionError):
+        die(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+    make_env = lambda: envs.make(args.env, seed=args.env_seed, **env_kwargs)  # noqa: E731
+    probe = make_env()
+    try:
+        all_ids = probe.task_ids(args.split)
+    except ValueError as e:
+        die(str(e))
+    finally:
+        probe.close()
+    if args.episodes > len(all_ids):
+        die(f"--episodes {args.episodes} exceeds the {len(all_ids)} tasks of split {args.split!r}")
+    # TRY NOT TO MODIFY: seeding
+    seed_everything(args.seed)
+    task_ids = sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids
+    policy = "expert" if args.policy == "expert" else ModelPolicy(args.policy, args)
+    aux = {"ok": 0.0, "invalid": args.r_inv, "repeat": args.r_repeat, "format": args.r_fmt}
+
+    t0 = time.time()
+    episodes, env_steps = run_episodes(make_env, task_ids, policy, args, aux)
+    episodes.sort(key=lambda ep: ep["task_id"])
+    summary = summarize(episodes, env_steps, time.time() - t0, args,
+                        0 if policy == "expert" else policy.generated_tokens)
+    write_jsonl(args.out, episodes)
+    write_json(os.path.splitext(args.out)[0] + ".json", {**summary, "args": vars(args)})
+    log_metrics(args.metrics, summary)
+    lab = summary["labels"]
+    print(f"02_collect: {summary['policy']} on {args.env}/{args.split}: success {summary['success_rate']:.1%}, "
+          f"avg reward {summary['avg_reward']:.3f}, avg steps {summary['avg_steps']:.1f}, labels ok {lab['ok']} "
+          f"invalid {lab['invalid']} repeat {lab['repeat']} format {lab['format']}, {summary['episodes']} episodes "
+          f"in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f} ep/s) -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

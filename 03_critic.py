@@ -1,0 +1,457 @@
+"""Stage 03 - the in-distribution critic: weighted implicit Q-learning on a fixed buffer.
+
+Reads   the hybrid buffer D = D_expert U D_self (episode JSONL files with labels, from 02),
+        and the policy whose transformer initialises the critic (--policy, pi_{k-1}).
+Writes  --out DIR: the critic (backbone save_pretrained + heads.safetensors + args.json).
+
+IQL learns values only on actions that are in the data - no max over actions the data
+never took - so the values stay in distribution (paper, Key Design 2). With step weights
+
+    w_t = (t/T + d) * 0.5 + 0.5,  t = 1..T,  d = 1 if the trajectory's final env reward != 0
+
+the two regressions are (DESIGN section 1, step 2):
+
+    L_V = E[ w_t * L2_tau( Qbar(s_t, a_t) - V(s_t) ) ],   L2_tau(u) = |tau - 1(u < 0)| * u^2
+    L_Q = E[ w_t * ( r_t + gamma * (1 - done_t) * V(s_{t+1}) - Q(s_t, a_t) )^2 ],  r_t = r_env + r_aux
+
+V is an upper expectile (tau > 0.5) of Q over the actions in the data; Qbar is a
+Polyak-averaged copy of the Q head. A trajectory cut by the step limit has done = 0 on
+its last step, so it bootstraps from V(s_T).
+
+Design choice: V and Q share one transformer body (one forward pass per trajectory gives
+every V and Q); the target Qbar is the Polyak average of the Q head, applied to the
+body's features with gradients stopped.
+
+    python 03_critic.py --policy runs/demo/policy_0 --out runs/demo/iter_1/critic
+        --data runs/demo/data/expert.jsonl runs/demo/iter_1/self.jsonl
+"""
+import argparse
+import bisect
+import copy
+import json
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Stage 03: weighted IQL critic on the hybrid buffer.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", nargs="+", required=True, help="episode JSONL files: expert demos + self trajectories")
+    p.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
+    p.add_argument("--out", required=True, help="output critic directory")
+    p.add_argument("--tau", type=float, default=0.7, help="expectile of V (0.5 = mean; > 0.5 leans to the better actions)")
+    p.add_argument("--gamma", type=float, default=0.95, help="discount")
+    p.add_argument("--polyak", type=float, default=0.05, help="target update rate: Qbar <- (1 - polyak) Qbar + polyak Q")
+    p.add_argument("--epochs", type=int, default=4, help="passes over the buffer")
+    p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and body)")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
+    p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
+# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
+# ----------------------------------------------------------------------------------------
+def die(msg):
+    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+EPISODE_KEYS = ("env", "task_id", "instruction", "task", "obs0", "steps", "reward", "success")
+
+STEP_KEYS = ("text", "action", "obs", "r_env", "label", "r_aux", "done")
+
+def read_episodes(paths, step_keys=STEP_KEYS):
+    """Read episode JSONL files (DESIGN section 4); reject a bad line with file and line number."""
+    episodes = []
+    for path in paths:
+        if not os.path.isfile(path):
+            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    ep = json.loads(line)
+                except json.JSONDecodeError as e:
+                    die(f"{path}:{lineno}: not valid JSON ({e.msg})")
+                missing = [k for k in EPISODE_KEYS if not isinstance(ep, dict) or k not in ep]
+                if not missing and not isinstance(ep["steps"], list):
+                    missing = ["steps (a list)"]
+                if not missing:
+                    missing = sorted({k for s in ep["steps"] for k in step_keys if k not in s})
+                if missing:
+                    die(f"{path}:{lineno}: episode lacks {', '.join(missing)}; "
+                        "is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
+                episodes.append(ep)
+    if not episodes:
+        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
+    return episodes
+
+def write_atomic(path, write_fn):
+    """Write a file or directory via a temporary sibling and one rename: a killed stage
+    leaves the previous state or nothing, never half an artifact."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    write_fn(tmp)
+    if os.path.isdir(path) and not os.path.islink(path):
+        old = f"{path}.old{os.getpid()}"
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+def write_jsonl(path, rows):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    write_atomic(path, write)
+
+def write_json(path, obj):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+    write_atomic(path, write)
+
+def log_metrics(path, record):
+    """Append one JSON object to <run>/metrics.jsonl (no-op without --metrics)."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+def episode_messages(ep):
+    """DESIGN section 6: system = instruction; user = task + o_0; then assistant = step
+    text and user = observation, alternately."""
+    msgs = [{"role": "system", "content": ep["instruction"]},
+            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
+    for step in ep["steps"]:
+        msgs.append({"role": "assistant", "content": step["text"]})
+        msgs.append({"role": "user", "content": step["obs"]})
+    return msgs
+
+def tokenize_episode(tokenizer, ep):
+    """One trajectory -> token ids and where values are read (DESIGN section 6).
+
+    Returns a dict of lists:
+      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
+      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
+      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
+      action_pos   (T,)   last token of turn t
+    The chat template is rendered as text for growing prefixes of the conversation, and
+    the full text is tokenized once; character offsets locate each turn."""
+    msgs = episode_messages(ep)
+
+    def render(m, gen):
+        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
+
+    full = render(msgs, True)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
+    action_step = [-1] * len(ids)
+    state_pos, action_pos = [], []
+    for t in range(len(ep["steps"])):
+        k = 2 + 2 * t  # index of assistant message t
+        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        if not (full.startswith(prompt) and full.startswith(after)):
+            raise ValueError("the chat template does not render a conversation as a prefix of its "
+                             "continuation; this model's template is not supported")
+        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
+        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
+        state_pos.append(first - 1)
+        action_pos.append(last)
+        for i in range(first, last + 1):
+            action_step[i] = t
+    state_pos.append(len(ids) - 1)
+    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
+
+def collate(tokenized, pad_id):
+    """Right-pad a list of tokenize_episode() dicts into tensors.
+    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
+    padded with 0, step_mask (B, T) is 1 on real steps."""
+    B = len(tokenized)
+    L = max(len(x["input_ids"]) for x in tokenized)
+    T = max(len(x["action_pos"]) for x in tokenized)
+    batch = {
+        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((B, L), dtype=torch.long),
+        "action_step": torch.full((B, L), -1, dtype=torch.long),
+        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
+        "action_pos": torch.zeros((B, T), dtype=torch.long),
+        "step_mask": torch.zeros((B, T), dtype=torch.float),
+    }
+    for i, x in enumerate(tokenized):
+        n, t = len(x["input_ids"]), len(x["action_pos"])
+        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
+        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
+        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
+        batch["step_mask"][i, :t] = 1.0
+    return batch
+
+def load_tokenizer(path):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        die(f"{path} is not a model directory (no config.json); pass a directory written by "
+            "01_bc.py / 05_bppo.py or a local Hugging Face model")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+def tokenize_all(tokenizer, episodes, max_len):
+    """Tokenize every episode; drop (and count) those longer than the model's context."""
+    kept, dropped = [], 0
+    for ep in episodes:
+        x = tokenize_episode(tokenizer, ep)
+        if len(x["input_ids"]) > max_len:
+            dropped += 1
+            continue
+        kept.append((ep, x))
+    if dropped:
+        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
+    return kept
+
+
+# ----------------------------------------------------------------------------------------
+# The critic: the policy's transformer body with a V head and a Q head (copied in 03, 04).
+# ----------------------------------------------------------------------------------------
+class Critic(torch.nn.Module):
+    """One forward pass over a trajectory gives every V(s_t) (read at state positions,
+    the last token of each generation prompt) and every Q(s_t, a_t) (read at action
+    positions, the last token of each reply)."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+        d = backbone.config.hidden_size
+
+        def head():
+            return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1))
+        self.v_head, self.q_head = head(), head()
+
+    def forward(self, batch):
+        """-> features (B, L, d), V (B, T+1) at every state, Q (B, T) at every action."""
+        h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        d = h.shape[-1]
+        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
+        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
+        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
+
+    def save(self, out_dir, tokenizer, args):
+        def write(tmp):
+            self.backbone.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            heads = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
+            heads.update({f"q_head.{k}": v for k, v in self.q_head.state_dict().items()})
+            save_file({k: v.contiguous().cpu() for k, v in heads.items()}, os.path.join(tmp, "heads.safetensors"))
+            with open(os.path.join(tmp, "args.json"), "w") as f:
+                json.dump(args, f, indent=2)
+        write_atomic(out_dir, write)
+
+    @classmethod
+    def load(cls, path, device, dtype):
+        """A critic directory written by 03_critic.py (backbone + heads.safetensors)."""
+        if not os.path.isfile(os.path.join(path, "heads.safetensors")):
+            die(f"{path} is not a critic directory (no heads.safetensors); pass the --out of 03_critic.py")
+        critic = cls(AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype))
+        heads = load_file(os.path.join(path, "heads.safetensors"))
+        critic.v_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("v_head.")})
+        critic.q_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("q_head.")})
+        return critic.to(device)
+
+
+def trajectory_tensors(episodes, device):
+    """Per-step tensors (B, T), zero-padded: r_env, r_aux, done, and the step mask."""
+    T = max(len(ep["steps"]) for ep in episodes)
+    out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
+    for i, ep in enumerate(episodes):
+        n = len(ep["steps"])
+        out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
+        out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
+        out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
+        out["mask"][i, :n] = 1.0
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: weighted IQL.
+# ----------------------------------------------------------------------------------------
+def step_weights(T, d):
+    """Paper eq. (W-IQL step weight): w_t = (t/T + d) * 0.5 + 0.5 for t = 1..T -> (T,)."""
+    t = torch.arange(1, T + 1, dtype=torch.float)
+    return (t / T + float(d)) * 0.5 + 0.5
+
+
+def expectile_loss(u, tau, weight=None):
+    """Paper eq. (IQL value loss): weighted mean of |tau - 1(u < 0)| * u^2.
+    weight None means uniform; zero weights drop entries (padding)."""
+    loss = torch.abs(tau - (u < 0).float()) * u ** 2
+    if weight is None:
+        return loss.mean()
+    return (weight * loss).sum() / weight.sum().clamp(min=1e-8)
+
+
+def weighted_mse(u, weight):
+    """Paper eq. (IQL Q loss), weighted like expectile_loss."""
+    return (weight * u ** 2).sum() / weight.sum().clamp(min=1e-8)
+
+
+def batch_weights(episodes, uniform, device):
+    """(B, T) step weights, 0 on padding; d = 1 if the last env reward is non-zero."""
+    T = max(len(ep["steps"]) for ep in episodes)
+    w = torch.zeros((len(episodes), T), device=device)
+    for i, ep in enumerate(episodes):
+        n = len(ep["steps"])
+        w[i, :n] = 1.0 if uniform else step_weights(n, ep["steps"][-1]["r_env"] != 0)
+    return w
+
+
+def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux):
+    """One forward pass -> (L_V, L_Q, diagnostics). Shapes: (B, T) per step."""
+    h_action, v_all, q = critic(batch)                 # v_all (B, T+1), q (B, T)
+    v, v_next = v_all[:, :-1], v_all[:, 1:].detach()
+    with torch.no_grad():
+        q_target = target_q_head(h_action.detach().float()).squeeze(-1)  # Qbar(s_t, a_t)
+    reward = traj["r_env"] + (traj["r_aux"] if use_aux else 0.0)
+    not_done = 1.0 - traj["done"]
+    loss_v = expectile_loss(q_target - v, tau, weights)
+    loss_q = weighted_mse(reward + gamma * not_done * v_next - q, weights)
+    return loss_v, loss_q, v, q
+
+
+def discounted_returns(rewards, gamma):
+    out, g = [], 0.0
+    for r in reversed(rewards):
+        g = r + gamma * g
+        out.append(g)
+    return out[::-1]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # TRY NOT TO MODIFY: seeding
+    seed_everything(args.seed)
+    device, dtype = pick_device()
+    episodes = read_episodes(args.data)
+    tokenizer = load_tokenizer(args.policy)
+    critic = Critic(AutoModel.from_pretrained(args.policy, local_files_only=True, dtype=dtype)).to(device)
+    data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
+    if not data:
+        die("no trajectory fits the model's context")
+    target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
+    n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
+    print(f"03_critic: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), "
+          f"{sum(len(ep['steps']) for ep, _ in data)} steps; tau {args.tau}, gamma {args.gamma}, "
+          f"weights {'uniform' if args.uniform_weights else 'W-IQL'}, aux rewards {'off' if args.no_aux else 'on'}")
+
+    rng = random.Random(args.seed)
+    order = list(range(len(data)))
+    steps_total = args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size)
+    bar = tqdm(total=steps_total, desc="03_critic", unit="step")
+    step, t0 = 0, time.time()
+    for epoch in range(args.epochs):
+        rng.shuffle(order)
+        sums = {"loss_v": 0.0, "loss_q": 0.0, "n": 0}
+        for i in range(0, len(order), args.batch_size):
+            idx = order[i:i + args.batch_size]
+            eps = [data[j][0] for j in idx]
+            batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
+            traj = trajectory_tensors(eps, device)
+            weights = batch_weights(eps, args.uniform_weights, device)
+            loss_v, loss_q, _, _ = iql_losses(critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
+                                              not args.no_aux)
+            loss = loss_v + loss_q
+            if not torch.isfinite(loss):
+                die(f"critic loss became {loss.item()} at step {step}; lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(critic.parameters(), args.grad_clip)
+            optimizer.step()
+            with torch.no_grad():  # Polyak-averaged target: Qbar <- (1 - polyak) Qbar + polyak Q
+                for p_t, p in zip(target_q_head.parameters(), critic.q_head.parameters()):
+                    p_t.lerp_(p, args.polyak)
+            sums["loss_v"] += loss_v.item()
+            sums["loss_q"] += loss_q.item()
+            sums["n"] += 1
+            step += 1
+            bar.update(1)
+            bar.set_postfix(L_V=f"{loss_v.item():.4f}", L_Q=f"{loss_q.item():.4f}")
+        record = {"stage": "03_critic", "epoch": epoch + 1, "step": step, "loss_v": sums["loss_v"] / sums["n"],
+                  "loss_q": sums["loss_q"] / sums["n"], "elapsed_s": time.time() - t0}
+        log_metrics(args.metrics, record)
+        tqdm.write(f"epoch {epoch + 1}: L_V {record['loss_v']:.4f}  L_Q {record['loss_q']:.4f}")
+    bar.close()
+
+    # Diagnostics a student can read: V and Q by source, and how much of the Monte-Carlo
+    # return-to-go V explains (1 = perfectly, 0 = no better than a constant).
+    critic.eval()
+    stats = {s: {"v": [], "q": [], "ret": []} for s in ("expert", "self")}
+    with torch.no_grad():
+        for i in range(0, len(data), args.batch_size):
+            eps = [ep for ep, _ in data[i:i + args.batch_size]]
+            batch = {k: v.to(device) for k, v in collate([x for _, x in data[i:i + args.batch_size]],
+                                                         tokenizer.pad_token_id).items()}
+            _, v_all, q = critic(batch)
+            for j, ep in enumerate(eps):
+                n = len(ep["steps"])
+                rewards = [s["r_env"] + (0.0 if args.no_aux else s["r_aux"]) for s in ep["steps"]]
+                s = stats[ep["source"] if ep["source"] in stats else "self"]
+                s["v"] += v_all[j, :n].tolist()
+                s["q"] += q[j, :n].tolist()
+                s["ret"] += discounted_returns(rewards, args.gamma)
+    v_all_ = np.array(stats["expert"]["v"] + stats["self"]["v"])
+    ret_all = np.array(stats["expert"]["ret"] + stats["self"]["ret"])
+    explained_var = float(1 - np.var(ret_all - v_all_) / max(np.var(ret_all), 1e-8))
+    summary = {"stage": "03_critic", "step": step, "explained_variance": explained_var}
+    for src, s in stats.items():
+        if s["v"]:
+            summary[f"{src}_v_mean"], summary[f"{src}_v_std"] = float(np.mean(s["v"])), float(np.std(s["v"]))
+            summary[f"{src}_q_mean"], summary[f"{src}_q_std"] = float(np.mean(s["q"])), float(np.std(s["q"]))
+    log_metrics(args.metrics, summary)
+    critic.save(args.out, tokenizer, vars(args))
+    by_src = "  ".join(f"{src}: V {summary[src + '_v_mean']:+.3f}+-{summary[src + '_v_std']:.3f} "
+                       f"Q {summary[src + '_q_mean']:+.3f}+-{summary[src + '_q_std']:.3f}"
+                       for src in ("expert", "self") if src + "_v_mean" in summary)
+    print(f"03_critic: explained variance of returns {explained_var:.3f}; {by_src}; "
+          f"{time.time() - t0:.0f}s -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

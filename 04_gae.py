@@ -1,0 +1,397 @@
+"""Stage 04 - process rewards: GAE advantages from the critic's V, with environment rewards only.
+
+Reads   the buffer (the same episode JSONL files as 03) and the critic directory from 03.
+Writes  --out FILE.jsonl: the buffer with "v" (V(s_t)) and "adv" (A_t) on every step,
+        and FILE.json: the diagnostics printed at the end.
+
+A single-step advantage Q - V is too noisy over long horizons, so the paper fills the
+missing intermediate rewards with multi-step advantages (DESIGN section 1, step 3):
+
+    delta_t = r_env_t + gamma * (1 - done_t) * V(s_{t+1}) - V(s_t)
+    A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
+
+Only environment rewards enter: the auxiliary format / invalid / repeat rewards shaped the
+critic in 03 but would bias the policy toward the heuristics if they entered A_t (the
+paper's finding; --with-aux puts them in for the ablation). A true terminal bootstraps 0;
+a trajectory cut by the step limit bootstraps from V(s_T).
+
+    python 04_gae.py --critic runs/demo/iter_1/critic --out runs/demo/iter_1/adv.jsonl
+        --data runs/demo/data/expert.jsonl runs/demo/iter_1/self.jsonl
+"""
+import argparse
+import bisect
+import json
+import os
+import random
+import shutil
+import sys
+from collections import defaultdict
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Stage 04: per-step process rewards (GAE) from the critic.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", nargs="+", required=True, help="episode JSONL files (the buffer the critic learned on)")
+    p.add_argument("--critic", required=True, help="critic directory from 03_critic.py")
+    p.add_argument("--out", required=True, help="output JSONL: the buffer with 'v' and 'adv' on every step")
+    p.add_argument("--gamma", type=float, default=None, help="discount (default: the critic's)")
+    p.add_argument("--lam", type=float, default=0.95, help="GAE lambda (1: Monte-Carlo return - V; 0: one-step TD)")
+    p.add_argument("--advantage", choices=["gae", "qv"], default="gae", help="'qv' = single-step Q - V (ablation 'w/o GAE')")
+    p.add_argument("--with-aux", action="store_true", help="ablation: put r_aux inside the advantage too")
+    p.add_argument("--normalize", action="store_true", help="standardise advantages over the buffer (mean 0, std 1)")
+    p.add_argument("--batch-size", type=int, default=32, help="trajectories per forward pass")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--metrics", default="", help="append the diagnostics to this JSONL file")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
+# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
+# ----------------------------------------------------------------------------------------
+def die(msg):
+    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+EPISODE_KEYS = ("env", "task_id", "instruction", "task", "obs0", "steps", "reward", "success")
+
+STEP_KEYS = ("text", "action", "obs", "r_env", "label", "r_aux", "done")
+
+def read_episodes(paths, step_keys=STEP_KEYS):
+    """Read episode JSONL files (DESIGN section 4); reject a bad line with file and line number."""
+    episodes = []
+    for path in paths:
+        if not os.path.isfile(path):
+            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    ep = json.loads(line)
+                except json.JSONDecodeError as e:
+                    die(f"{path}:{lineno}: not valid JSON ({e.msg})")
+                missing = [k for k in EPISODE_KEYS if not isinstance(ep, dict) or k not in ep]
+                if not missing and not isinstance(ep["steps"], list):
+                    missing = ["steps (a list)"]
+                if not missing:
+                    missing = sorted({k for s in ep["steps"] for k in step_keys if k not in s})
+                if missing:
+                    die(f"{path}:{lineno}: episode lacks {', '.join(missing)}; "
+                        "is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
+                episodes.append(ep)
+    if not episodes:
+        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
+    return episodes
+
+def write_atomic(path, write_fn):
+    """Write a file or directory via a temporary sibling and one rename: a killed stage
+    leaves the previous state or nothing, never half an artifact."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    write_fn(tmp)
+    if os.path.isdir(path) and not os.path.islink(path):
+        old = f"{path}.old{os.getpid()}"
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+def write_jsonl(path, rows):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    write_atomic(path, write)
+
+def write_json(path, obj):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+    write_atomic(path, write)
+
+def log_metrics(path, record):
+    """Append one JSON object to <run>/metrics.jsonl (no-op without --metrics)."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+def episode_messages(ep):
+    """DESIGN section 6: system = instruction; user = task + o_0; then assistant = step
+    text and user = observation, alternately."""
+    msgs = [{"role": "system", "content": ep["instruction"]},
+            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
+    for step in ep["steps"]:
+        msgs.append({"role": "assistant", "content": step["text"]})
+        msgs.append({"role": "user", "content": step["obs"]})
+    return msgs
+
+def tokenize_episode(tokenizer, ep):
+    """One trajectory -> token ids and where values are read (DESIGN section 6).
+
+    Returns a dict of lists:
+      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
+      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
+      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
+      action_pos   (T,)   last token of turn t
+    The chat template is rendered as text for growing prefixes of the conversation, and
+    the full text is tokenized once; character offsets locate each turn."""
+    msgs = episode_messages(ep)
+
+    def render(m, gen):
+        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
+
+    full = render(msgs, True)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
+    action_step = [-1] * len(ids)
+    state_pos, action_pos = [], []
+    for t in range(len(ep["steps"])):
+        k = 2 + 2 * t  # index of assistant message t
+        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        if not (full.startswith(prompt) and full.startswith(after)):
+            raise ValueError("the chat template does not render a conversation as a prefix of its "
+                             "continuation; this model's template is not supported")
+        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
+        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
+        state_pos.append(first - 1)
+        action_pos.append(last)
+        for i in range(first, last + 1):
+            action_step[i] = t
+    state_pos.append(len(ids) - 1)
+    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
+
+def collate(tokenized, pad_id):
+    """Right-pad a list of tokenize_episode() dicts into tensors.
+    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
+    padded with 0, step_mask (B, T) is 1 on real steps."""
+    B = len(tokenized)
+    L = max(len(x["input_ids"]) for x in tokenized)
+    T = max(len(x["action_pos"]) for x in tokenized)
+    batch = {
+        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((B, L), dtype=torch.long),
+        "action_step": torch.full((B, L), -1, dtype=torch.long),
+        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
+        "action_pos": torch.zeros((B, T), dtype=torch.long),
+        "step_mask": torch.zeros((B, T), dtype=torch.float),
+    }
+    for i, x in enumerate(tokenized):
+        n, t = len(x["input_ids"]), len(x["action_pos"])
+        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
+        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
+        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
+        batch["step_mask"][i, :t] = 1.0
+    return batch
+
+def load_tokenizer(path):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        die(f"{path} is not a model directory (no config.json); pass a directory written by "
+            "01_bc.py / 05_bppo.py or a local Hugging Face model")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+def tokenize_all(tokenizer, episodes, max_len):
+    """Tokenize every episode; drop (and count) those longer than the model's context."""
+    kept, dropped = [], 0
+    for ep in episodes:
+        x = tokenize_episode(tokenizer, ep)
+        if len(x["input_ids"]) > max_len:
+            dropped += 1
+            continue
+        kept.append((ep, x))
+    if dropped:
+        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
+    return kept
+
+
+# ----------------------------------------------------------------------------------------
+# The critic: the policy's transformer body with a V head and a Q head (copied in 03, 04).
+# ----------------------------------------------------------------------------------------
+class Critic(torch.nn.Module):
+    """One forward pass over a trajectory gives every V(s_t) (read at state positions,
+    the last token of each generation prompt) and every Q(s_t, a_t) (read at action
+    positions, the last token of each reply)."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+        d = backbone.config.hidden_size
+
+        def head():
+            return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1))
+        self.v_head, self.q_head = head(), head()
+
+    def forward(self, batch):
+        """-> features (B, L, d), V (B, T+1) at every state, Q (B, T) at every action."""
+        h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        d = h.shape[-1]
+        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
+        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
+        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
+
+    def save(self, out_dir, tokenizer, args):
+        def write(tmp):
+            self.backbone.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            heads = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
+            heads.update({f"q_head.{k}": v for k, v in self.q_head.state_dict().items()})
+            save_file({k: v.contiguous().cpu() for k, v in heads.items()}, os.path.join(tmp, "heads.safetensors"))
+            with open(os.path.join(tmp, "args.json"), "w") as f:
+                json.dump(args, f, indent=2)
+        write_atomic(out_dir, write)
+
+    @classmethod
+    def load(cls, path, device, dtype):
+        """A critic directory written by 03_critic.py (backbone + heads.safetensors)."""
+        if not os.path.isfile(os.path.join(path, "heads.safetensors")):
+            die(f"{path} is not a critic directory (no heads.safetensors); pass the --out of 03_critic.py")
+        critic = cls(AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype))
+        heads = load_file(os.path.join(path, "heads.safetensors"))
+        critic.v_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("v_head.")})
+        critic.q_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("q_head.")})
+        return critic.to(device)
+
+
+def trajectory_tensors(episodes, device):
+    """Per-step tensors (B, T), zero-padded: r_env, r_aux, done, and the step mask."""
+    T = max(len(ep["steps"]) for ep in episodes)
+    out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
+    for i, ep in enumerate(episodes):
+        n = len(ep["steps"])
+        out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
+        out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
+        out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
+        out["mask"][i, :n] = 1.0
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: generalized advantage estimation.
+# ----------------------------------------------------------------------------------------
+def gae(rewards, values, dones, gamma, lam):
+    """Paper eq. (GAE process reward). rewards (T,), values (T+1,) = V(s_0)..V(s_T),
+    dones (T,) with 1 where step t reached a true terminal state -> advantages (T,).
+    The backward recursion over steps is the one loop the design allows."""
+    rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
+    not_done = 1.0 - dones
+    deltas = rewards + gamma * not_done * values[1:] - values[:-1]
+    adv = np.zeros_like(deltas)
+    running = 0.0
+    for t in reversed(range(len(deltas))):
+        running = deltas[t] + gamma * lam * not_done[t] * running
+        adv[t] = running
+    return adv
+
+
+def auc(scores, labels):
+    """Probability that a random positive scores above a random negative (ties count 1/2)."""
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    if not pos or not neg:
+        return float("nan")
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # TRY NOT TO MODIFY: seeding
+    seed_everything(args.seed)
+    device, dtype = pick_device()
+    episodes = read_episodes(args.data)
+    critic = Critic.load(args.critic, device, dtype).eval()
+    with open(os.path.join(args.critic, "args.json")) as f:
+        critic_args = json.load(f)
+    gamma = critic_args["gamma"] if args.gamma is None else args.gamma
+    tokenizer = load_tokenizer(args.critic)
+    data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
+    if not data:
+        die("no trajectory fits the model's context")
+
+    # One batched forward pass per group of trajectories gives V at every state and Q at every action.
+    out_eps = []
+    with torch.no_grad():
+        for i in tqdm(range(0, len(data), args.batch_size), desc="04_gae", unit="batch"):
+            eps = [ep for ep, _ in data[i:i + args.batch_size]]
+            batch = {k: v.to(device) for k, v in collate([x for _, x in data[i:i + args.batch_size]],
+                                                         tokenizer.pad_token_id).items()}
+            _, v_all, q = critic(batch)  # (B, T+1), (B, T)
+            for j, ep in enumerate(eps):
+                n = len(ep["steps"])
+                values = v_all[j, :n + 1].double().numpy(force=True)
+                r = [s["r_env"] + (s["r_aux"] if args.with_aux else 0.0) for s in ep["steps"]]
+                dones = [float(s["done"]) for s in ep["steps"]]
+                if args.advantage == "gae":
+                    adv = gae(r, values, dones, gamma, args.lam)
+                else:  # single-step advantage Q(s_t, a_t) - V(s_t)
+                    adv = q[j, :n].double().numpy(force=True) - values[:-1]
+                ep = dict(ep, steps=[dict(s, v=float(values[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])])
+                out_eps.append(ep)
+    if args.normalize:
+        all_adv = np.array([s["adv"] for ep in out_eps for s in ep["steps"]])
+        mu, sd = all_adv.mean(), all_adv.std() + 1e-8
+        for ep in out_eps:
+            for s in ep["steps"]:
+                s["adv"] = (s["adv"] - mu) / sd
+
+    # What a student should look at: do the process rewards make sense?
+    by_source, by_label = defaultdict(list), defaultdict(list)
+    for ep in out_eps:
+        for s in ep["steps"]:
+            by_source[ep["source"]].append(s["adv"])
+            by_label[s["label"]].append(s["adv"])
+    self_eps = [ep for ep in out_eps if ep["source"] != "expert"]
+    summary = {
+        "stage": "04_gae", "advantage": args.advantage, "with_aux": args.with_aux, "gamma": gamma, "lam": args.lam,
+        "adv_mean_by_source": {k: float(np.mean(v)) for k, v in sorted(by_source.items())},
+        "adv_mean_by_label": {k: float(np.mean(v)) for k, v in sorted(by_label.items())},
+        "steps_by_label": {k: len(v) for k, v in sorted(by_label.items())},
+        "auc_v0_self": auc([ep["steps"][0]["v"] for ep in self_eps], [ep["success"] for ep in self_eps]),
+        "auc_v0_all": auc([ep["steps"][0]["v"] for ep in out_eps], [ep["success"] for ep in out_eps]),
+    }
+    write_jsonl(args.out, out_eps)
+    write_json(os.path.splitext(args.out)[0] + ".json", {**summary, "args": vars(args)})
+    log_metrics(args.metrics, summary)
+    src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
+    lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
+    print(f"04_gae: mean advantage by source: {src}\n"
+          f"04_gae: mean advantage by label:  {lab}\n"
+          f"04_gae: AUC of V(s_0) for success vs failure: self {summary['auc_v0_self']:.3f}, "
+          f"all {summary['auc_v0_all']:.3f} -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,393 @@
+"""Stage 05 - behavior-proximal policy optimization (BPPO) on the same fixed buffer.
+
+Reads   the buffer with advantages (04 output), pi_old = --policy (the policy that entered
+        this iteration, pi_{k-1}) and pi_ref = --ref (the behavior-cloning policy pi_0).
+Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json.
+
+The objective (paper, Key Design 4; DESIGN section 1, step 4), per action token:
+
+    L = - E[ min( eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A ) ] + alpha * KL(pi_theta || pi_ref)
+    eta = pi_theta(token) / pi_old(token)
+
+Every token of action a_t carries the step's process reward A_t (from 04). The advantages
+come from the critic, not from new rollouts, so the update never leaves the data.
+Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability
+(down to 1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high), which
+suppresses harmful actions decisively while staying close to the data's support.
+
+The KL anchor is the exact KL between the two next-token distributions at every action
+token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)): both sets of logits are in
+hand, so no sampling estimator (and no variance) is needed.
+
+--objective awr swaps in the paper's weaker alternative, advantage-weighted regression:
+    L = - E[ min(exp(A / beta), w_max) * log pi_theta(token) ]
+which can only raise the probability of actions in the data.
+
+    python 05_bppo.py --data runs/demo/iter_1/adv.jsonl --policy runs/demo/policy_0
+        --ref runs/demo/policy_0 --out runs/demo/policy_1
+"""
+import argparse
+import bisect
+import json
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Stage 05: BPPO policy improvement on the labeled buffer.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", nargs="+", required=True, help="episode JSONL with 'adv' on every step (04 output)")
+    p.add_argument("--policy", required=True, help="pi_old: the policy entering this stage (also the starting weights)")
+    p.add_argument("--ref", required=True, help="pi_ref: the behavior-cloning policy anchoring the KL term")
+    p.add_argument("--out", required=True, help="output policy directory")
+    p.add_argument("--objective", choices=["bppo", "awr"], default="bppo", help="policy objective")
+    p.add_argument("--eps-low", type=float, default=0.4, help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
+    p.add_argument("--eps-high", type=float, default=0.2, help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
+    p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
+    p.add_argument("--adv-norm", choices=["none", "std"], default="std", help="'std' divides advantages by their std over the buffer (signs kept)")
+    p.add_argument("--awr-beta", type=float, default=1.0, help="AWR temperature beta")
+    p.add_argument("--awr-max-weight", type=float, default=20.0, help="AWR weight clip w_max")
+    p.add_argument("--epochs", type=int, default=3, help="passes over the buffer")
+    p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
+    p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
+# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
+# ----------------------------------------------------------------------------------------
+def die(msg):
+    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+EPISODE_KEYS = ("env", "task_id", "instruction", "task", "obs0", "steps", "reward", "success")
+
+STEP_KEYS = ("text", "action", "obs", "r_env", "label", "r_aux", "done")
+
+def read_episodes(paths, step_keys=STEP_KEYS):
+    """Read episode JSONL files (DESIGN section 4); reject a bad line with file and line number."""
+    episodes = []
+    for path in paths:
+        if not os.path.isfile(path):
+            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    ep = json.loads(line)
+                except json.JSONDecodeError as e:
+                    die(f"{path}:{lineno}: not valid JSON ({e.msg})")
+                missing = [k for k in EPISODE_KEYS if not isinstance(ep, dict) or k not in ep]
+                if not missing and not isinstance(ep["steps"], list):
+                    missing = ["steps (a list)"]
+                if not missing:
+                    missing = sorted({k for s in ep["steps"] for k in step_keys if k not in s})
+                if missing:
+                    die(f"{path}:{lineno}: episode lacks {', '.join(missing)}; "
+                        "is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
+                episodes.append(ep)
+    if not episodes:
+        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
+    return episodes
+
+def write_atomic(path, write_fn):
+    """Write a file or directory via a temporary sibling and one rename: a killed stage
+    leaves the previous state or nothing, never half an artifact."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    write_fn(tmp)
+    if os.path.isdir(path) and not os.path.islink(path):
+        old = f"{path}.old{os.getpid()}"
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+def log_metrics(path, record):
+    """Append one JSON object to <run>/metrics.jsonl (no-op without --metrics)."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+def episode_messages(ep):
+    """DESIGN section 6: system = instruction; user = task + o_0; then assistant = step
+    text and user = observation, alternately."""
+    msgs = [{"role": "system", "content": ep["instruction"]},
+            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
+    for step in ep["steps"]:
+        msgs.append({"role": "assistant", "content": step["text"]})
+        msgs.append({"role": "user", "content": step["obs"]})
+    return msgs
+
+def tokenize_episode(tokenizer, ep):
+    """One trajectory -> token ids and where values are read (DESIGN section 6).
+
+    Returns a dict of lists:
+      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
+      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
+      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
+      action_pos   (T,)   last token of turn t
+    The chat template is rendered as text for growing prefixes of the conversation, and
+    the full text is tokenized once; character offsets locate each turn."""
+    msgs = episode_messages(ep)
+
+    def render(m, gen):
+        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
+
+    full = render(msgs, True)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
+    action_step = [-1] * len(ids)
+    state_pos, action_pos = [], []
+    for t in range(len(ep["steps"])):
+        k = 2 + 2 * t  # index of assistant message t
+        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        if not (full.startswith(prompt) and full.startswith(after)):
+            raise ValueError("the chat template does not render a conversation as a prefix of its "
+                             "continuation; this model's template is not supported")
+        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
+        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
+        state_pos.append(first - 1)
+        action_pos.append(last)
+        for i in range(first, last + 1):
+            action_step[i] = t
+    state_pos.append(len(ids) - 1)
+    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
+
+def collate(tokenized, pad_id):
+    """Right-pad a list of tokenize_episode() dicts into tensors.
+    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
+    padded with 0, step_mask (B, T) is 1 on real steps."""
+    B = len(tokenized)
+    L = max(len(x["input_ids"]) for x in tokenized)
+    T = max(len(x["action_pos"]) for x in tokenized)
+    batch = {
+        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((B, L), dtype=torch.long),
+        "action_step": torch.full((B, L), -1, dtype=torch.long),
+        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
+        "action_pos": torch.zeros((B, T), dtype=torch.long),
+        "step_mask": torch.zeros((B, T), dtype=torch.float),
+    }
+    for i, x in enumerate(tokenized):
+        n, t = len(x["input_ids"]), len(x["action_pos"])
+        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
+        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
+        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
+        batch["step_mask"][i, :t] = 1.0
+    return batch
+
+def token_logprobs(logits, input_ids):
+    """log pi(token_i | tokens_<i) for every position i >= 1; position 0 gets 0.
+    logits (B, L, V), input_ids (B, L) -> (B, L)."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
+    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+
+def load_tokenizer(path):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        die(f"{path} is not a model directory (no config.json); pass a directory written by "
+            "01_bc.py / 05_bppo.py or a local Hugging Face model")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+def tokenize_all(tokenizer, episodes, max_len):
+    """Tokenize every episode; drop (and count) those longer than the model's context."""
+    kept, dropped = [], 0
+    for ep in episodes:
+        x = tokenize_episode(tokenizer, ep)
+        if len(x["input_ids"]) > max_len:
+            dropped += 1
+            continue
+        kept.append((ep, x))
+    if dropped:
+        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
+    return kept
+
+
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: the BPPO and AWR objectives, and the KL anchor.
+# ----------------------------------------------------------------------------------------
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high):
+    """Paper eq. (BPPO, asymmetric clipping): -masked_mean(min(eta*A, clip(eta, 1-eps_low, 1+eps_high)*A)),
+    eta = exp(logp - logp_old). All arguments are per-token tensors of one shape."""
+    eta = torch.exp(logp - logp_old)
+    surrogate = torch.minimum(eta * adv, torch.clamp(eta, 1.0 - eps_low, 1.0 + eps_high) * adv)
+    return -masked_mean(surrogate, mask)
+
+
+def awr_loss(logp, adv, mask, beta, max_weight):
+    """Advantage-weighted regression (the paper's weaker alternative): weights exp(A/beta), clipped."""
+    weight = torch.clamp(torch.exp(adv / beta), max=max_weight)
+    return -masked_mean(weight * logp, mask)
+
+
+def kl_to_ref(logits, ref_logits, mask):
+    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over masked
+    positions. logits (B, L, V) predict token i+1 at position i; mask (B, L) marks tokens."""
+    logq = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logr = torch.log_softmax(ref_logits[:, :-1].float(), dim=-1)
+    kl = (logq.exp() * (logq - logr)).sum(-1)  # (B, L-1)
+    return masked_mean(kl, mask[:, 1:])
+
+
+def token_advantages(batch, step_adv):
+    """Broadcast each step's A_t to every token of its action: (B, L) from (B, T)."""
+    idx = batch["action_step"].clamp(min=0)
+    return step_adv.gather(1, idx) * (batch["action_step"] >= 0)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.eps_low <= 0 or args.eps_high <= 0:
+        die("--eps-low and --eps-high must be positive")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # TRY NOT TO MODIFY: seeding
+    seed_everything(args.seed)
+    device, dtype = pick_device()
+    episodes = read_episodes(args.data, STEP_KEYS + ("adv",))
+    tokenizer = load_tokenizer(args.policy)
+    load_tokenizer(args.ref)  # fail early with a clear message if --ref is not a model directory
+    policy = AutoModelForCausalLM.from_pretrained(args.policy, local_files_only=True, dtype=dtype).to(device)
+    ref = AutoModelForCausalLM.from_pretrained(args.ref, local_files_only=True, dtype=dtype).to(device).eval()
+    ref.requires_grad_(False)
+    data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
+    if not data:
+        die("no trajectory fits the model's context")
+
+    adv_scale = 1.0
+    if args.adv_norm == "std":
+        adv_scale = float(np.std([s["adv"] for ep, _ in data for s in ep["steps"]])) + 1e-8
+
+    def make_batch(items):
+        batch = {k: v.to(device) for k, v in collate([x for _, x in items], tokenizer.pad_token_id).items()}
+        T = batch["action_pos"].shape[1]
+        step_adv = torch.zeros((len(items), T), device=device)
+        for i, (ep, _) in enumerate(items):
+            step_adv[i, :len(ep["steps"])] = torch.tensor([s["adv"] for s in ep["steps"]]) / adv_scale
+        batch["adv"] = token_advantages(batch, step_adv)              # (B, L)
+        batch["mask"] = (batch["action_step"] >= 0).float()            # (B, L) action tokens
+        return batch
+
+    # log pi_old of every token, once: pi_old is the policy as it entered the stage.
+    policy.eval()
+    logp_old = []
+    with torch.no_grad():
+        for i in range(0, len(data), args.batch_size):
+            b = make_batch(data[i:i + args.batch_size])
+            logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            for row, x in zip(token_logprobs(logits, b["input_ids"]), data[i:i + args.batch_size]):
+                logp_old.append(row[:len(x[1]["input_ids"])].cpu())
+    policy.train()
+
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
+    n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
+    print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
+          f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}, adv scale {adv_scale:.3f}")
+    rng = random.Random(args.seed)
+    order = list(range(len(data)))
+    bar = tqdm(total=args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size), desc="05_bppo", unit="step")
+    step, t0 = 0, time.time()
+    for epoch in range(args.epochs):
+        rng.shuffle(order)
+        sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "ratio")}
+        n_batches = 0
+        for i in range(0, len(order), args.batch_size):
+            idx = order[i:i + args.batch_size]
+            b = make_batch([data[j] for j in idx])
+            old = torch.zeros_like(b["mask"])
+            for r, j in enumerate(idx):
+                old[r, :len(logp_old[j])] = logp_old[j].to(device)
+            logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            logp = token_logprobs(logits, b["input_ids"])
+            if args.objective == "bppo":
+                loss_pi = bppo_loss(logp, old, b["adv"], b["mask"], args.eps_low, args.eps_high)
+            else:
+                loss_pi = awr_loss(logp, b["adv"], b["mask"], args.awr_beta, args.awr_max_weight)
+            kl_ref = torch.zeros((), device=device)
+            if args.kl_coef > 0:
+                with torch.no_grad():
+                    ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                kl_ref = kl_to_ref(logits, ref_logits, b["mask"])
+            loss = loss_pi + args.kl_coef * kl_ref
+            if not torch.isfinite(loss):
+                die(f"loss became {loss.item()} at step {step}; lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+            optimizer.step()
+            with torch.no_grad():  # diagnostics on action tokens
+                log_ratio = logp - old
+                eta = log_ratio.exp()
+                m, adv = b["mask"], b["adv"]
+                sums["clip_low"] += masked_mean(((eta < 1 - args.eps_low) & (adv < 0)).float(), m).item()
+                sums["clip_high"] += masked_mean(((eta > 1 + args.eps_high) & (adv > 0)).float(), m).item()
+                # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
+                sums["approx_kl_old"] += masked_mean((eta - 1) - log_ratio, m).item()
+                sums["ratio"] += masked_mean(eta, m).item()
+            sums["loss"] += loss.item()
+            sums["kl_ref"] += kl_ref.item()
+            n_batches += 1
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}", kl_ref=f"{kl_ref.item():.4f}")
+        record = {"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
+                  **{k: v / n_batches for k, v in sums.items()}}
+        log_metrics(args.metrics, record)
+        tqdm.write(f"epoch {epoch + 1}: loss {record['loss']:+.4f}  clip low {record['clip_low']:.3f} high "
+                   f"{record['clip_high']:.3f}  approx KL(old) {record['approx_kl_old']:.4f}  KL(ref) "
+                   f"{record['kl_ref']:.4f}  mean ratio {record['ratio']:.3f}")
+    bar.close()
+
+    def save(tmp):
+        policy.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, "args.json"), "w") as f:
+            json.dump(vars(args), f, indent=2)
+    write_atomic(args.out, save)
+    print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()

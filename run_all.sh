@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Q-Evolve, the whole outer loop as a plain chain of the five stages.
+#
+#   expert demos -> 01 BC (pi_0) -> eval
+#   for k in 1..K:  02 collect with pi_{k-1} on train -> 03 critic -> 04 GAE -> 05 BPPO (pi_k) -> eval
+#   -> <run>/results.md
+#
+# Every stage writes its output atomically and is skipped when that output exists, so
+# running this again after an interruption resumes where it stopped. Settings are
+# environment variables (defaults = the fast CPU configuration):
+#
+#   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS='{}'
+#   N_EXPERT=300 expert demos, N_SELF=300 self trajectories per iteration,
+#   N_EVAL=0 eval tasks per split (0 = all), KEEP_OLD=0 (1: the buffer keeps every
+#   iteration's self data), THREADS=1 torch threads per stage, PYTHON=python
+#   BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
+#
+#   bash run_all.sh                      # the default run, a few minutes on 2 CPU cores
+#   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
+set -euo pipefail
+cd "$(dirname "$0")"
+
+RUN=${RUN:-runs/default}
+K=${K:-2}
+SEED=${SEED:-0}
+ENV=${ENV:-household}
+ENV_KWARGS=${ENV_KWARGS:-"{}"}
+N_EXPERT=${N_EXPERT:-300}
+N_SELF=${N_SELF:-300}
+N_EVAL=${N_EVAL:-0}
+KEEP_OLD=${KEEP_OLD:-0}
+THREADS=${THREADS:-1}
+PYTHON=${PYTHON:-python}
+BC_ARGS=${BC_ARGS:-}
+COLLECT_ARGS=${COLLECT_ARGS:-}
+CRITIC_ARGS=${CRITIC_ARGS:-}
+GAE_ARGS=${GAE_ARGS:-}
+BPPO_ARGS=${BPPO_ARGS:-}
+
+mkdir -p "$RUN"
+METRICS="$RUN/metrics.jsonl"
+COMMON="--seed $SEED --threads $THREADS --metrics $METRICS"
+ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")
+
+# stage OUTPUT COMMAND...: run COMMAND unless OUTPUT already exists.
+stage() {
+  local out=$1; shift
+  if [ -e "$out" ]; then
+    echo "== skip (exists): $out"
+  else
+    echo "== $*"
+    "$@"
+  fi
+}
+
+# evaluate POLICY_DIR NAME: greedy episodes on seen and unseen.
+evaluate() {
+  for split in seen unseen; do
+    stage "$RUN/eval/$2_$split.json" $PYTHON 02_collect.py --policy "$1" "${ENVARGS[@]}" --split $split \
+      --episodes "$N_EVAL" --greedy --out "$RUN/eval/$2_$split.jsonl" $COMMON $COLLECT_ARGS
+  done
+}
+
+# ---- behavior cloning on expert demonstrations
+stage "$RUN/data/expert.json" $PYTHON 02_collect.py --policy expert "${ENVARGS[@]}" --split train \
+  --episodes "$N_EXPERT" --out "$RUN/data/expert.jsonl" $COMMON
+stage "$RUN/policy_0" $PYTHON 01_bc.py --data "$RUN/data/expert.jsonl" --out "$RUN/policy_0" $COMMON $BC_ARGS
+evaluate "$RUN/policy_0" policy_0
+
+# ---- K in-distribution evolution cycles
+for k in $(seq 1 "$K"); do
+  prev="$RUN/policy_$((k - 1))"
+  it="$RUN/iter_$k"
+  # D_self: pi_{k-1} on a fresh draw of training tasks (sampling, not greedy).
+  stage "$it/self.json" $PYTHON 02_collect.py --policy "$prev" "${ENVARGS[@]}" --split train \
+    --episodes "$N_SELF" --out "$it/self.jsonl" --seed $((SEED * 1000 + k)) --threads $THREADS \
+    --metrics $METRICS $COLLECT_ARGS
+  # D = D_expert U D_self (the latest, or every iteration's with KEEP_OLD=1).
+  buffer=("$RUN/data/expert.jsonl")
+  if [ "$KEEP_OLD" = 1 ]; then
+    for j in $(seq 1 "$k"); do buffer+=("$RUN/iter_$j/self.jsonl"); done
+  else
+    buffer+=("$it/self.jsonl")
+  fi
+  stage "$it/critic" $PYTHON 03_critic.py --data "${buffer[@]}" --policy "$prev" --out "$it/critic" \
+    $COMMON $CRITIC_ARGS
+  stage "$it/adv.json" $PYTHON 04_gae.py --data "${buffer[@]}" --critic "$it/critic" --out "$it/adv.jsonl" \
+    $COMMON $GAE_ARGS
+  stage "$RUN/policy_$k" $PYTHON 05_bppo.py --data "$it/adv.jsonl" --policy "$prev" --ref "$RUN/policy_0" \
+    --out "$RUN/policy_$k" $COMMON $BPPO_ARGS
+  evaluate "$RUN/policy_$k" "policy_$k"
+done
+
+# ---- the results table: one row per policy
+$PYTHON - "$RUN" "$K" <<'EOF'
+import json, os, sys
+run, K = sys.argv[1], int(sys.argv[2])
+load = lambda p: json.load(open(os.path.join(run, p)))
+steps = load("data/expert.json")["env_steps"]
+rows = ["| policy | seen success | seen avg reward | unseen success | unseen avg reward | train env steps so far |",
+        "|---|---|---|---|---|---|"]
+for k in range(K + 1):
+    if k > 0:
+        steps += load(f"iter_{k}/self.json")["env_steps"]
+    s, u = load(f"eval/policy_{k}_seen.json"), load(f"eval/policy_{k}_unseen.json")
+    name = "policy_0 (BC)" if k == 0 else f"policy_{k} (Q-Evolve iter {k})"
+    rows.append(f"| {name} | {s['success_rate']:.1%} | {s['avg_reward']:.3f} | {u['success_rate']:.1%} "
+                f"| {u['avg_reward']:.3f} | {steps} |")
+table = "\n".join(rows) + "\n"
+with open(os.path.join(run, "results.md"), "w") as f:
+    f.write(f"# Results: {run}\n\n{table}")
+print(table)
+EOF
+echo "Results: $RUN/results.md   (metrics: $METRICS)"

@@ -1,0 +1,42 @@
+"""Shared fixtures: load stage files as modules (their names start with digits), and a tiny
+expert buffer + freshly trained tiny policy that several tests reuse."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAGES = ["01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"]
+
+
+def load_stage(name):
+    spec = importlib.util.spec_from_file_location(f"stage_{name}", os.path.join(ROOT, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_stage(name, *args, check=True):
+    """Run a stage as a subprocess from the repo root, like a user would."""
+    proc = subprocess.run([sys.executable, f"{name}.py", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def stages():
+    return {name: load_stage(name) for name in STAGES}
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """20 expert demos and a 1-layer policy trained on them for one epoch (seconds)."""
+    d = tmp_path_factory.mktemp("tiny_run")
+    run_stage("02_collect", "--policy", "expert", "--split", "train", "--episodes", 20, "--out", d / "expert.jsonl")
+    run_stage("01_bc", "--data", d / "expert.jsonl", "--out", d / "policy_0", "--epochs", 1, "--d-model", 32,
+              "--n-layers", 1, "--n-heads", 2, "--vocab-size", 400, "--threads", 1)
+    return d

@@ -1,0 +1,188 @@
+"""The algorithm's pure functions against hand-computed values (DESIGN section 1)."""
+import numpy as np
+import pytest
+import torch
+
+
+def test_expectile_at_half_is_half_the_mse(stages):
+    expectile_loss = stages["03_critic"].expectile_loss
+    u = torch.tensor([-2.0, -0.5, 0.0, 1.0, 3.0])
+    assert torch.isclose(expectile_loss(u, 0.5), 0.5 * (u ** 2).mean())
+
+
+def test_expectile_is_asymmetric(stages):
+    expectile_loss = stages["03_critic"].expectile_loss
+    pos, neg = torch.tensor([2.0]), torch.tensor([-2.0])
+    assert torch.isclose(expectile_loss(pos, 0.7), torch.tensor(0.7 * 4))
+    assert torch.isclose(expectile_loss(neg, 0.7), torch.tensor(0.3 * 4))
+    assert expectile_loss(pos, 0.9) > expectile_loss(neg, 0.9)
+
+
+def test_expectile_weights_are_a_weighted_mean(stages):
+    expectile_loss = stages["03_critic"].expectile_loss
+    u = torch.tensor([1.0, -1.0, 5.0])
+    w = torch.tensor([2.0, 1.0, 0.0])  # the last entry is padding
+    # (2 * 0.7 * 1 + 1 * 0.3 * 1) / 3
+    assert torch.isclose(expectile_loss(u, 0.7, w), torch.tensor(1.7 / 3))
+
+
+def test_expectile_minimizer_is_the_expectile(stages):
+    """V trained by expectile regression on samples of Q goes above the mean for tau > 0.5."""
+    expectile_loss = stages["03_critic"].expectile_loss
+    q = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    v = torch.zeros((), requires_grad=True)
+    opt = torch.optim.SGD([v], lr=0.5)
+    for _ in range(500):
+        opt.zero_grad()
+        expectile_loss(q - v, 0.9).backward()
+        opt.step()
+    # tau-expectile m solves 0.9 * (1 - m) = 0.1 * 3 * m  ->  m = 0.9 / 1.2 = 0.75
+    assert abs(v.item() - 0.75) < 1e-3
+
+
+def test_step_weights_by_hand(stages):
+    step_weights = stages["03_critic"].step_weights
+    # T = 4: t/T = .25 .5 .75 1
+    assert torch.allclose(step_weights(4, 0), torch.tensor([0.625, 0.75, 0.875, 1.0]))
+    assert torch.allclose(step_weights(4, 1), torch.tensor([1.125, 1.25, 1.375, 1.5]))
+    assert torch.allclose(step_weights(1, 1), torch.tensor([1.5]))
+
+
+def loop_gae(rewards, values, dones, gamma, lam):
+    """The recursion written out step by step, independently of 04's implementation."""
+    T = len(rewards)
+    adv = [0.0] * T
+    nxt = 0.0
+    for t in range(T - 1, -1, -1):
+        bootstrap = 0.0 if dones[t] else values[t + 1]
+        delta = rewards[t] + gamma * bootstrap - values[t]
+        nxt = delta + (0.0 if dones[t] else gamma * lam * nxt)
+        adv[t] = nxt
+    return adv
+
+
+def test_gae_terminal_by_hand(stages):
+    gae = stages["04_gae"].gae
+    r, v, d = [0.0, 0.0, 1.0], [0.5, 0.6, 0.8, 0.3], [0, 0, 1]
+    g, lam = 0.9, 0.5
+    d2 = 1.0 - 0.8                     # terminal: V(s_3) = 0.3 is not used
+    d1 = 0.9 * 0.8 - 0.6
+    d0 = 0.9 * 0.6 - 0.5
+    a2 = d2
+    a1 = d1 + g * lam * a2
+    a0 = d0 + g * lam * a1
+    assert np.allclose(gae(r, v, d, g, lam), [a0, a1, a2])
+
+
+def test_gae_truncated_bootstraps_last_value(stages):
+    gae = stages["04_gae"].gae
+    r, v, d = [0.0, 0.0], [0.2, 0.4, 0.7], [0, 0]
+    g, lam = 0.9, 0.5
+    a1 = 0.9 * 0.7 - 0.4              # bootstraps V(s_T) = 0.7
+    a0 = (0.9 * 0.4 - 0.2) + g * lam * a1
+    assert np.allclose(gae(r, v, d, g, lam), [a0, a1])
+
+
+def test_gae_lambda_one_is_return_minus_value(stages):
+    gae = stages["04_gae"].gae
+    rng = np.random.default_rng(0)
+    r, v = rng.normal(size=6), rng.normal(size=7)
+    d = [0, 0, 0, 0, 0, 1]
+    g = 0.95
+    returns = [sum(g ** (k - t) * r[k] for k in range(t, 6)) for t in range(6)]
+    assert np.allclose(gae(r, v, d, g, 1.0), np.array(returns) - v[:6])
+
+
+def test_gae_matches_plain_loop(stages):
+    gae = stages["04_gae"].gae
+    rng = np.random.default_rng(1)
+    for T in [1, 5, 13]:
+        r, v = rng.normal(size=T), rng.normal(size=T + 1)
+        d = (rng.random(T) < 0.2).astype(float)
+        assert np.allclose(gae(r, v, d, 0.97, 0.8), loop_gae(r, v, d, 0.97, 0.8))
+
+
+def test_retro_label_rules_and_precedence(stages):
+    retro_label = stages["02_collect"].retro_label
+    assert retro_label(None, "a", "a", True) == "format"        # format beats everything
+    assert retro_label("go to x", "a", "Nothing happens.", True) == "invalid"
+    assert retro_label("look", "Nothing happens.", "Nothing happens.", True) == "invalid"  # invalid beats repeat
+    assert retro_label("look", "same", "same", False) == "repeat"
+    assert retro_label("go to x", "a", "b", False) == "ok"
+
+
+def test_parse_action(stages):
+    parse_action = stages["02_collect"].parse_action
+    assert parse_action("Thought: hmm\nAction: go to  cabinet 1") == "go to cabinet 1"
+    assert parse_action("Action: go to desk 1\nmore text") == "go to desk 1"
+    assert parse_action("Thought: I will go") is None
+    assert parse_action("Action:   ") is None
+
+
+def bppo(stages, logp, logp_old, adv, eps_low=0.4, eps_high=0.2):
+    t = lambda x: torch.tensor(x, dtype=torch.float, requires_grad=False)  # noqa: E731
+    logp = torch.tensor(logp, dtype=torch.float, requires_grad=True)
+    loss = stages["05_bppo"].bppo_loss(logp, t(logp_old), t(adv), torch.ones(len(adv)), eps_low, eps_high)
+    loss.backward()
+    return loss.item(), logp.grad
+
+
+def test_bppo_loss_inside_the_clip_range_is_the_plain_surrogate(stages):
+    ratio = [1.1, 0.8]
+    logp = list(np.log(ratio))
+    loss, grad = bppo(stages, logp, [0.0, 0.0], [2.0, -1.0])
+    assert np.isclose(loss, -(1.1 * 2.0 + 0.8 * -1.0) / 2)
+    assert torch.allclose(grad, torch.tensor([-1.1 * 2.0 / 2, 0.8 * 1.0 / 2]))  # d/dlogp of -eta*A/N
+
+
+def test_bppo_loss_clips_asymmetrically(stages):
+    # A > 0 and eta = 1.5 > 1 + eps_high: the objective is capped at 1.2 * A, zero gradient.
+    loss, grad = bppo(stages, [np.log(1.5)], [0.0], [1.0])
+    assert np.isclose(loss, -1.2) and grad.abs().item() == 0
+    # A < 0 and eta = 0.5 < 1 - eps_low = 0.6: capped at 0.6 * A, zero gradient.
+    loss, grad = bppo(stages, [np.log(0.5)], [0.0], [-1.0])
+    assert np.isclose(loss, 0.6) and grad.abs().item() == 0
+    # A < 0 and eta = 0.7: inside the (wider) lower range, still pushed down.
+    loss, grad = bppo(stages, [np.log(0.7)], [0.0], [-1.0])
+    assert np.isclose(loss, 0.7) and grad.item() > 0
+    # A > 0 and eta = 0.5: the min keeps the unclipped term, gradient flows (PPO's pessimism).
+    loss, grad = bppo(stages, [np.log(0.5)], [0.0], [1.0])
+    assert np.isclose(loss, -0.5) and grad.item() < 0
+    # Symmetric clipping would cut at 0.8 where asymmetric allows 0.7.
+    loss_sym, grad_sym = bppo(stages, [np.log(0.7)], [0.0], [-1.0], eps_low=0.2, eps_high=0.2)
+    assert np.isclose(loss_sym, 0.8) and grad_sym.item() == 0
+
+
+def test_bppo_loss_respects_the_mask(stages):
+    bppo_loss = stages["05_bppo"].bppo_loss
+    logp = torch.tensor([0.0, 3.0])
+    loss = bppo_loss(logp, torch.zeros(2), torch.tensor([1.0, 100.0]), torch.tensor([1.0, 0.0]), 0.4, 0.2)
+    assert torch.isclose(loss, torch.tensor(-1.0))
+
+
+def test_kl_to_ref_is_zero_for_the_same_policy_and_positive_otherwise(stages):
+    kl_to_ref = stages["05_bppo"].kl_to_ref
+    logits = torch.randn(2, 5, 7)
+    mask = torch.ones(2, 5)
+    assert kl_to_ref(logits, logits.clone(), mask).abs().item() < 1e-6
+    other = logits + torch.randn(2, 5, 7)
+    assert kl_to_ref(logits, other, mask).item() > 0
+    # by hand on one position: p = softmax([0, 0]) = (.5, .5), r = softmax([0, log 3]) = (.25, .75)
+    p = torch.tensor([[[0.0, 0.0], [0.0, 0.0]]])
+    r = torch.tensor([[[0.0, float(np.log(3))], [0.0, 0.0]]])
+    expected = 0.5 * np.log(0.5 / 0.25) + 0.5 * np.log(0.5 / 0.75)
+    assert np.isclose(kl_to_ref(p, r, torch.tensor([[0.0, 1.0]])).item(), expected, atol=1e-6)
+
+
+def test_token_advantages_broadcast_each_step_to_its_tokens(stages):
+    token_advantages = stages["05_bppo"].token_advantages
+    batch = {"action_step": torch.tensor([[-1, 0, 0, -1, 1, 1, -1]])}
+    adv = token_advantages(batch, torch.tensor([[0.5, -2.0]]))
+    assert torch.equal(adv, torch.tensor([[0.0, 0.5, 0.5, 0.0, -2.0, -2.0, 0.0]]))
+
+
+def test_awr_only_raises_probabilities_of_data_actions(stages):
+    awr_loss = stages["05_bppo"].awr_loss
+    logp = torch.tensor([-1.0, -1.0], requires_grad=True)
+    awr_loss(logp, torch.tensor([2.0, -2.0]), torch.ones(2), 1.0, 20.0).backward()
+    assert (logp.grad < 0).all()  # descent raises log-probs even for the negative-advantage action
