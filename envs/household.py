@@ -148,7 +148,7 @@ class HouseholdEnv(TextEnv):
 
     name = "household"
 
-    def __init__(self, seed=0, n_receptacles=10, n_distractors=6, max_steps=30,
+    def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
                  n_train=1000, n_seen=100, n_unseen=100):
         if n_receptacles < len(ALWAYS) + 2:
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
