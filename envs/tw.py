@@ -44,6 +44,7 @@ ScienceWorld's gold path.
 import os
 import random
 import re
+import warnings
 
 from envs._common import build_dir_atomically, cache_root, normalize_command, parse_task_id
 from envs.base import TextEnv
@@ -220,10 +221,14 @@ class TextWorldEnv(TextEnv):
 
     def reset(self, task_id):
         path = self.game_file(task_id)
-        if self._env is None:
-            self._env = self._tw.start(path, request_infos=self._infos())
-        elif self._loaded != path:
-            self._env.load(path)
+        with warnings.catch_warnings():
+            # jericho warns that it cannot detect score changes in generated games; TextWorld
+            # tracks score and win/loss itself from the quest, so the warning does not apply.
+            warnings.filterwarnings("ignore", message=".*is not fully supported")
+            if self._env is None:
+                self._env = self._tw.start(path, request_infos=self._infos())
+            elif self._loaded != path:
+                self._env.load(path)
         self._loaded = path
         gs = self._env.reset()
         self._state = gs
