@@ -283,3 +283,25 @@ def test_alfworld_data_layout(alf, alf_dirs, tmp_path):
     rewards, info, terminated, truncated, _ = run_expert(env, "seen/00000")
     assert_success(env, rewards, info, terminated, truncated)
     env.close()
+
+
+def run_lockstep(pool, task_ids):
+    """Step several instances alternately (as the collector does); returns how many won."""
+    for env, tid in zip(pool, task_ids):
+        env.reset(tid)
+    live, wins = list(pool), 0
+    while live:
+        for env in list(live):
+            _, reward, terminated, truncated, _ = env.step(env.expert_action())
+            if terminated or truncated:
+                wins += terminated and reward > 0
+                live.remove(env)
+    return wins
+
+
+def test_instances_in_lockstep_are_independent(tw_cache, alf_dirs):
+    pool = [envs.make("textworld", cache_dir=tw_cache, **TW_SMALL) for _ in range(3)]
+    assert run_lockstep(pool, ["train/00000", "train/00001", "unseen/00000"]) == 3
+    pool = [envs.make("alfworld", games="tiny", cache_dir=alf_dirs[1], n_train=3, n_seen=2, n_unseen=2)
+            for _ in range(3)]
+    assert run_lockstep(pool, ["train/00000", "train/00001", "unseen/00000"]) == 3
