@@ -15,6 +15,10 @@ from envs.base import TextEnv
 # name -> "module:Class"; modules are imported lazily by make().
 REGISTRY = {
     "household": "envs.household:HouseholdEnv",
+    # Real environments: optional packages (pip install -r requirements-envs.txt).
+    "sciworld": "envs.sciworld:ScienceWorldEnv",
+    "textworld": "envs.tw:TextWorldEnv",
+    "alfworld": "envs.alfworld_env:ALFWorldEnv",
 }
 
 

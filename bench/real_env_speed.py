@@ -1,0 +1,144 @@
+"""Time the real environments through the TextEnv API: reset, step and expert calls.
+
+Plays the env's expert on the first --episodes train tasks of each env and prints one
+markdown table (medians over all calls). Games are generated into a fresh temp cache, so
+the TextWorld / ALFWorld "generate" column is the one-off cost of a new game.
+
+    python bench/real_env_speed.py                       # all three, ~2-3 min on 2 cores
+    python bench/real_env_speed.py --envs textworld --episodes 20
+
+For ScienceWorld it also times the package's own ScienceWorldEnv.step on the same
+commands (it builds an info dict with the valid-action list on every step), and for
+ALFWorld the step without the grammar parse cache (fast_text=False).
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import envs  # noqa: E402
+
+
+def ms(xs):
+    return f"{1000 * statistics.median(xs):.1f}" if xs else "-"
+
+
+def play(env, task_ids, generate=None):
+    """Expert episodes; returns dict of timing lists plus the commands played."""
+    t = {"generate": [], "reset": [], "step": [], "expert": []}
+    wins, commands = 0, []
+    for tid in task_ids:
+        if generate is not None:
+            t0 = time.perf_counter()
+            generate(tid)
+            t["generate"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        env.reset(tid)
+        t["reset"].append(time.perf_counter() - t0)
+        done, cmds = False, []
+        while not done:
+            t0 = time.perf_counter()
+            action = env.expert_action()
+            t["expert"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            _, reward, terminated, truncated, _ = env.step(action)
+            t["step"].append(time.perf_counter() - t0)
+            cmds.append(action)
+            done = terminated or truncated
+        wins += terminated and reward > 0
+        commands.append((tid, cmds))
+    return t, wins, commands
+
+
+def bench_sciworld(n):
+    env = envs.make("sciworld")
+    env.task_ids("train")  # starts the JVM, builds the index
+    tids = env.task_ids("train")[:n]
+    # The expert's first call per episode reloads the variation to generate the gold path;
+    # time the steps of a second, expert-free replay of the same commands instead.
+    _, wins, commands = play(env, tids)
+    t = {"reset": [], "step": []}
+    for tid, cmds in commands:
+        t0 = time.perf_counter()
+        env.reset(tid)
+        t["reset"].append(time.perf_counter() - t0)
+        for c in cmds:
+            if env.done:  # power-component may finish a step early (simulator nondeterminism)
+                break
+            t0 = time.perf_counter()
+            env.step(c)
+            t["step"].append(time.perf_counter() - t0)
+    variations = {tid: env.task_of(tid) for tid, _ in commands}
+    env.close()
+    rows = [("sciworld", len(tids), wins, "-", ms(t["reset"]), ms(t["step"]), "gold path (reload, 0.1-1 s once)")]
+    try:  # the package's own step, for comparison
+        from scienceworld import ScienceWorldEnv
+        pkg = ScienceWorldEnv("", envStepLimit=1000)
+        steps = []
+        for tid, cmds in commands:
+            pkg.load(*variations[tid], "")
+            pkg.reset()
+            for c in cmds:
+                t0 = time.perf_counter()
+                pkg.step(c)
+                steps.append(time.perf_counter() - t0)
+        pkg.close()
+        rows.append(("scienceworld.ScienceWorldEnv.step (package)", len(commands), "-", "-", "-", ms(steps), "-"))
+    except Exception as err:  # comparison only
+        print(f"(package comparison skipped: {err!r})")
+    return rows
+
+
+def bench_textworld(n, cache):
+    env = envs.make("textworld", cache_dir=cache)
+    t, wins, _ = play(env, env.task_ids("train")[:n], generate=env.game_file)
+    env.close()
+    return [("textworld", n, wins, ms(t["generate"]), ms(t["reset"]), ms(t["step"]), ms(t["expert"]))]
+
+
+def bench_alfworld(n, cache):
+    rows = []
+    for fast in (True, False):
+        env = envs.make("alfworld", games="tiny", cache_dir=cache, fast_text=fast)
+        if not fast:
+            from envs.alfworld_env import enable_parse_cache
+            enable_parse_cache(False)
+        t, wins, _ = play(env, env.task_ids("train")[:n], generate=env.game_file)
+        env.close()
+        rows.append((f"alfworld tiny (fast_text={fast})", n, wins, ms(t["generate"]) if fast else "-",
+                     ms(t["reset"]), ms(t["step"]), ms(t["expert"])))
+    from envs.alfworld_env import enable_parse_cache
+    enable_parse_cache(True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--envs", nargs="+", default=["sciworld", "textworld", "alfworld"],
+                    choices=["sciworld", "textworld", "alfworld"], help="which environments to time")
+    ap.add_argument("--episodes", type=int, default=10, help="expert episodes per environment")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("ALFWORLD_DATA", os.path.join(tmp, "alfworld-data"))
+        rows = []
+        for name in args.envs:
+            t0 = time.time()
+            if name == "sciworld":
+                rows += bench_sciworld(args.episodes)
+            elif name == "textworld":
+                rows += bench_textworld(args.episodes, tmp)
+            else:
+                rows += bench_alfworld(args.episodes, tmp)
+            print(f"{name}: {time.time() - t0:.0f}s", file=sys.stderr)
+    print("| env | episodes | expert wins | generate game (ms) | reset (ms) | step (ms) | expert_action (ms) |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(str(x) for x in row) + " |")
+
+
+if __name__ == "__main__":
+    main()

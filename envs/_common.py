@@ -1,0 +1,58 @@
+"""Small helpers shared by the real-environment adapters (sciworld, textworld, alfworld).
+
+Pure standard library, so `import envs` never needs the optional packages.
+"""
+import os
+import shutil
+import tempfile
+
+
+def cache_root(cache_dir=None):
+    """Where generated games are kept: `cache_dir` if given, else $QEVOLVE_CACHE, else
+    ~/.cache/qevolve. Created if missing."""
+    root = cache_dir or os.environ.get("QEVOLVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qevolve")
+    os.makedirs(root, exist_ok=True)
+    return root
+
+
+def build_dir_atomically(final_dir, build):
+    """Create `final_dir` by calling build(tmp_dir) on a fresh sibling temp dir, then
+    renaming it into place. A crash leaves no half-built `final_dir`; when several
+    processes build the same dir at once, the first rename wins and the others drop their
+    copy. Returns `final_dir`."""
+    if os.path.isdir(final_dir):
+        return final_dir
+    parent = os.path.dirname(final_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, final_dir)
+        except OSError:  # another process finished first
+            if not os.path.isdir(final_dir):
+                raise
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final_dir
+
+
+def parse_task_id(env, task_id, sizes):
+    """Split "train/00042" into ("train", 42) and check it against `sizes` (split -> count).
+    Raises ValueError naming what is valid."""
+    try:
+        split, index = task_id.split("/")
+        index = int(index)
+    except (AttributeError, ValueError):
+        raise ValueError(f"bad task id {task_id!r}; expected '<split>/<index>' like 'train/00042'") from None
+    env._check_split(split)
+    if not 0 <= index < sizes[split]:
+        raise ValueError(f"task id {task_id!r} out of range; split {split!r} of env {env.name!r} "
+                         f"has indices 0..{sizes[split] - 1}")
+    return split, index
+
+
+def normalize_command(action):
+    """One line, single spaces: the form every adapter sends to its engine."""
+    return " ".join(str(action).strip().split())
