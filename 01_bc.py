@@ -39,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default="tiny", help="'tiny' (from scratch) or a local Hugging Face model directory")
     p.add_argument("--filter", choices=["all", "success"], default="all",
                    help="'success' keeps only successful trajectories (rejection-sampling fine-tuning, RFT)")
-    p.add_argument("--epochs", type=int, default=10, help="passes over the training trajectories")
+    p.add_argument("--epochs", type=int, default=16, help="passes over the training trajectories")
     p.add_argument("--batch-size", type=int, default=8, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW); use ~1e-5 for a pretrained --model PATH")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
@@ -260,6 +260,14 @@ def tokenize_all(tokenizer, episodes, max_len):
     return kept
 
 
+def length_batches(lengths, batch_size, rng):
+    """Batches of indices with similar lengths (little padding), in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
 # ----------------------------------------------------------------------------------------
 # The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
 # ----------------------------------------------------------------------------------------
@@ -370,10 +378,9 @@ def main(argv=None):
     rng = random.Random(args.seed)
     bar = tqdm(total=total_steps, desc="01_bc", unit="step")
     for epoch in range(args.epochs):
-        rng.shuffle(train)
         epoch_loss = 0.0
-        for i in range(0, len(train), args.batch_size):
-            b = {k: v.to(device) for k, v in collate(train[i:i + args.batch_size], tokenizer.pad_token_id).items()}
+        for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):
+            b = {k: v.to(device) for k, v in collate([train[j] for j in idx], tokenizer.pad_token_id).items()}
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
             logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits

@@ -51,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--tau", type=float, default=0.7, help="expectile of V (0.5 = mean; > 0.5 leans to the better actions)")
     p.add_argument("--gamma", type=float, default=0.95, help="discount")
     p.add_argument("--polyak", type=float, default=0.05, help="target update rate: Qbar <- (1 - polyak) Qbar + polyak Q")
-    p.add_argument("--epochs", type=int, default=4, help="passes over the buffer")
+    p.add_argument("--epochs", type=int, default=3, help="passes over the buffer")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and body)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
@@ -246,6 +246,14 @@ def tokenize_all(tokenizer, episodes, max_len):
     return kept
 
 
+def length_batches(lengths, batch_size, rng):
+    """Batches of indices with similar lengths (little padding), in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
 # ----------------------------------------------------------------------------------------
 # The critic: the policy's transformer body with a V head and a Q head (copied in 03, 04).
 # ----------------------------------------------------------------------------------------
@@ -382,15 +390,13 @@ def main(argv=None):
           f"weights {'uniform' if args.uniform_weights else 'W-IQL'}, aux rewards {'off' if args.no_aux else 'on'}")
 
     rng = random.Random(args.seed)
-    order = list(range(len(data)))
+    lengths = [len(x["input_ids"]) for _, x in data]
     steps_total = args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size)
     bar = tqdm(total=steps_total, desc="03_critic", unit="step")
     step, t0 = 0, time.time()
     for epoch in range(args.epochs):
-        rng.shuffle(order)
         sums = {"loss_v": 0.0, "loss_q": 0.0, "n": 0}
-        for i in range(0, len(order), args.batch_size):
-            idx = order[i:i + args.batch_size]
+        for idx in length_batches(lengths, args.batch_size, rng):
             eps = [data[j][0] for j in idx]
             batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
             traj = trajectory_tensors(eps, device)

@@ -41,7 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--critic", required=True, help="critic directory from 03_critic.py")
     p.add_argument("--out", required=True, help="output JSONL: the buffer with 'v' and 'adv' on every step")
     p.add_argument("--gamma", type=float, default=None, help="discount (default: the critic's)")
-    p.add_argument("--lam", type=float, default=0.95, help="GAE lambda (1: Monte-Carlo return - V; 0: one-step TD)")
+    p.add_argument("--lam", type=float, default=0.3,
+                   help="GAE lambda (1: Monte-Carlo return - V; 0: one-step TD); small keeps the blame on the step where V drops")
     p.add_argument("--advantage", choices=["gae", "qv"], default="gae", help="'qv' = single-step Q - V (ablation 'w/o GAE')")
     p.add_argument("--with-aux", action="store_true", help="ablation: put r_aux inside the advantage too")
     p.add_argument("--normalize", action="store_true", help="standardise advantages over the buffer (mean 0, std 1)")

@@ -52,10 +52,11 @@ def parse_args(argv=None):
     p.add_argument("--eps-low", type=float, default=0.4, help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
     p.add_argument("--eps-high", type=float, default=0.2, help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
-    p.add_argument("--adv-norm", choices=["none", "std"], default="std", help="'std' divides advantages by their std over the buffer (signs kept)")
+    p.add_argument("--adv-norm", choices=["none", "std", "center"], default="center",
+                   help="'std' divides advantages by their std over the buffer (signs kept); 'center' also subtracts the mean")
     p.add_argument("--awr-beta", type=float, default=1.0, help="AWR temperature beta")
     p.add_argument("--awr-max-weight", type=float, default=20.0, help="AWR weight clip w_max")
-    p.add_argument("--epochs", type=int, default=3, help="passes over the buffer")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the buffer")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
@@ -241,6 +242,14 @@ def tokenize_all(tokenizer, episodes, max_len):
     return kept
 
 
+def length_batches(lengths, batch_size, rng):
+    """Batches of indices with similar lengths (little padding), in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
 # ----------------------------------------------------------------------------------------
 # ALGO LOGIC: the BPPO and AWR objectives, and the KL anchor.
 # ----------------------------------------------------------------------------------------
@@ -296,16 +305,16 @@ def main(argv=None):
     if not data:
         die("no trajectory fits the model's context")
 
-    adv_scale = 1.0
-    if args.adv_norm == "std":
-        adv_scale = float(np.std([s["adv"] for ep, _ in data for s in ep["steps"]])) + 1e-8
+    all_adv = [s["adv"] for ep, _ in data for s in ep["steps"]]
+    adv_shift = float(np.mean(all_adv)) if args.adv_norm == "center" else 0.0
+    adv_scale = float(np.std(all_adv)) + 1e-8 if args.adv_norm != "none" else 1.0
 
     def make_batch(items):
         batch = {k: v.to(device) for k, v in collate([x for _, x in items], tokenizer.pad_token_id).items()}
         T = batch["action_pos"].shape[1]
         step_adv = torch.zeros((len(items), T), device=device)
         for i, (ep, _) in enumerate(items):
-            step_adv[i, :len(ep["steps"])] = torch.tensor([s["adv"] for s in ep["steps"]]) / adv_scale
+            step_adv[i, :len(ep["steps"])] = (torch.tensor([s["adv"] for s in ep["steps"]]) - adv_shift) / adv_scale
         batch["adv"] = token_advantages(batch, step_adv)              # (B, L)
         batch["mask"] = (batch["action_step"] >= 0).float()            # (B, L) action tokens
         return batch
@@ -326,15 +335,13 @@ def main(argv=None):
     print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
           f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}, adv scale {adv_scale:.3f}")
     rng = random.Random(args.seed)
-    order = list(range(len(data)))
+    lengths = [len(x["input_ids"]) for _, x in data]
     bar = tqdm(total=args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size), desc="05_bppo", unit="step")
     step, t0 = 0, time.time()
     for epoch in range(args.epochs):
-        rng.shuffle(order)
         sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "ratio")}
         n_batches = 0
-        for i in range(0, len(order), args.batch_size):
-            idx = order[i:i + args.batch_size]
+        for idx in length_batches(lengths, args.batch_size, rng):
             b = make_batch([data[j] for j in idx])
             old = torch.zeros_like(b["mask"])
             for r, j in enumerate(idx):

@@ -9,10 +9,10 @@
 # running this again after an interruption resumes where it stopped. Settings are
 # environment variables (defaults = the fast CPU configuration):
 #
-#   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS='{}'
-#   N_EXPERT=300 expert demos, N_SELF=300 self trajectories per iteration,
+#   RUN=runs/default  K=1  SEED=0  ENV=household  ENV_KWARGS='{}'
+#   N_EXPERT=600 expert demos, N_SELF=300 self trajectories per iteration,
 #   N_EVAL=0 eval tasks per split (0 = all), KEEP_OLD=0 (1: the buffer keeps every
-#   iteration's self data), THREADS=1 torch threads per stage, PYTHON=python
+#   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python
 #   BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
 #
 #   bash run_all.sh                      # the default run, a few minutes on 2 CPU cores
@@ -21,15 +21,15 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 RUN=${RUN:-runs/default}
-K=${K:-2}
+K=${K:-1}
 SEED=${SEED:-0}
 ENV=${ENV:-household}
 ENV_KWARGS=${ENV_KWARGS:-"{}"}
-N_EXPERT=${N_EXPERT:-300}
+N_EXPERT=${N_EXPERT:-600}
 N_SELF=${N_SELF:-300}
 N_EVAL=${N_EVAL:-0}
 KEEP_OLD=${KEEP_OLD:-0}
-THREADS=${THREADS:-1}
+THREADS=${THREADS:-2}
 PYTHON=${PYTHON:-python}
 BC_ARGS=${BC_ARGS:-}
 COLLECT_ARGS=${COLLECT_ARGS:-}

@@ -1,0 +1,41 @@
+"""Batched collection (many environments in lockstep, one KV-cached generation batch) against
+one episode at a time, with the same policy and the same tasks. A measurement, not a test.
+
+    python bench/collect_speed.py --policy runs/default/policy_0 [--episodes 64] [--batch 64]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def collect(policy, episodes, num_envs, out_dir, split):
+    out = os.path.join(out_dir, f"n{num_envs}.jsonl")
+    subprocess.run([sys.executable, "02_collect.py", "--policy", policy, "--split", split, "--episodes", str(episodes),
+                    "--num-envs", str(num_envs), "--greedy", "--out", out], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.load(open(out[:-1]))  # the summary .json beside the .jsonl
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy", required=True, help="policy directory (01 or 05 output)")
+    p.add_argument("--episodes", type=int, default=64, help="tasks of the split to run")
+    p.add_argument("--batch", type=int, default=64, help="environments in lockstep for the batched run")
+    p.add_argument("--split", default="seen", help="task split")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        one = collect(args.policy, args.episodes, 1, d, args.split)
+        many = collect(args.policy, args.episodes, args.batch, d, args.split)
+    for name, s in (("one at a time", one), (f"{args.batch} in lockstep", many)):
+        print(f"{name:>16}: {s['episodes_per_s']:.2f} episodes/s, {s['wall_s']:.1f}s, success {s['success_rate']:.1%}, "
+              f"{s['env_steps']} env steps, {s['generated_tokens']} generated tokens")
+    print(f"speed-up: {many['episodes_per_s'] / one['episodes_per_s']:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
