@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
     p.add_argument("--out", required=True, help="output critic directory")
     p.add_argument("--tau", type=float, default=0.7, help="expectile of V (0.5 = mean; > 0.5 leans to the better actions)")
-    p.add_argument("--gamma", type=float, default=0.95, help="discount")
+    p.add_argument("--gamma", type=float, default=0.95, help="discount factor of the Bellman backup")
     p.add_argument("--polyak", type=float, default=0.05, help="target update rate: Qbar <- (1 - polyak) Qbar + polyak Q")
     p.add_argument("--epochs", type=int, default=3, help="passes over the buffer")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")

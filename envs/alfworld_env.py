@@ -445,10 +445,7 @@ class ALFWorldEnv(TextEnv):
                                       "won": False, "steps": self.t}
 
     def step(self, action):
-        if self._state is None:
-            raise RuntimeError("call reset(task_id) before step()")
-        if self.done:
-            raise RuntimeError("episode is over; call reset(task_id)")
+        self._check_step(self._state is not None)
         cmd = normalize_command(action)
         self.t += 1
         try:

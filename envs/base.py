@@ -37,6 +37,13 @@ class TextEnv:
     def close(self):
         """Release resources (subprocesses); safe to call twice."""
 
+    def _check_step(self, started):
+        """Guard for step(): an episode must be running."""
+        if not started:
+            raise RuntimeError("call reset(task_id) before step()")
+        if self.done:
+            raise RuntimeError("episode is over; call reset(task_id)")
+
     def _check_split(self, split):
         if split not in self.splits:
             raise ValueError(f"unknown split {split!r} for env {self.name!r}; valid: {', '.join(self.splits)}")

@@ -34,6 +34,7 @@ where its plan changes and a bare `Action:` elsewhere.
 import random
 import zlib
 
+from envs._common import parse_task_id
 from envs.base import TextEnv
 
 NOTHING = "Nothing happens."
@@ -175,20 +176,9 @@ class HouseholdEnv(TextEnv):
         self._check_split(split)
         return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
 
-    def _parse_task_id(self, task_id):
-        try:
-            split, index = task_id.split("/")
-            index = int(index)
-        except (AttributeError, ValueError):
-            raise ValueError(f"bad task id {task_id!r}; expected '<split>/<index>' like 'train/00042'") from None
-        self._check_split(split)
-        if not 0 <= index < self.n_tasks[split]:
-            raise ValueError(f"task id {task_id!r} out of range; split {split!r} has indices 0..{self.n_tasks[split] - 1}")
-        return split, index
-
     def generate(self, task_id):
         """Build the world of `task_id` deterministically. Returns a dict (no side effects)."""
-        split, index = self._parse_task_id(task_id)
+        split, index = parse_task_id(self, task_id, self.n_tasks)
         rng = random.Random(f"household/{self.seed}/{split}/{index}")  # str seeds hash with sha512: stable
         task_type = rng.choice(sorted(TASK_TYPES))  # type first, so the six types are equally common
         task_type, obj, target = rng.choice([p for p in self.pairings[split] if p[0] == task_type])
@@ -314,7 +304,7 @@ class HouseholdEnv(TextEnv):
             if words[0] == "open":
                 return f"You open the {rec}. " + self._describe(rec)
             return f"You close the {rec}."
-        if cmd.startswith("take ") and " from " in cmd:
+        if cmd.startswith("take ") and " from " in cmd[5:]:
             o, rec = cmd[5:].split(" from ", 1)
             if (self.holding or rec != self.location or self.where.get(o) != rec or not self._visible(rec)
                     or _kind(o) == "desklamp"):
@@ -323,11 +313,11 @@ class HouseholdEnv(TextEnv):
             self.holding = o
             self.known[rec] = self._here(rec)
             return f"You pick up the {o} from the {rec}."
-        if cmd.startswith("put ") and (" in/on " in cmd or " in " in cmd or " on " in cmd):
-            for sep in (" in/on ", " in ", " on "):
-                if sep in cmd:
-                    o, rec = cmd[4:].split(sep, 1)
-                    break
+        if cmd.startswith("put "):
+            sep = next((s for s in (" in/on ", " in ", " on ") if s in cmd[4:]), None)
+            if sep is None:
+                return NOTHING
+            o, rec = cmd[4:].split(sep, 1)
             if o != self.holding or rec != self.location or not self._visible(rec):
                 return NOTHING
             self.where[o] = rec
@@ -336,7 +326,7 @@ class HouseholdEnv(TextEnv):
             return f"You put the {o} in/on the {rec}."
         for verb, appliance, effect in (("clean", "sinkbasin", "clean"), ("heat", "microwave", "hot"),
                                         ("cool", "fridge", "cool")):
-            if words[0] == verb and " with " in cmd:
+            if words[0] == verb and " with " in cmd[len(verb) + 1:]:
                 o, rec = cmd[len(verb) + 1:].split(" with ", 1)
                 if o != self.holding or rec != self.location or _kind(rec) != appliance:
                     return NOTHING
@@ -371,10 +361,7 @@ class HouseholdEnv(TextEnv):
         return len(placed) >= (2 if task_type == "pick_two_obj_and_place" else 1)
 
     def step(self, action):
-        if self._task is None:
-            raise RuntimeError("call reset(task_id) before step()")
-        if self.done:
-            raise RuntimeError("episode is over; call reset(task_id)")
+        self._check_step(self._task is not None)
         self._last_phase = self._phase()
         cmd = " ".join(str(action).strip().split())
         obs = self._execute(cmd)

@@ -261,10 +261,7 @@ class ScienceWorldEnv(TextEnv):
         return obs, {"task": self._task, "task_id": task_id, "sw_task": task, "variation": variation}
 
     def step(self, action):
-        if self._episode is None:
-            raise RuntimeError("call reset(task_id) before step()")
-        if self.done:
-            raise RuntimeError("episode is over; call reset(task_id)")
+        self._check_step(self._episode is not None)
         import py4j.protocol
         cmd = normalize_command(action)
         self.t += 1
