@@ -26,7 +26,7 @@ def main():
     p.add_argument("--out", default="bench/results/seeds.md", help="markdown table to write")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     args = p.parse_args()
-    K = int(os.environ.get("K", 2))
+    K = int(os.environ.get("K", 1))  # run_all.sh's default
     runs = []
     procs = []
     for seed in args.seeds:
@@ -67,11 +67,14 @@ def main():
         cells = " | ".join(f"{s:.0f}% / {u:.0f}%" for s, u in zip(seen, unseen))
         lines.append(f"| {name} | {cells} | {statistics.mean(seen):.1f} +- {sd(seen):.1f} | "
                      f"{statistics.mean(unseen):.1f} +- {sd(unseen):.1f} |")
-    lines += ["", "| seed | wall time of run_all.sh |", "|---|---|"]
+    lines += ["", "| seed | wall time of this call | first to last artifact of the run |", "|---|---|---|"]
     for r in runs:
-        note = "" if r["fresh"] else " (resumed: stages skipped)"
-        lines.append(f"| {r['seed']} | {r['wall_s'] / 60:.1f} min{note} |")
-    lines += ["", f"Peak memory of the largest single stage process: {peak_mib:.0f} MiB."]
+        note = "" if r["fresh"] else " (resumed: finished stages skipped)"
+        first = os.path.getmtime(os.path.join(ROOT, r["run"], "data", "expert.jsonl"))
+        last = os.path.getmtime(os.path.join(ROOT, r["run"], "eval", f"policy_{K}_unseen.json"))
+        lines.append(f"| {r['seed']} | {r['wall_s'] / 60:.1f} min{note} | {(last - first) / 60:.1f} min |")
+    if any(r["fresh"] for r in runs):
+        lines += ["", f"Peak memory of the largest single stage process: {peak_mib:.0f} MiB."]
     text = "\n".join(lines) + "\n"
     os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
     with open(os.path.join(ROOT, args.out), "w") as f:
