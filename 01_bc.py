@@ -12,7 +12,7 @@ Observations and instructions are read by the model but never trained on.
 Llama-style transformer from scratch; --model PATH fine-tunes any local Hugging Face
 causal LM that has a chat template. Nothing is downloaded.
 
-    python 02_collect.py --policy expert --split train --episodes 300 --out runs/demo/data/expert.jsonl
+    python 02_collect.py --policy expert --split train --episodes 600 --out runs/demo/data/expert.jsonl
     python 01_bc.py --data runs/demo/data/expert.jsonl --out runs/demo/policy_0
 """
 import argparse
