@@ -441,8 +441,7 @@ class ALFWorldEnv(TextEnv):
 
     def _crashed(self, err):
         self.close()
-        return "", 0.0, False, True, {"task": self._task, "crashed": True, "error": repr(err)[:500],
-                                      "won": False, "steps": self.t}
+        return self._crash_result(self._task, err)
 
     def step(self, action):
         self._check_step(self._state is not None)

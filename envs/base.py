@@ -37,6 +37,13 @@ class TextEnv:
     def close(self):
         """Release resources (subprocesses); safe to call twice."""
 
+    def _crash_result(self, task, err):
+        """The step result of an engine that failed: the episode ends as failed (truncated,
+        info["crashed"]) so that collection goes on; the caller drops the broken engine."""
+        self.done = True
+        return "", 0.0, False, True, {"task": task, "crashed": True, "error": repr(err)[:500],
+                                      "won": False, "steps": self.t}
+
     def _check_step(self, started):
         """Guard for step(): an episode must be running."""
         if not started:

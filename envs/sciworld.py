@@ -198,9 +198,7 @@ class ScienceWorldEnv(TextEnv):
         import py4j.protocol
         if not isinstance(err, py4j.protocol.Py4JJavaError):  # a Java exception leaves the JVM usable
             self.close()
-        self.done = True
-        return "", 0.0, False, True, {"task": self._task, "crashed": True, "error": repr(err)[:500],
-                                      "won": False, "steps": self.t}
+        return self._crash_result(self._task, err)
 
     # ------------------------------------------------------------------ tasks
     def _build_index(self):

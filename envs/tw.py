@@ -245,14 +245,8 @@ class TextWorldEnv(TextEnv):
 
     def _crashed(self, err):
         """Drop the engine (rebuilt on next reset) and report the episode as failed."""
-        try:
-            self._env.close()
-        except Exception:
-            pass
-        self._env = self._loaded = None
-        self.done = True
-        return "", 0.0, False, True, {"task": self._objective, "crashed": True, "error": repr(err)[:500],
-                                      "won": False, "steps": self.t}
+        self.close()
+        return self._crash_result(self._objective, err)
 
     def step(self, action):
         self._check_step(self._state is not None)
