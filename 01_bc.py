@@ -290,8 +290,8 @@ def train_tiny_tokenizer(episodes, vocab_size):
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    texts = ([m["content"] for ep in episodes[:1] for m in episode_messages(ep)[:1]]
-             + [m["content"] for ep in episodes for m in episode_messages(ep)[1:]])
+    # The instruction is the same in every episode: count it once so it does not dominate the merges.
+    texts = [episodes[0]["instruction"]] + [m["content"] for ep in episodes for m in episode_messages(ep)[1:]]
     tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
                                    padding_side="left", chat_template=TINY_CHAT_TEMPLATE)

@@ -277,6 +277,14 @@ class ModelPolicy:
         return out
 
 
+def policy_source(args):
+    return "expert" if args.policy == "expert" else "self"
+
+
+def policy_name(args):
+    return "expert" if args.policy == "expert" else os.path.basename(os.path.normpath(args.policy))
+
+
 def run_episodes(make_env, task_ids, policy, args, aux):
     """Run every task once, args.num_envs environments at a time in lockstep (a wave);
     returns the finished episodes and the number of environment steps."""
@@ -339,14 +347,6 @@ def run_episodes(make_env, task_ids, policy, args, aux):
     if too_long:
         print(f"note: {too_long} episodes were cut because their next prompt exceeded the model's context")
     return finished, env_steps
-
-
-def policy_source(args):
-    return "expert" if args.policy == "expert" else "self"
-
-
-def policy_name(args):
-    return "expert" if args.policy == "expert" else os.path.basename(os.path.normpath(args.policy))
 
 
 def summarize(episodes, env_steps, wall, args, generated_tokens):
