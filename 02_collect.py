@@ -10,6 +10,18 @@ cache of a wave is kept across turns (class Session), so each turn feeds only th
 observation tokens instead of re-reading the whole history. Sampling with --temperature
 collects data; --greedy evaluates.
 
+Q-guided generation (--rerank CRITIC_DIR --candidates M; QLASS-style, and the paper's
+"w/o policy improvement" row: the critic from 03 steers an unchanged policy). Every live
+environment gets M rows of the generation batch, and each row samples one candidate reply
+at --temperature. The critic scores every candidate with Q(s_t, a), read exactly where 03 /
+04 read it: the episode so far plus the candidate step is tokenized with tokenize_episode
+and Q is taken at the candidate's action position (the last token of the reply). The
+environment executes the candidate with the highest Q (a tie goes to the lowest-numbered
+candidate); at the next turn every row of that environment continues from the chosen reply
+(Session.sync drops the rest). Only executed replies step the environment (env_steps), but
+generated_tokens counts the tokens of every candidate. Candidates are always sampled, so
+--greedy cannot be combined with --rerank (lower --temperature for sharper candidates).
+
 Retrospective labels (paper: "retrospective reward labeling") come from the next
 observation only, with precedence format > invalid > repeat > ok:
     format   the reply has no parseable `Action:` line (the env is not stepped)
@@ -20,8 +32,11 @@ rewards train the critic only (03); advantages use environment rewards alone (04
 
     python 02_collect.py --policy expert --split train --episodes 600 --out runs/demo/data/expert.jsonl
     python 02_collect.py --policy runs/demo/policy_0 --split seen --greedy --out runs/demo/eval/policy_0_seen.jsonl
+    python 02_collect.py --policy runs/demo/policy_0 --rerank runs/demo/iter_1/critic --candidates 4 --split seen
+        --out runs/demo/eval/policy_0_rerank_seen.jsonl
 """
 import argparse
+import bisect
 import json
 import os
 import random
@@ -32,8 +47,9 @@ from collections import Counter
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, StaticCache
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, StaticCache
 
 import envs
 
@@ -53,11 +69,18 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding (evaluation); default samples")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for collection")
-    p.add_argument("--num-envs", type=int, default=64, help="environments run in lockstep (the generation batch)")
+    p.add_argument("--num-envs", type=int, default=64,
+                   help="environments run in lockstep (the generation batch; times --candidates with --rerank)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="longest reply per turn, in tokens")
     p.add_argument("--r-fmt", type=float, default=-0.2, help="auxiliary reward of a 'format' step")
     p.add_argument("--r-inv", type=float, default=-0.1, help="auxiliary reward of an 'invalid' step")
     p.add_argument("--r-repeat", type=float, default=-0.1, help="auxiliary reward of a 'repeat' step")
+    p.add_argument("--rerank", default="", metavar="CRITIC_DIR",
+                   help="Q-guided generation: a critic directory from 03_critic.py scores --candidates sampled "
+                        "replies per step and the argmax-Q reply is executed (not with --greedy or --policy expert)")
+    p.add_argument("--candidates", type=int, default=4,
+                   help="with --rerank: candidate replies sampled per environment and step (M >= 1)")
+    p.add_argument("--critic-batch-size", type=int, default=32, help="with --rerank: candidates per critic forward pass")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--metrics", default="", help="append the summary to this JSONL file")
     return p.parse_args(argv)
@@ -128,6 +151,66 @@ def episode_messages(ep):
         msgs.append({"role": "assistant", "content": step["text"]})
         msgs.append({"role": "user", "content": step["obs"]})
     return msgs
+
+def tokenize_episode(tokenizer, ep):
+    """One trajectory -> token ids and where values are read (DESIGN section 6).
+
+    Returns a dict of lists:
+      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
+      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
+      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
+      action_pos   (T,)   last token of turn t
+    The chat template is rendered as text for growing prefixes of the conversation, and
+    the full text is tokenized once; character offsets locate each turn."""
+    msgs = episode_messages(ep)
+
+    def render(m, gen):
+        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
+
+    full = render(msgs, True)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
+    action_step = [-1] * len(ids)
+    state_pos, action_pos = [], []
+    for t in range(len(ep["steps"])):
+        k = 2 + 2 * t  # index of assistant message t
+        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        if not (full.startswith(prompt) and full.startswith(after)):
+            raise ValueError("the chat template does not render a conversation as a prefix of its "
+                             "continuation; this model's template is not supported")
+        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
+        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
+        state_pos.append(first - 1)
+        action_pos.append(last)
+        for i in range(first, last + 1):
+            action_step[i] = t
+    state_pos.append(len(ids) - 1)
+    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
+
+def collate(tokenized, pad_id):
+    """Right-pad a list of tokenize_episode() dicts into tensors.
+    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
+    padded with 0, step_mask (B, T) is 1 on real steps."""
+    B = len(tokenized)
+    L = max(len(x["input_ids"]) for x in tokenized)
+    T = max(len(x["action_pos"]) for x in tokenized)
+    batch = {
+        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((B, L), dtype=torch.long),
+        "action_step": torch.full((B, L), -1, dtype=torch.long),
+        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
+        "action_pos": torch.zeros((B, T), dtype=torch.long),
+        "step_mask": torch.zeros((B, T), dtype=torch.float),
+    }
+    for i, x in enumerate(tokenized):
+        n, t = len(x["input_ids"]), len(x["action_pos"])
+        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
+        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
+        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
+        batch["step_mask"][i, :t] = 1.0
+    return batch
 
 def load_tokenizer(path):
     """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
@@ -277,6 +360,89 @@ class ModelPolicy:
         return out
 
 
+# ----------------------------------------------------------------------------------------
+# Q-guided generation (--rerank): the critic from 03 picks one of M sampled candidates.
+# The Critic class is the byte-identical copy from 03 / 04.
+# ----------------------------------------------------------------------------------------
+class Critic(torch.nn.Module):
+    """One forward pass over a trajectory gives every V(s_t) (read at state positions,
+    the last token of each generation prompt) and every Q(s_t, a_t) (read at action
+    positions, the last token of each reply)."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+        d = backbone.config.hidden_size
+
+        def head():
+            return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1))
+        self.v_head, self.q_head = head(), head()
+
+    def forward(self, batch):
+        """-> features (B, L, d), V (B, T+1) at every state, Q (B, T) at every action."""
+        h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        d = h.shape[-1]
+        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
+        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
+        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
+
+    def save(self, out_dir, tokenizer, args):
+        def write(tmp):
+            self.backbone.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            heads = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
+            heads.update({f"q_head.{k}": v for k, v in self.q_head.state_dict().items()})
+            save_file({k: v.contiguous().cpu() for k, v in heads.items()}, os.path.join(tmp, "heads.safetensors"))
+            with open(os.path.join(tmp, "args.json"), "w") as f:
+                json.dump(args, f, indent=2)
+        write_atomic(out_dir, write)
+
+    @classmethod
+    def load(cls, path, device, dtype):
+        """A critic directory written by 03_critic.py (backbone + heads.safetensors)."""
+        if not os.path.isfile(os.path.join(path, "heads.safetensors")):
+            die(f"{path} is not a critic directory (no heads.safetensors); pass the --out of 03_critic.py")
+        critic = cls(AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype))
+        heads = load_file(os.path.join(path, "heads.safetensors"))
+        critic.v_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("v_head.")})
+        critic.q_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("q_head.")})
+        return critic.to(device)
+
+
+def pick_candidates(q, m):
+    """q: Q(s_t, a) of every candidate, m per environment in order (environment 0's m, then
+    environment 1's, ...) -> for each environment the index 0..m-1 of its argmax-Q candidate.
+    A tie goes to the lowest index (torch.argmax returns the first maximum)."""
+    return torch.as_tensor(q, dtype=torch.float).view(-1, m).argmax(dim=1).tolist()
+
+
+class Reranker:
+    """The critic of 03 scoring candidate replies with Q(s_t, a) (QLASS-style selection)."""
+
+    def __init__(self, path, args):
+        self.device, dtype = pick_device()
+        self.critic = Critic.load(path, self.device, dtype).eval()
+        self.tokenizer = load_tokenizer(path)
+        self.m, self.batch_size = args.candidates, args.critic_batch_size
+
+    @torch.no_grad()
+    def q_values(self, episodes, texts):
+        """Q of reply texts[k] as the next step of episodes[k], read as 03 / 04 read it: the
+        episode plus the candidate step is tokenized with tokenize_episode, and Q is taken at
+        the last action position. The candidate's observation is not known yet and is left
+        empty; Q at the action position comes before it in a causal model, so it cannot
+        depend on it."""
+        q = []
+        for i in range(0, len(texts), self.batch_size):
+            xs = [tokenize_episode(self.tokenizer, dict(ep, steps=ep["steps"] + [{"text": text, "obs": ""}]))
+                  for ep, text in zip(episodes[i:i + self.batch_size], texts[i:i + self.batch_size])]
+            batch = {k: v.to(self.device) for k, v in collate(xs, self.tokenizer.pad_token_id).items()}
+            _, _, q_all = self.critic(batch)                       # (B, T): Q at every action
+            last = torch.tensor([len(x["action_pos"]) - 1 for x in xs], device=self.device)
+            q += q_all[torch.arange(len(xs), device=self.device), last].tolist()
+        return q
+
+
 def policy_source(args):
     return "expert" if args.policy == "expert" else "self"
 
@@ -285,9 +451,11 @@ def policy_name(args):
     return "expert" if args.policy == "expert" else os.path.basename(os.path.normpath(args.policy))
 
 
-def run_episodes(make_env, task_ids, policy, args, aux):
+def run_episodes(make_env, task_ids, policy, args, aux, reranker=None):
     """Run every task once, args.num_envs environments at a time in lockstep (a wave);
-    returns the finished episodes and the number of environment steps."""
+    returns the finished episodes and the number of environment steps. With a reranker,
+    environment i owns rows i*m .. i*m+m-1 of the generation batch (m candidates)."""
+    m = reranker.m if reranker else 1
     n_slots = min(args.num_envs, len(task_ids))
     slots = [make_env() for _ in range(n_slots)]
     finished, env_steps, too_long = [], 0, 0
@@ -302,7 +470,7 @@ def run_episodes(make_env, task_ids, policy, args, aux):
                        "task": info["task"], "obs0": obs, "steps": []}
             last_obs[i] = obs
         if policy != "expert":
-            policy.start_wave(len(wave))
+            policy.start_wave(len(wave) * m)
         while live:
             rows = sorted(live)
             ended = set()
@@ -314,8 +482,13 @@ def run_episodes(make_env, task_ids, policy, args, aux):
                 ended = {i for i, p in zip(rows, prompts) if len(p) > policy.max_prompt}
                 too_long += len(ended)
                 keep = [(i, p) for i, p in zip(rows, prompts) if i not in ended]
-                replies = policy.act([i for i, _ in keep], [p for _, p in keep]) if keep else []
                 rows = [i for i, _ in keep]
+                # m candidate replies per environment (m = 1 without --rerank).
+                replies = policy.act([i * m + j for i in rows for j in range(m)],
+                                     [p for _, p in keep for _ in range(m)]) if keep else []
+                if reranker and rows:  # keep each environment's argmax-Q candidate
+                    q = reranker.q_values([live[i] for i in rows for _ in range(m)], replies)
+                    replies = [replies[k * m + j] for k, j in enumerate(pick_candidates(q, m))]
             for i, text in zip(rows, replies):
                 env, ep = slots[i], live[i]
                 action = parse_action(text)
@@ -354,7 +527,7 @@ def summarize(episodes, env_steps, wall, args, generated_tokens):
     n = len(episodes)
     return {
         "stage": "02_collect", "policy": policy_name(args), "env": args.env, "split": args.split,
-        "greedy": args.greedy, "episodes": n,
+        "greedy": args.greedy, "candidates": args.candidates if args.rerank else 1, "episodes": n,
         "success_rate": sum(ep["success"] for ep in episodes) / n,
         "avg_reward": sum(ep["reward"] for ep in episodes) / n,
         "avg_steps": sum(len(ep["steps"]) for ep in episodes) / n,
@@ -386,14 +559,21 @@ def main(argv=None):
         probe.close()
     if args.episodes > len(all_ids):
         die(f"--episodes {args.episodes} exceeds the {len(all_ids)} tasks of split {args.split!r}")
+    if args.candidates < 1:
+        die(f"--candidates must be at least 1, got {args.candidates}")
+    if args.rerank and args.policy == "expert":
+        die("--rerank needs a policy directory to sample candidates from, not --policy expert")
+    if args.rerank and args.greedy:
+        die("--rerank samples its candidates at --temperature; drop --greedy (lower --temperature instead)")
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     task_ids = sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids
+    reranker = Reranker(args.rerank, args) if args.rerank else None  # first: a bad CRITIC_DIR fails fast
     policy = "expert" if args.policy == "expert" else ModelPolicy(args.policy, args)
     aux = {"ok": 0.0, "invalid": args.r_inv, "repeat": args.r_repeat, "format": args.r_fmt}
 
     t0 = time.time()
-    episodes, env_steps = run_episodes(make_env, task_ids, policy, args, aux)
+    episodes, env_steps = run_episodes(make_env, task_ids, policy, args, aux, reranker)
     episodes.sort(key=lambda ep: ep["task_id"])
     summary = summarize(episodes, env_steps, time.time() - t0, args,
                         0 if policy == "expert" else policy.generated_tokens)
@@ -401,10 +581,11 @@ def main(argv=None):
     write_json(os.path.splitext(args.out)[0] + ".json", {**summary, "args": vars(args)})
     log_metrics(args.metrics, summary)
     lab = summary["labels"]
+    rerank = f"(Q-reranked from {args.candidates} candidates per step) " if args.rerank else ""
     print(f"02_collect: {summary['policy']} on {args.env}/{args.split}: success {summary['success_rate']:.1%}, "
           f"avg reward {summary['avg_reward']:.3f}, avg steps {summary['avg_steps']:.1f}, labels ok {lab['ok']} "
           f"invalid {lab['invalid']} repeat {lab['repeat']} format {lab['format']}, {summary['episodes']} episodes "
-          f"in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f} ep/s) -> {args.out}")
+          f"{rerank}in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f} ep/s) -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ def top_level_sources():
 def test_copied_helpers_are_identical():
     copies = {k: v for k, v in top_level_sources().items() if len(v) > 1}
     assert {"die", "read_episodes", "tokenize_episode", "collate", "Critic"} <= set(copies)
+    for name in ("tokenize_episode", "collate", "Critic"):  # 02 copies them for --rerank
+        assert {"02_collect", "03_critic", "04_gae"} <= set(copies[name]), name
     for name, by_file in copies.items():
         first = next(iter(by_file.values()))
         drifted = [f for f, s in by_file.items() if s != first]
