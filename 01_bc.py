@@ -347,10 +347,12 @@ def main(argv=None):
     device, dtype = pick_device()
 
     episodes = read_episodes(args.data)
-    if args.filter == "success":
+    if args.filter == "success":  # RFT: imitate only the trajectories that reached the goal
+        n_read = len(episodes)
         episodes = [ep for ep in episodes if ep["success"]]
         if not episodes:
             die("--filter success left no trajectories; no episode in --data succeeded")
+        print(f"01_bc: --filter success kept {len(episodes)} of {n_read} trajectories")
 
     if args.model == "tiny":
         tokenizer = train_tiny_tokenizer(episodes, args.vocab_size)
