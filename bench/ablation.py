@@ -1,0 +1,187 @@
+"""The paper's ablation table in miniature (AlfWorld, 1 iteration in the paper), plus the
+baselines: one row per variant, seen / unseen success and average reward as mean +- std over
+seeds, and the environment steps each used. A measurement, not a test.
+
+Every variant starts from the same artifacts of a default run (run_all.sh, K=1), which are
+reused, never recomputed: the expert demos, the BC policy (policy_0), the self-collected
+buffer of iteration 1 and the default critic / advantages / Q-Evolve policy. A variant changes
+exactly one thing and redoes only the stages downstream of it:
+
+    BC (SFT)           policy_0, as run_all.sh evaluated it
+    RFT                01_bc.py --filter success on expert + self data, fine-tuning policy_0
+    Q-Evolve           policy_1, as run_all.sh evaluated it
+    w/o RR             03_critic.py --no-aux             -> 04 -> 05
+    w/o W-IQL          03_critic.py --uniform-weights    -> 04 -> 05
+    w/o GAE            04_gae.py --advantage qv          -> 05
+    aux in advantage   04_gae.py --with-aux              -> 05
+    w/o PI             no policy update: policy_0 acts, the default critic reranks
+                       --candidates sampled replies per step (02_collect.py --rerank; QLASS-style)
+    AWR                05_bppo.py --objective awr
+    symmetric clip     05_bppo.py --eps-low 0.2 (= --eps-high)
+
+    python bench/ablation.py --parallel          # seeds 0 1 2: runs/seed<k> (made by bench/seeds.py if missing)
+    python bench/ablation.py --seeds 0           # one seed, one process
+
+Outputs go to runs/seed<k>/ablation/<variant>/ (skip-if-exists, so a rerun resumes) and the
+table to bench/results/ablation.md.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPLITS = ("seen", "unseen")
+
+# name, label, stage that changes (None: reuse run_all.sh's artifacts), its extra flags
+VARIANTS = [
+    ("bc", "BC (SFT)", None, ""),
+    ("rft", "RFT (BC on expert + successful self)", "01", "--filter success --epochs 2 --lr 1e-3"),
+    ("qevolve", "Q-Evolve (full)", None, ""),
+    ("no_rr", "w/o retrospective rewards (--no-aux)", "03", "--no-aux"),
+    ("no_wiql", "w/o weighted IQL (--uniform-weights)", "03", "--uniform-weights"),
+    ("no_gae", "w/o GAE (--advantage qv)", "04", "--advantage qv"),
+    ("with_aux", "aux rewards in the advantage (--with-aux)", "04", "--with-aux"),
+    ("no_pi", "w/o policy improvement (Q-rerank of BC samples)", "rerank", ""),
+    ("awr", "AWR instead of BPPO", "05", "--objective awr"),
+    ("sym_clip", "symmetric clipping (eps_low = eps_high = 0.2)", "05", "--eps-low 0.2 --eps-high 0.2"),
+]
+
+
+def run_variant(run, seed, threads, candidates, log):
+    """Run every variant of one seed, stage by stage; an existing output is skipped."""
+    py = sys.executable
+    common = ["--seed", str(seed), "--threads", str(threads), "--metrics", f"{run}/ablation/metrics.jsonl"]
+    buffer = [f"{run}/data/expert.jsonl", f"{run}/iter_1/self.jsonl"]
+
+    def stage(out, cmd):
+        if os.path.exists(os.path.join(ROOT, out)):
+            return
+        print("==", " ".join(cmd), file=log, flush=True)
+        subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
+
+    def evaluate(policy, d):
+        for split in SPLITS:
+            stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", policy, "--split", split, "--greedy",
+                                        "--out", f"{d}/{split}.jsonl", *common])
+
+    for name, _, changes, flags in VARIANTS:
+        d = f"{run}/ablation/{name}"
+        extra = flags.split()
+        if changes is None:
+            continue
+        if changes == "01":
+            stage(f"{d}/policy", [py, "01_bc.py", "--data", *buffer, "--model", f"{run}/policy_0",
+                                  "--out", f"{d}/policy", *extra, *common])
+        elif changes == "rerank":
+            for split in SPLITS:
+                stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", f"{run}/policy_0", "--split", split,
+                                            "--rerank", f"{run}/iter_1/critic", "--candidates", str(candidates),
+                                            "--out", f"{d}/{split}.jsonl", *common])
+            continue
+        else:
+            critic, adv = f"{run}/iter_1/critic", f"{run}/iter_1/adv.jsonl"
+            if changes == "03":
+                critic = f"{d}/critic"
+                stage(critic, [py, "03_critic.py", "--data", *buffer, "--policy", f"{run}/policy_0",
+                               "--out", critic, *extra, *common])
+            if changes in ("03", "04"):
+                adv = f"{d}/adv.jsonl"
+                stage(f"{d}/adv.json", [py, "04_gae.py", "--data", *buffer, "--critic", critic, "--out", adv,
+                                        *(extra if changes == "04" else []), *common])
+            stage(f"{d}/policy", [py, "05_bppo.py", "--data", adv, "--policy", f"{run}/policy_0",
+                                  "--ref", f"{run}/policy_0", "--out", f"{d}/policy",
+                                  *(extra if changes == "05" else []), *common])
+        evaluate(f"{d}/policy", d)
+
+
+def result(run, name, split):
+    """(summary of the evaluation, env steps spent on training data) of one variant."""
+    if name == "bc":
+        path = f"{run}/eval/policy_0_{split}.json"
+    elif name == "qevolve":
+        path = f"{run}/eval/policy_1_{split}.json"
+    else:
+        path = f"{run}/ablation/{name}/{split}.json"
+    summary = json.load(open(os.path.join(ROOT, path)))
+    steps = json.load(open(os.path.join(ROOT, run, "data", "expert.json")))["env_steps"]
+    if name != "bc":  # every other variant learns from (or, for w/o PI, its critic learns from) the self data
+        steps += json.load(open(os.path.join(ROOT, run, "iter_1", "self.json")))["env_steps"]
+    return summary, steps
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories --prefix<seed>)")
+    p.add_argument("--prefix", default="runs/seed", help="run directory prefix, as bench/seeds.py writes them")
+    p.add_argument("--candidates", type=int, default=4, help="w/o PI: candidate replies per step for the rerank")
+    p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
+    p.add_argument("--out", default="bench/results/ablation.md", help="markdown table to write")
+    args = p.parse_args()
+    t0 = time.time()
+    runs = [f"{args.prefix}{s}" for s in args.seeds]
+    missing = [s for s, r in zip(args.seeds, runs) if not os.path.exists(os.path.join(ROOT, r, "results.md"))]
+    if missing:  # the shared artifacts: the default chain, K=1
+        cmd = [sys.executable, "bench/seeds.py", "--seeds", *map(str, missing), "--prefix", args.prefix]
+        subprocess.run(cmd + (["--parallel"] if args.parallel else []), cwd=ROOT, check=True,
+                       env={**os.environ, "K": "1"})
+    threads = 1 if args.parallel else 2
+    logs = [open(os.path.join(ROOT, f"{r}.ablation.log"), "a") for r in runs]
+    if args.parallel:
+        import multiprocessing as mp
+        procs = [mp.Process(target=run_variant, args=(r, s, threads, args.candidates, log))
+                 for r, s, log in zip(runs, args.seeds, logs)]
+        for pr in procs:
+            pr.start()
+        for pr, r in zip(procs, runs):
+            pr.join()
+            if pr.exitcode:
+                sys.exit(f"a stage failed for {r}; see {r}.ablation.log")
+    else:
+        for r, s, log in zip(runs, args.seeds, logs):
+            try:
+                run_variant(r, s, threads, args.candidates, log)
+            except subprocess.CalledProcessError:
+                sys.exit(f"a stage failed for {r}; see {r}.ablation.log")
+
+    sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
+             f"`python bench/ablation.py{' --parallel' if args.parallel else ''}` (seeds "
+             f"{' '.join(map(str, args.seeds))}; one iteration; 100 greedy episodes per split, w/o PI samples "
+             f"{args.candidates} candidates per step at temperature 1; this call took {(time.time() - t0) / 60:.0f} min).",
+             "", "| variant | seen success | unseen success | seen avg reward | unseen avg reward | train env steps "
+             "| eval env steps (seen + unseen) | eval tokens generated |", "|---|---|---|---|---|---|---|---|"]
+    for name, label, _, _ in VARIANTS:
+        cells = {}
+        for split in SPLITS:
+            res = [result(r, name, split) for r in runs]
+            succ = [x["success_rate"] * 100 for x, _ in res]
+            rew = [x["avg_reward"] for x, _ in res]
+            cells[split] = (succ, rew, res)
+        (s_succ, s_rew, s_res), (u_succ, u_rew, u_res) = cells["seen"], cells["unseen"]
+        steps = statistics.mean(st for _, st in s_res)
+        ev_steps = statistics.mean(a["env_steps"] + b["env_steps"] for (a, _), (b, _) in zip(s_res, u_res))
+        ev_tok = statistics.mean(a["generated_tokens"] + b["generated_tokens"] for (a, _), (b, _) in zip(s_res, u_res))
+        lines.append(f"| {label} | {statistics.mean(s_succ):.1f} +- {sd(s_succ):.1f} | "
+                     f"{statistics.mean(u_succ):.1f} +- {sd(u_succ):.1f} | {statistics.mean(s_rew):.3f} | "
+                     f"{statistics.mean(u_rew):.3f} | {steps:.0f} | {ev_steps:.0f} | {ev_tok:.0f} |")
+    lines += ["", "Per seed (seen / unseen success):", "",
+              "| variant | " + " | ".join(f"seed {s}" for s in args.seeds) + " |", "|---|" + "---|" * len(runs)]
+    for name, label, _, _ in VARIANTS:
+        row = [f"{result(r, name, 'seen')[0]['success_rate']:.0%} / {result(r, name, 'unseen')[0]['success_rate']:.0%}"
+               for r in runs]
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    text = "\n".join(lines) + "\n"
+    os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
+    with open(os.path.join(ROOT, args.out), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

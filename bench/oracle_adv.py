@@ -1,0 +1,46 @@
+"""Replace the critic's advantages in a 04 buffer with hand-made ones from the labels, to test
+the policy step (05) apart from the critic: "what would BPPO do if the process rewards were
+exactly right?" A diagnostic, not part of the algorithm.
+
+    --kind success   A = +1 on every step of a successful episode, else 0 (RFT through BPPO)
+    --kind unlike    A = -1 on every invalid / repeat / format step, else 0 (suppress mistakes only)
+    --kind contrast  A = +1 on every expert step, -1 on every bad self step, else 0
+
+    python bench/oracle_adv.py --data runs/seed0/iter_1/adv.jsonl --kind unlike --out /tmp/adv_unlike.jsonl
+    python 05_bppo.py --data /tmp/adv_unlike.jsonl --policy runs/seed0/policy_0 --ref runs/seed0/policy_0 \
+        --adv-norm none --out /tmp/unlike_policy
+    python 02_collect.py --policy /tmp/unlike_policy --split seen --greedy --out /tmp/unlike_seen.jsonl
+"""
+import argparse
+import json
+
+
+def oracle_advantage(kind, episode, step):
+    bad = step["label"] != "ok"
+    if kind == "success":
+        return 1.0 if episode["success"] else 0.0
+    if kind == "unlike":
+        return -1.0 if bad else 0.0
+    if episode["source"] == "expert":  # contrast
+        return 1.0
+    return -1.0 if bad else 0.0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="a 04_gae.py output buffer")
+    p.add_argument("--kind", required=True, choices=["success", "unlike", "contrast"])
+    p.add_argument("--out", required=True, help="buffer to write, with the hand-made 'adv'")
+    args = p.parse_args()
+    with open(args.data) as f:
+        episodes = [json.loads(line) for line in f if line.strip()]
+    for ep in episodes:
+        for step in ep["steps"]:
+            step["adv"] = oracle_advantage(args.kind, ep, step)
+    with open(args.out, "w") as f:
+        f.writelines(json.dumps(ep) + "\n" for ep in episodes)
+    print(f"wrote {len(episodes)} episodes with --kind {args.kind} advantages to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
