@@ -4,11 +4,13 @@ Reads   --policy expert (the environment's own expert) or a policy directory (01
 Writes  --out FILE.jsonl: one episode per line (DESIGN section 4), every step labeled;
         FILE.json beside it: a summary (success rate, labels, speed), also printed as one line.
 
-Environments run in lockstep, --num-envs at a time (a wave): at each step the replies of
-all live episodes are generated in one batch that stops at the end-of-turn token. The KV
-cache of a wave is kept across turns (class Session), so each turn feeds only the new
-observation tokens instead of re-reading the whole history. Sampling with --temperature
-collects data; --greedy evaluates.
+--num-envs environment slots run in lockstep: at each step the replies of all live episodes
+are generated in one batch that stops at the end-of-turn token. A slot whose episode ends
+starts the next task of the queue at once (episodes take 5-20 steps, so waiting for the
+longest one would leave most slots idle), and all slots stay busy until the queue is empty.
+One KV cache is kept across turns and episodes (class Session), so each turn feeds only the
+new tokens - the observation, or a refilled slot's new task - instead of re-reading the
+whole history. Sampling with --temperature collects data; --greedy evaluates.
 
 Q-guided generation (--rerank CRITIC_DIR --candidates M; QLASS-style, and the paper's
 "w/o policy improvement" row: the critic from 03 steers an unchanged policy). Every live
@@ -252,10 +254,12 @@ def retro_label(action, prev_obs, next_obs, invalid):
 # Policies: the expert, and a language model with batched generation.
 # ----------------------------------------------------------------------------------------
 class Session:
-    """One KV cache shared by a wave of episodes, so each turn feeds only the new tokens
-    (the last reply's end, the observation, the next generation prompt) instead of the
-    whole history. All rows share the cache's column index; a row's visible tokens are
-    the columns whose attention mask is 1 - pads and stale tokens are masked out."""
+    """One KV cache shared by all rows of the generation batch, so each turn feeds only the
+    new tokens (the last reply's end, the observation, the next generation prompt) instead
+    of the whole history. All rows share the cache's column index; a row's visible tokens
+    are the columns whose attention mask is 1 - pads and stale tokens are masked out. A row
+    whose slot starts a new episode keeps the common prefix (the instruction) and hides
+    the rest of the old episode (sync)."""
 
     def __init__(self, model, n_rows, max_cols, pad_id):
         self.model, self.pad_id, self.max_cols = model, pad_id, max_cols
@@ -299,7 +303,7 @@ class Session:
 
 
 class ModelPolicy:
-    """A language model acting for a wave of environments at once (batched, KV-cached)."""
+    """A language model acting for many environments at once (batched, KV-cached)."""
 
     def __init__(self, path, args):
         self.tokenizer = load_tokenizer(path)
@@ -314,7 +318,8 @@ class ModelPolicy:
         text = self.tokenizer.apply_chat_template(episode_messages(episode), add_generation_prompt=True, tokenize=False)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def start_wave(self, n_rows):
+    def start(self, n_rows):
+        """A batch of n_rows rows (environment slots, times m candidates with --rerank)."""
         self.session, self.n_rows = None, n_rows
 
     @torch.no_grad()
@@ -326,9 +331,10 @@ class ModelPolicy:
             for r, p in zip(rows, prompts):
                 new[r] = s.sync(r, p)
         if s is None or s.width + max(len(t) for t in new) + self.max_new > s.max_cols:
-            # A new wave, or a cache full of pads and stale columns: start a cache that fits
-            # what the rows see now plus room for a few turns. (Attention reads every column,
-            # so a cache much larger than needed would only cost time.)
+            # The first turn, or a cache full of pads and stale columns: start a cache that
+            # fits what the rows see now plus room for a few turns. (Attention reads every
+            # column, so a cache much larger than needed would only cost time.) Idle rows
+            # (no episode left for their slot, or cut as too long) get no tokens.
             s = self.session = Session(self.model, self.n_rows, max(len(p) for p in prompts) + 512,
                                        self.tokenizer.pad_token_id)
             new = [[] for _ in range(self.n_rows)]
@@ -452,68 +458,77 @@ def policy_name(args):
 
 
 def run_episodes(make_env, task_ids, policy, args, aux, reranker=None):
-    """Run every task once, args.num_envs environments at a time in lockstep (a wave);
-    returns the finished episodes and the number of environment steps. With a reranker,
-    environment i owns rows i*m .. i*m+m-1 of the generation batch (m candidates)."""
+    """Run every task once on args.num_envs environment slots stepped in lockstep; returns
+    the finished episodes and the number of environment steps. A slot whose episode ends
+    takes the next task of the queue at once, so every slot stays busy until the queue is
+    empty. With a reranker, slot i owns rows i*m .. i*m+m-1 of the generation batch
+    (m candidates); a refilled slot's rows all get the new episode's prompt."""
     m = reranker.m if reranker else 1
     n_slots = min(args.num_envs, len(task_ids))
     slots = [make_env() for _ in range(n_slots)]
+    queue = list(reversed(task_ids))  # queue.pop() hands out the tasks in order
+    live, last_obs = {}, {}           # slot -> its episode so far / its last observation
     finished, env_steps, too_long = [], 0, 0
     bar = tqdm(total=len(task_ids), desc=f"02_collect {args.split}", unit="ep")
-    for w in range(0, len(task_ids), n_slots):
-        wave = task_ids[w:w + n_slots]
-        live, last_obs = {}, {}
-        for i, tid in enumerate(wave):
-            obs, info = slots[i].reset(tid)
-            live[i] = {"env": args.env, "task_id": tid, "split": args.split, "source": policy_source(args),
-                       "policy": policy_name(args), "seed": args.seed, "instruction": slots[i].instruction,
-                       "task": info["task"], "obs0": obs, "steps": []}
-            last_obs[i] = obs
-        if policy != "expert":
-            policy.start_wave(len(wave) * m)
-        while live:
-            rows = sorted(live)
-            ended = set()
-            if policy == "expert":
-                replies = [slots[i].expert_text() for i in rows]
+
+    def start_next_task(i):
+        """Slot i starts the next task of the queue."""
+        tid = queue.pop()
+        obs, info = slots[i].reset(tid)
+        live[i] = {"env": args.env, "task_id": tid, "split": args.split, "source": policy_source(args),
+                   "policy": policy_name(args), "seed": args.seed, "instruction": slots[i].instruction,
+                   "task": info["task"], "obs0": obs, "steps": []}
+        last_obs[i] = obs
+
+    for i in range(n_slots):
+        start_next_task(i)
+    if policy != "expert":
+        policy.start(n_slots * m)
+    while live:
+        rows = sorted(live)
+        ended = set()
+        if policy == "expert":
+            replies = [slots[i].expert_text() for i in rows]
+        else:
+            prompts = [policy.prompt_ids(live[i]) for i in rows]
+            # An episode whose next prompt would overflow the model's context ends here (truncated).
+            ended = {i for i, p in zip(rows, prompts) if len(p) > policy.max_prompt}
+            too_long += len(ended)
+            keep = [(i, p) for i, p in zip(rows, prompts) if i not in ended]
+            rows = [i for i, _ in keep]
+            # m candidate replies per environment (m = 1 without --rerank).
+            replies = policy.act([i * m + j for i in rows for j in range(m)],
+                                 [p for _, p in keep for _ in range(m)]) if keep else []
+            if reranker and rows:  # keep each environment's argmax-Q candidate
+                q = reranker.q_values([live[i] for i in rows for _ in range(m)], replies)
+                replies = [replies[k * m + j] for k, j in enumerate(pick_candidates(q, m))]
+        for i, text in zip(rows, replies):
+            env, ep = slots[i], live[i]
+            action = parse_action(text)
+            if action is None:  # format error: the environment is not stepped
+                obs, r_env, terminated, truncated, invalid = FORMAT_ERROR_OBS, 0.0, False, False, False
             else:
-                prompts = [policy.prompt_ids(live[i]) for i in rows]
-                # An episode whose next prompt would overflow the model's context ends here (truncated).
-                ended = {i for i, p in zip(rows, prompts) if len(p) > policy.max_prompt}
-                too_long += len(ended)
-                keep = [(i, p) for i, p in zip(rows, prompts) if i not in ended]
-                rows = [i for i, _ in keep]
-                # m candidate replies per environment (m = 1 without --rerank).
-                replies = policy.act([i * m + j for i in rows for j in range(m)],
-                                     [p for _, p in keep for _ in range(m)]) if keep else []
-                if reranker and rows:  # keep each environment's argmax-Q candidate
-                    q = reranker.q_values([live[i] for i in rows for _ in range(m)], replies)
-                    replies = [replies[k * m + j] for k, j in enumerate(pick_candidates(q, m))]
-            for i, text in zip(rows, replies):
-                env, ep = slots[i], live[i]
-                action = parse_action(text)
-                if action is None:  # format error: the environment is not stepped
-                    obs, r_env, terminated, truncated, invalid = FORMAT_ERROR_OBS, 0.0, False, False, False
-                else:
-                    obs, r_env, terminated, truncated, _ = env.step(action)
-                    invalid = env.is_invalid(obs)
-                    env_steps += 1
-                label = retro_label(action, last_obs[i], obs, invalid)
-                ep["steps"].append({"text": text, "action": action or "", "obs": obs, "r_env": float(r_env),
-                                    "label": label, "r_aux": aux[label], "done": bool(terminated)})
-                last_obs[i] = obs
-                # Format errors count toward the step limit too.
-                if terminated or truncated or len(ep["steps"]) >= env.max_steps:
-                    ended.add(i)
-            for i in ended:
-                ep = live.pop(i)
-                if not ep["steps"]:  # not even the first prompt fit: nothing to record
-                    continue
-                ep["reward"] = float(sum(s["r_env"] for s in ep["steps"]))
-                ep["success"] = bool(ep["steps"][-1]["done"] and ep["reward"] > 0)
-                ep["truncated"] = not ep["steps"][-1]["done"]
-                finished.append(ep)
-                bar.update(1)
+                obs, r_env, terminated, truncated, _ = env.step(action)
+                invalid = env.is_invalid(obs)
+                env_steps += 1
+            label = retro_label(action, last_obs[i], obs, invalid)
+            ep["steps"].append({"text": text, "action": action or "", "obs": obs, "r_env": float(r_env),
+                                "label": label, "r_aux": aux[label], "done": bool(terminated)})
+            last_obs[i] = obs
+            # Format errors count toward the step limit too.
+            if terminated or truncated or len(ep["steps"]) >= env.max_steps:
+                ended.add(i)
+        for i in sorted(ended):
+            ep = live.pop(i)
+            if queue:  # refill: the slot starts the next task (its next prompt replaces the old one)
+                start_next_task(i)
+            if not ep["steps"]:  # not even the first prompt fit: nothing to record
+                continue
+            ep["reward"] = float(sum(s["r_env"] for s in ep["steps"]))
+            ep["success"] = bool(ep["steps"][-1]["done"] and ep["reward"] > 0)
+            ep["truncated"] = not ep["steps"][-1]["done"]
+            finished.append(ep)
+            bar.update(1)
     bar.close()
     for env in slots:
         env.close()

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from conftest import run_stage
 
@@ -55,11 +56,55 @@ def test_collection_is_reproducible(tiny_run, tmp_path):
     outs = []
     for name in ("a", "b"):
         out = tmp_path / f"{name}.jsonl"
-        run_stage("02_collect", "--policy", tiny_run / "policy_0", "--split", "seen", "--episodes", 3,
-                  "--num-envs", 3, "--max-new-tokens", 12, "--env-kwargs", '{"max_steps": 3}', "--out", out,
+        run_stage("02_collect", "--policy", tiny_run / "policy_0", "--split", "seen", "--episodes", 5,
+                  "--num-envs", 2, "--max-new-tokens", 12, "--env-kwargs", '{"max_steps": 3}', "--out", out,
                   "--seed", 5, "--threads", 1)
         outs.append(open(out).read())
     assert outs[0] == outs[1]
+
+
+def test_refilled_slots_run_the_same_episodes(tmp_path):
+    """A slot whose episode ends takes the next task at once: with the (deterministic) expert,
+    3 slots over 20 tasks give exactly the episodes of one environment at a time."""
+    outs = []
+    for n in (1, 3):
+        out = tmp_path / f"n{n}.jsonl"
+        run_stage("02_collect", "--policy", "expert", "--split", "seen", "--episodes", 20, "--num-envs", n, "--out", out)
+        outs.append(out.read_text())
+    assert outs[0] == outs[1] and len(outs[0].splitlines()) == 20
+
+
+def test_shared_cache_reads_like_a_fresh_one(tiny_run, stages, monkeypatch):
+    """The shared KV cache gives every row the next-token logits of a fresh one-row cache:
+    rows of very different lengths, a row refilled with a new task (Session.sync keeps the
+    common instruction and hides the rest of the old episode), an idle row, a restarted cache."""
+    c = stages["02_collect"]
+    path = str(tiny_run / "policy_0")
+    args = c.parse_args(["--policy", path, "--out", "x.jsonl", "--greedy", "--max-new-tokens", "4"])
+    policy, fresh = c.ModelPolicy(path, args), c.ModelPolicy(path, args)
+    eps = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:4]
+    logits = []  # every Session.feed output; the first feed of an act call reads the prompts
+    real_feed = c.Session.feed
+    monkeypatch.setattr(c.Session, "feed", lambda self, new: logits.append(real_feed(self, new)) or logits[-1])
+
+    def prompt(k, t):  # episode k after its first t steps
+        return policy.prompt_ids(dict(eps[k], steps=eps[k]["steps"][:t]))
+
+    def first_logits(p, rows, prompts):
+        n = len(logits)
+        p.act(rows, prompts)
+        return logits[n][rows]
+
+    def check(rows, prompts):
+        got = first_logits(policy, rows, prompts)
+        for row_logits, p in zip(got, prompts):
+            fresh.start(1)
+            assert torch.allclose(row_logits, first_logits(fresh, [0], [p])[0], atol=1e-4)
+    policy.start(3)
+    check([0, 1, 2], [prompt(0, 5), prompt(1, 0), prompt(2, 2)])    # very different lengths
+    check([0, 2], [prompt(3, 0), prompt(2, 3)])                     # row 0 refilled, row 1 idle
+    policy.session.max_cols = 0                                     # a full cache: start a new one
+    check([0, 2], [prompt(3, 1), prompt(2, 4)])
 
 
 @pytest.mark.parametrize("stage,args,message", [

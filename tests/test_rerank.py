@@ -67,9 +67,9 @@ def test_rerank_executes_the_candidate_the_critic_prefers(collect, critic_dir, t
     monkeypatch.setattr(collect.Reranker, "q_values", prefer_last)
     out = tmp_path / "rerank.jsonl"
     collect.main(["--policy", str(tiny_run / "policy_0"), "--rerank", str(critic_dir), "--candidates", "3",
-                  "--max-new-tokens", "12", "--out", str(out), *map(str, TINY)])
+                  "--max-new-tokens", "12", "--out", str(out), *map(str, TINY), "--episodes", "3"])  # one refill
     eps = {ep["task_id"]: ep for ep in check_schema(out)}
-    assert len(eps) == 2 and len(seen) == sum(len(ep["steps"]) for ep in eps.values())
+    assert len(eps) == 3 and len(seen) == sum(len(ep["steps"]) for ep in eps.values())
     for task_id, t, candidates in seen:
         assert len(candidates) == 3
         assert eps[task_id]["steps"][t]["text"] == candidates[-1]
