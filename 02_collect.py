@@ -56,6 +56,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, StaticC
 import envs
 
 FORMAT_ERROR_OBS = "Invalid reply. End your reply with one line: Action: <command>"
+CACHE_ROOM = 64  # free KV-cache columns beyond one turn's need (ModelPolicy.act)
 
 
 def parse_args(argv=None):
@@ -259,7 +260,9 @@ class Session:
     of the whole history. All rows share the cache's column index; a row's visible tokens
     are the columns whose attention mask is 1 - pads and stale tokens are masked out. A row
     whose slot starts a new episode keeps the common prefix (the instruction) and hides
-    the rest of the old episode (sync)."""
+    the rest of the old episode (sync). When pads and hidden columns fill the cache, the
+    visible columns are copied into a smaller one (compacted): attention reads every
+    column of the cache at every step, so a tight cache is a fast one."""
 
     def __init__(self, model, n_rows, max_cols, pad_id):
         self.model, self.pad_id, self.max_cols = model, pad_id, max_cols
@@ -301,6 +304,25 @@ class Session:
         self.width += W
         return out.logits[:, -1].float()
 
+    def compacted(self, room):
+        """A new Session holding only what each row sees, right-aligned (stale and pad columns
+        dropped), plus `room` free columns. Keys and values are copied, not recomputed: each
+        depends only on its token, its position and the tokens before it, none of which change."""
+        B, n = len(self.ids), max(len(cols) for cols in self.cols)
+        new = Session(self.model, B, n + room, self.pad_id)
+        src = torch.zeros((B, n), dtype=torch.long)  # the old column of each new column (0 under pads)
+        for r, cols in enumerate(self.cols):
+            k = len(cols)
+            src[r, n - k:] = torch.tensor(cols, dtype=torch.long)
+            new.mask[r, n - k:n] = 1
+            new.cols[r], new.ids[r] = list(range(n - k, n)), list(self.ids[r])
+        src = src.to(self.model.device)
+        for i, layer in enumerate(self.cache.layers):  # keys, values: (B, heads, columns, head_dim)
+            idx = src[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            new.cache.update(layer.keys.gather(2, idx), layer.values.gather(2, idx), i)
+        new.width = n
+        return new
+
 
 class ModelPolicy:
     """A language model acting for many environments at once (batched, KV-cached)."""
@@ -325,21 +347,19 @@ class ModelPolicy:
     @torch.no_grad()
     def act(self, rows, prompts):
         """Generate one reply for each row in `rows` given its prompt (token ids) -> strings."""
-        s = self.session
-        if s is not None:
-            new = [[] for _ in range(self.n_rows)]
-            for r, p in zip(rows, prompts):
-                new[r] = s.sync(r, p)
-        if s is None or s.width + max(len(t) for t in new) + self.max_new > s.max_cols:
-            # The first turn, or a cache full of pads and stale columns: start a cache that
-            # fits what the rows see now plus room for a few turns. (Attention reads every
-            # column, so a cache much larger than needed would only cost time.) Idle rows
-            # (no episode left for their slot, or cut as too long) get no tokens.
-            s = self.session = Session(self.model, self.n_rows, max(len(p) for p in prompts) + 512,
-                                       self.tokenizer.pad_token_id)
-            new = [[] for _ in range(self.n_rows)]
-            for r, p in zip(rows, prompts):
-                new[r] = p
+        if self.session is None:  # the first turn: a cache that fits the prompts and one turn
+            self.session = Session(self.model, self.n_rows, max(len(p) for p in prompts) + self.max_new + CACHE_ROOM,
+                                   self.tokenizer.pad_token_id)
+        s, prompt_of = self.session, dict(zip(rows, prompts))
+        # The tokens each row must feed to see its prompt. A row without a prompt (its slot
+        # has no episode left) hides everything, so the copy below can drop it.
+        new = [s.sync(r, prompt_of.get(r, [])) for r in range(self.n_rows)]
+        need = max(len(t) for t in new) + self.max_new
+        if s.width + need > s.max_cols:
+            # Pads and stale columns have filled the cache: copy what the rows see into a
+            # compact one with room for this turn and a little more. (Copying is cheap, and
+            # every extra column slows every step: more room would only cost time.)
+            s = self.session = s.compacted(need + CACHE_ROOM)
         logits = s.feed(new)
         replies = {r: [] for r in rows}
         for _ in range(self.max_new):

@@ -77,7 +77,7 @@ def test_refilled_slots_run_the_same_episodes(tmp_path):
 def test_shared_cache_reads_like_a_fresh_one(tiny_run, stages, monkeypatch):
     """The shared KV cache gives every row the next-token logits of a fresh one-row cache:
     rows of very different lengths, a row refilled with a new task (Session.sync keeps the
-    common instruction and hides the rest of the old episode), an idle row, a restarted cache."""
+    common instruction and hides the rest of the old episode), an idle row, a compacted cache."""
     c = stages["02_collect"]
     path = str(tiny_run / "policy_0")
     args = c.parse_args(["--policy", path, "--out", "x.jsonl", "--greedy", "--max-new-tokens", "4"])
@@ -103,8 +103,9 @@ def test_shared_cache_reads_like_a_fresh_one(tiny_run, stages, monkeypatch):
     policy.start(3)
     check([0, 1, 2], [prompt(0, 5), prompt(1, 0), prompt(2, 2)])    # very different lengths
     check([0, 2], [prompt(3, 0), prompt(2, 3)])                     # row 0 refilled, row 1 idle
-    policy.session.max_cols = 0                                     # a full cache: start a new one
+    policy.session.max_cols = 0                                     # a full cache: compact it
     check([0, 2], [prompt(3, 1), prompt(2, 4)])
+    check([0, 1, 2], [prompt(3, 2), prompt(0, 1), prompt(2, 5)])    # and on: row 1 back with a new task
 
 
 @pytest.mark.parametrize("stage,args,message", [
