@@ -557,7 +557,7 @@ def run_episodes(make_env, task_ids, policy, args, aux, reranker=None):
     return finished, env_steps
 
 
-def summarize(episodes, env_steps, wall, args, generated_tokens):
+def summarize(episodes, env_steps, wall, cpu, args, generated_tokens):
     labels = Counter(s["label"] for ep in episodes for s in ep["steps"])
     n = len(episodes)
     return {
@@ -568,7 +568,7 @@ def summarize(episodes, env_steps, wall, args, generated_tokens):
         "avg_steps": sum(len(ep["steps"]) for ep in episodes) / n,
         "labels": {k: labels.get(k, 0) for k in ("ok", "invalid", "repeat", "format")},
         "env_steps": env_steps, "generated_tokens": generated_tokens,
-        "wall_s": round(wall, 2), "episodes_per_s": round(n / max(wall, 1e-9), 2),
+        "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "episodes_per_s": round(n / max(wall, 1e-9), 2),
     }
 
 
@@ -607,10 +607,10 @@ def main(argv=None):
     policy = "expert" if args.policy == "expert" else ModelPolicy(args.policy, args)
     aux = {"ok": 0.0, "invalid": args.r_inv, "repeat": args.r_repeat, "format": args.r_fmt}
 
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()  # CPU time: less sensitive than wall time to other load
     episodes, env_steps = run_episodes(make_env, task_ids, policy, args, aux, reranker)
     episodes.sort(key=lambda ep: ep["task_id"])
-    summary = summarize(episodes, env_steps, time.time() - t0, args,
+    summary = summarize(episodes, env_steps, time.time() - t0, time.process_time() - cpu0, args,
                         0 if policy == "expert" else policy.generated_tokens)
     write_jsonl(args.out, episodes)
     write_json(os.path.splitext(args.out)[0] + ".json", {**summary, "args": vars(args)})

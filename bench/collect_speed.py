@@ -1,7 +1,8 @@
 """Batched collection (many environments in lockstep, one KV-cached generation batch) against
 one episode at a time, with the same policy and the same tasks. A measurement, not a test.
 Use more episodes than --batch so that refilling slots (a finished slot starts the next
-task) is part of what is measured.
+task) is part of what is measured. On a shared CPU the wall time depends on the other load,
+so the CPU seconds of each collection (02's summary) are compared too.
 
     python bench/collect_speed.py --policy runs/default/policy_0 [--episodes 96] [--batch 32] [--threads 1]
 """
@@ -36,8 +37,9 @@ def main():
         many = collect(args.policy, args.episodes, args.batch, d, args.split, args.threads)
     for name, s in (("one at a time", one), (f"{args.batch} in lockstep", many)):
         print(f"{name:>16}: {s['episodes_per_s']:.2f} episodes/s, {s['wall_s']:.1f}s, success {s['success_rate']:.1%}, "
-              f"{s['env_steps']} env steps, {s['generated_tokens']} generated tokens")
-    print(f"speed-up: {many['episodes_per_s'] / one['episodes_per_s']:.1f}x")
+              f"{s['env_steps']} env steps, {s['generated_tokens']} generated tokens, {s['cpu_s']:.1f} CPU s")
+    print(f"speed-up: {many['episodes_per_s'] / one['episodes_per_s']:.1f}x in episodes/s, "
+          f"{one['cpu_s'] / many['cpu_s']:.1f}x in CPU seconds")
 
 
 if __name__ == "__main__":
