@@ -6,11 +6,12 @@ Writes  --out FILE.jsonl: one episode per line (DESIGN section 4), every step la
 
 --num-envs environment slots run in lockstep: at each step the replies of all live episodes
 are generated in one batch that stops at the end-of-turn token. A slot whose episode ends
-starts the next task of the queue at once (episodes take 5-20 steps, so waiting for the
-longest one would leave most slots idle), and all slots stay busy until the queue is empty.
+starts the next task of the queue at once (episodes take 5-20 steps; waiting for the longest
+one would leave finished slots idle), and all slots stay busy until the queue is empty.
 One KV cache is kept across turns and episodes (class Session), so each turn feeds only the
 new tokens - the observation, or a refilled slot's new task - instead of re-reading the
-whole history. Sampling with --temperature collects data; --greedy evaluates.
+whole history; when hidden tokens fill the cache, the visible ones are copied into a tight
+new one. Sampling with --temperature collects data; --greedy evaluates.
 
 Q-guided generation (--rerank CRITIC_DIR --candidates M; QLASS-style, and the paper's
 "w/o policy improvement" row: the critic from 03 steers an unchanged policy). Every live
@@ -73,7 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--greedy", action="store_true", help="greedy decoding (evaluation); default samples")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for collection")
     p.add_argument("--num-envs", type=int, default=64,
-                   help="environments run in lockstep (the generation batch; times --candidates with --rerank)")
+                   help="environment slots run in lockstep, each taking the next task when its episode ends "
+                        "(the generation batch; times --candidates with --rerank)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="longest reply per turn, in tokens")
     p.add_argument("--r-fmt", type=float, default=-0.2, help="auxiliary reward of a 'format' step")
     p.add_argument("--r-inv", type=float, default=-0.1, help="auxiliary reward of an 'invalid' step")
