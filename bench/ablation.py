@@ -70,7 +70,7 @@ def run_variant(run, seed, threads, candidates, log):
             stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", policy, "--split", split, "--greedy",
                                         "--out", f"{d}/{split}.jsonl", *common])
 
-    for name, _, changes, flags in VARIANTS:
+    for name, _, changes, flags in sorted(VARIANTS, key=lambda v: v[2] == "rerank"):  # the slow rerank last
         d = f"{run}/ablation/{name}"
         extra = flags.split()
         if changes is None:
@@ -122,17 +122,23 @@ def main():
     p.add_argument("--candidates", type=int, default=4, help="w/o PI: candidate replies per step for the rerank")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     p.add_argument("--out", default="bench/results/ablation.md", help="markdown table to write")
+    p.add_argument("--table-only", action="store_true",
+                   help="run nothing: write the table from the variants finished so far (others: 'not run')")
     args = p.parse_args()
     t0 = time.time()
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     missing = [s for s, r in zip(args.seeds, runs) if not os.path.exists(os.path.join(ROOT, r, "results.md"))]
-    if missing:  # the shared artifacts: the default chain, K=1
+    if args.table_only:
+        pass
+    elif missing:  # the shared artifacts: the default chain, K=1
         cmd = [sys.executable, "bench/seeds.py", "--seeds", *map(str, missing), "--prefix", args.prefix]
         subprocess.run(cmd + (["--parallel"] if args.parallel else []), cwd=ROOT, check=True,
                        env={**os.environ, "K": "1"})
     threads = 1 if args.parallel else 2
     logs = [open(os.path.join(ROOT, f"{r}.ablation.log"), "a") for r in runs]
-    if args.parallel:
+    if args.table_only:
+        pass
+    elif args.parallel:
         import multiprocessing as mp
         procs = [mp.Process(target=run_variant, args=(r, s, threads, args.candidates, log))
                  for r, s, log in zip(runs, args.seeds, logs)]
@@ -153,10 +159,21 @@ def main():
     lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
              f"`python bench/ablation.py{' --parallel' if args.parallel else ''}` (seeds "
              f"{' '.join(map(str, args.seeds))}; one iteration; 100 greedy episodes per split, w/o PI samples "
-             f"{args.candidates} candidates per step at temperature 1; this call took {(time.time() - t0) / 60:.0f} min).",
+             f"{args.candidates} candidates per step at temperature 1"
+             + ("" if args.table_only else f"; this call took {(time.time() - t0) / 60:.0f} min") + ").",
              "", "| variant | seen success | unseen success | seen avg reward | unseen avg reward | train env steps "
              "| eval env steps (seen + unseen) | eval tokens generated |", "|---|---|---|---|---|---|---|---|"]
+    def done(name):
+        try:
+            [result(r, name, split) for r in runs for split in SPLITS]
+            return True
+        except FileNotFoundError:
+            return False
+
     for name, label, _, _ in VARIANTS:
+        if not done(name):
+            lines.append(f"| {label} | not run | | | | | | |")
+            continue
         cells = {}
         for split in SPLITS:
             res = [result(r, name, split) for r in runs]
@@ -173,6 +190,8 @@ def main():
     lines += ["", "Per seed (seen / unseen success):", "",
               "| variant | " + " | ".join(f"seed {s}" for s in args.seeds) + " |", "|---|" + "---|" * len(runs)]
     for name, label, _, _ in VARIANTS:
+        if not done(name):
+            continue
         row = [f"{result(r, name, 'seen')[0]['success_rate']:.0%} / {result(r, name, 'unseen')[0]['success_rate']:.0%}"
                for r in runs]
         lines.append(f"| {label} | " + " | ".join(row) + " |")
