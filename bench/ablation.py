@@ -115,30 +115,16 @@ def result(run, name, split):
     return summary, steps
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories --prefix<seed>)")
-    p.add_argument("--prefix", default="runs/seed", help="run directory prefix, as bench/seeds.py writes them")
-    p.add_argument("--candidates", type=int, default=4, help="w/o PI: candidate replies per step for the rerank")
-    p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
-    p.add_argument("--out", default="bench/results/ablation.md", help="markdown table to write")
-    p.add_argument("--table-only", action="store_true",
-                   help="run nothing: write the table from the variants finished so far (others: 'not run')")
-    args = p.parse_args()
-    t0 = time.time()
-    runs = [f"{args.prefix}{s}" for s in args.seeds]
+def run_all_variants(args, runs):
+    """Make any missing default run (bench/seeds.py), then every variant of every seed."""
     missing = [s for s, r in zip(args.seeds, runs) if not os.path.exists(os.path.join(ROOT, r, "results.md"))]
-    if args.table_only:
-        pass
-    elif missing:  # the shared artifacts: the default chain, K=1
+    if missing:  # the shared artifacts: the default chain, K=1
         cmd = [sys.executable, "bench/seeds.py", "--seeds", *map(str, missing), "--prefix", args.prefix]
         subprocess.run(cmd + (["--parallel"] if args.parallel else []), cwd=ROOT, check=True,
                        env={**os.environ, "K": "1"})
     threads = 1 if args.parallel else 2
     logs = [open(os.path.join(ROOT, f"{r}.ablation.log"), "a") for r in runs]
-    if args.table_only:
-        pass
-    elif args.parallel:
+    if args.parallel:
         import multiprocessing as mp
         procs = [mp.Process(target=run_variant, args=(r, s, threads, args.candidates, log))
                  for r, s, log in zip(runs, args.seeds, logs)]
@@ -154,6 +140,22 @@ def main():
                 run_variant(r, s, threads, args.candidates, log)
             except subprocess.CalledProcessError:
                 sys.exit(f"a stage failed for {r}; see {r}.ablation.log")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories --prefix<seed>)")
+    p.add_argument("--prefix", default="runs/seed", help="run directory prefix, as bench/seeds.py writes them")
+    p.add_argument("--candidates", type=int, default=4, help="w/o PI: candidate replies per step for the rerank")
+    p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
+    p.add_argument("--out", default="bench/results/ablation.md", help="markdown table to write")
+    p.add_argument("--table-only", action="store_true",
+                   help="run nothing: write the table from the variants finished so far (others: 'not run')")
+    args = p.parse_args()
+    t0 = time.time()
+    runs = [f"{args.prefix}{s}" for s in args.seeds]
+    if not args.table_only:
+        run_all_variants(args, runs)
 
     sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
     lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
