@@ -324,9 +324,25 @@ def lr_at(step, total, peak, warmup_frac):
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def evaluate_loss(model, data, pad_id, batch_size, device):
+def reply_matches(logits, batch):
+    """(B, T) bool: greedy decoding would write turn t exactly as in the data. Teacher forcing
+    on the recorded history, the argmax token must equal the data's token at every position of
+    the assistant turn (Thought, Action and end-of-turn). False on padded steps."""
+    hit = logits[:, :-1].argmax(-1) == batch["input_ids"][:, 1:]  # prediction of token i+1
+    step = batch["action_step"][:, 1:]
+    B, T = batch["step_mask"].shape
+    wrong = torch.zeros(B, T + 1, dtype=torch.long, device=hit.device)  # column T: non-action tokens
+    wrong.scatter_add_(1, torch.where(step >= 0, step, T), (~hit).long())
+    return (wrong[:, :T] == 0) & (batch["step_mask"] > 0)
+
+
+def evaluate(model, data, pad_id, batch_size, device):
+    """Validation: action-token NLL, the fraction of replies greedy decoding reproduces, and the
+    fraction of trajectories it reproduces at every turn. The last is the one to watch: the
+    household expert never errs and a BC policy rarely recovers from a mistake, so it tracks
+    greedy success closely (bench/expert_path.py), while the loss is dominated by easy tokens."""
     model.eval()
-    total, count = 0.0, 0.0
+    total, count, turns, replies, episodes = 0.0, 0.0, 0, 0, 0
     with torch.no_grad():
         for i in range(0, len(data), batch_size):
             b = {k: v.to(device) for k, v in collate(data[i:i + batch_size], pad_id).items()}
@@ -334,8 +350,13 @@ def evaluate_loss(model, data, pad_id, batch_size, device):
             mask = (b["action_step"] >= 0).float()
             total += -(token_logprobs(logits, b["input_ids"]) * mask).sum().item()
             count += mask.sum().item()
+            ok = reply_matches(logits, b)
+            n = b["step_mask"].sum(1).long()
+            turns += int(n.sum())
+            replies += int(ok.sum())
+            episodes += int((ok.sum(1) == n).sum())
     model.train()
-    return total / max(count, 1)
+    return total / max(count, 1), replies / max(turns, 1), episodes / max(len(data), 1)
 
 
 def main(argv=None):
@@ -397,11 +418,13 @@ def main(argv=None):
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
-        val_loss = evaluate_loss(model, val, tokenizer.pad_token_id, args.batch_size, device)
+        val_loss, val_replies, val_episodes = evaluate(model, val, tokenizer.pad_token_id, args.batch_size, device)
         record = {"stage": "01_bc", "epoch": epoch + 1, "step": step, "train_loss": epoch_loss / steps_per_epoch,
-                  "val_loss": val_loss, "elapsed_s": time.time() - t0}
+                  "val_loss": val_loss, "val_reply_match": val_replies, "val_episode_match": val_episodes,
+                  "elapsed_s": time.time() - t0}
         log_metrics(args.metrics, record)
-        tqdm.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}  val loss {val_loss:.4f}")
+        tqdm.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}  val loss {val_loss:.4f}  "
+                   f"greedy reproduces {val_replies:.1%} of val replies, {val_episodes:.1%} of val episodes")
     bar.close()
 
     def save(tmp):
@@ -410,7 +433,8 @@ def main(argv=None):
         with open(os.path.join(tmp, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=2)
     write_atomic(args.out, save)
-    print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, {time.time() - t0:.0f}s)")
+    print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
+          f"{time.time() - t0:.0f}s)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ exactly right?" A diagnostic, not part of the algorithm.
     --kind success   A = +1 on every step of a successful episode, else 0 (RFT through BPPO)
     --kind unlike    A = -1 on every invalid / repeat / format step, else 0 (suppress mistakes only)
     --kind contrast  A = +1 on every expert step, -1 on every bad self step, else 0
+    --kind first     A = -1 on the first mistake of each episode only, else 0 (what GAE blames most)
 
     python bench/oracle_adv.py --data runs/seed0/iter_1/adv.jsonl --kind unlike --out /tmp/adv_unlike.jsonl
     python 05_bppo.py --data /tmp/adv_unlike.jsonl --policy runs/seed0/policy_0 --ref runs/seed0/policy_0 \
@@ -17,6 +18,8 @@ import json
 
 def oracle_advantage(kind, episode, step):
     bad = step["label"] != "ok"
+    if kind == "first":
+        return -1.0 if bad and step is next(s for s in episode["steps"] if s["label"] != "ok") else 0.0
     if kind == "success":
         return 1.0 if episode["success"] else 0.0
     if kind == "unlike":
@@ -29,7 +32,7 @@ def oracle_advantage(kind, episode, step):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="a 04_gae.py output buffer")
-    p.add_argument("--kind", required=True, choices=["success", "unlike", "contrast"])
+    p.add_argument("--kind", required=True, choices=["success", "unlike", "contrast", "first"])
     p.add_argument("--out", required=True, help="buffer to write, with the hand-made 'adv'")
     args = p.parse_args()
     with open(args.data) as f:

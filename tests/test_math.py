@@ -186,3 +186,24 @@ def test_awr_only_raises_probabilities_of_data_actions(stages):
     logp = torch.tensor([-1.0, -1.0], requires_grad=True)
     awr_loss(logp, torch.tensor([2.0, -2.0]), torch.ones(2), 1.0, 20.0).backward()
     assert (logp.grad < 0).all()  # descent raises log-probs even for the negative-advantage action
+
+
+def test_reply_matches_by_hand(stages):
+    """Turn t counts as reproduced only if the argmax is right at every token of turn t."""
+    collate, reply_matches = stages["01_bc"].collate, stages["01_bc"].reply_matches
+    #            prompt   turn 0   obs  turn 1     (second episode: one turn)
+    ep1 = {"input_ids": [5, 6, 7, 8, 9, 10, 11, 12], "action_step": [-1, -1, 0, 0, -1, 1, 1, -1],
+           "state_pos": [1, 4, 7], "action_pos": [3, 6]}
+    ep2 = {"input_ids": [5, 6, 7, 8], "action_step": [-1, -1, 0, 0], "state_pos": [1, 3], "action_pos": [3]}
+    b = collate([ep1, ep2], pad_id=0)
+    V = 16
+    perfect = torch.nn.functional.one_hot(b["input_ids"].roll(-1, dims=1), V).float()  # predicts token i+1 at i
+    assert reply_matches(perfect, b).tolist() == [[True, True], [True, False]]  # step 1 of ep2 is padding
+    wrong = perfect.clone()
+    wrong[0, 5, :] = 0
+    wrong[0, 5, 3] = 1  # position 5 predicts token 6 (turn 1's second token): now wrong
+    assert reply_matches(wrong, b).tolist() == [[True, False], [True, False]]
+    wrong_obs = perfect.clone()
+    wrong_obs[0, 3, :] = 0
+    wrong_obs[0, 3, 3] = 1  # position 3 predicts token 4, an observation token: not part of any turn
+    assert reply_matches(wrong_obs, b).tolist() == [[True, True], [True, False]]

@@ -1,0 +1,59 @@
+"""Would greedy decoding reproduce the expert? For each expert trajectory of a split, feed the
+expert's own history to the policy (teacher forcing) and check, turn by turn, that the argmax
+token equals the expert's token at every position of the reply (Thought, Action and the
+end-of-turn token). A turn where that holds is exactly a turn in which greedy decoding would
+write the expert's reply. An episode in which it holds at every turn is one the greedy policy
+solves along the expert's path; since the household expert never errs and the BC policy
+almost never recovers from a mistake (bench/failure_modes.py), this fraction should track the
+greedy success rate of 02_collect.py - at the cost of one forward pass per episode instead of
+a generation per step, and without the noise of sampling.
+
+    python 02_collect.py --policy expert --split seen --out /tmp/expert_seen.jsonl
+    python bench/expert_path.py --policy runs/seed0/policy_0 --data /tmp/expert_seen.jsonl
+"""
+import argparse
+import importlib.util
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_bc():
+    spec = importlib.util.spec_from_file_location("stage_01_bc", os.path.join(ROOT, "01_bc.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy", required=True, help="policy directory (01_bc.py / 05_bppo.py output)")
+    p.add_argument("--data", required=True, help="expert episode JSONL (02_collect.py --policy expert)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    bc = load_bc()
+    torch.set_num_threads(args.threads)
+    tokenizer = bc.load_tokenizer(args.policy)
+    model = bc.AutoModelForCausalLM.from_pretrained(args.policy).eval()
+    episodes = bc.read_episodes([args.data])
+    data = [bc.tokenize_episode(tokenizer, ep) for ep in episodes]
+    turns = correct = solved = 0
+    for i in range(0, len(data), args.batch_size):
+        batch = bc.collate(data[i:i + args.batch_size], tokenizer.pad_token_id)
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        ok = bc.reply_matches(logits, batch)  # the same check 01_bc.py prints on its validation split
+        n = batch["step_mask"].sum(1).long()
+        turns += int(n.sum())
+        correct += int(ok.sum())
+        solved += int((ok.sum(1) == n).sum())
+    print(f"{args.policy} on {args.data}: expert turns reproduced {correct}/{turns} ({correct / turns:.1%}), "
+          f"whole episodes {solved}/{len(data)} ({solved / len(data):.1%})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
