@@ -26,6 +26,10 @@ holds out about a quarter of all pairings:
 Every task type has both kinds of pairing. Instances come from separate random
 streams, so train and seen share no task (tests check this on the whole default splits).
 
+With `expert_slip=p` (default 0) the demonstrator is imperfect: at each step, with
+probability p, it makes one of the mistakes a learned policy makes and then recovers (see
+`_slip`), so the demonstrations contain "Nothing happens." and what to do after it.
+
 The expert acts only on what it has observed: it searches receptacles in the order in
 which the object type is likely to be found (OBJECT_LOCATIONS, then the rest), opens
 closed ones, then carries out the task. It writes ReAct text: a short `Thought:` line
@@ -150,12 +154,13 @@ class HouseholdEnv(TextEnv):
     name = "household"
 
     def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
-                 n_train=1000, n_seen=100, n_unseen=100):
+                 n_train=1000, n_seen=100, n_unseen=100, expert_slip=0.0):
         if n_receptacles < len(ALWAYS) + 2:
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
         self.seed = seed
         self.n_receptacles = n_receptacles
         self.n_distractors = n_distractors
+        self.expert_slip = expert_slip
         self.max_steps = max_steps
         self.n_tasks = {"train": n_train, "seen": n_seen, "unseen": n_unseen}
         pairings = all_pairings()
@@ -434,11 +439,35 @@ class HouseholdEnv(TextEnv):
     def _phase(self):
         return self._plan()[0] if self._task is not None and not self.done else None
 
+    def _slip(self):
+        """With probability expert_slip (decided per task and step, reproducibly), the
+        demonstrator makes one of the mistakes a learned policy makes - `take` the object
+        from a receptacle that does not hold it, `go to` a likely receptacle the room lacks,
+        `go to` where it stands - and gets "Nothing happens.". Its knowledge is unchanged,
+        so its next command is the plan it had: the demonstrations then show recoveries."""
+        if not self.expert_slip or self.done:
+            return None
+        g = self._task
+        rng = random.Random(f"slip/{self.seed}/{g['task_id']}/{self.t}")
+        if rng.random() >= self.expert_slip:
+            return None
+        obj, loc = g["object"], self.location
+        if loc is not None and self.holding is None and self._visible(loc) \
+                and not any(_kind(o) == obj for o in self._here(loc)):
+            return f"take {obj} 1 from {loc}"
+        absent = [k for k in OBJECT_LOCATIONS[obj] if not any(_kind(r) == k for r in g["receptacles"])]
+        if absent:
+            return f"go to {rng.choice(absent)} 1"
+        return f"go to {loc}" if loc is not None else None
+
     def expert_action(self):
-        return self._plan()[1]
+        return self._slip() or self._plan()[1]
 
     def expert_text(self):
         """ReAct text: a short thought where the plan changes, a bare action elsewhere."""
+        slip = self._slip()
+        if slip is not None:
+            return f"Action: {slip}"
         phase, cmd = self._plan()
         if phase == self._last_phase:
             return f"Action: {cmd}"

@@ -153,3 +153,30 @@ def test_malformed_commands_never_raise(env):
     for cmd in ["put in/on countertop 1", "put ", "take from countertop 1", "clean with sinkbasin 1", "heat with"]:
         env.reset("train/00000")
         assert env.step(cmd)[0] == NOTHING, cmd
+
+
+def test_slipping_expert_makes_mistakes_and_recovers():
+    """expert_slip=p: about p of the demonstrator's commands are the mistakes a learned policy
+    makes (each gives "Nothing happens." and changes nothing), the next command is the plan it
+    had, and the tasks are still solved; text and action agree; the slips are reproducible."""
+    clean, slipping = envs.make("household", seed=0), envs.make("household", seed=0, expert_slip=0.2)
+    n_steps, n_slips, n_won = 0, 0, 0
+    for tid in clean.task_ids("seen"):
+        plan = run_expert(clean, tid)[3]
+        slipping.reset(tid)
+        done, actions, slips = False, [], []
+        while not done:
+            text, action = slipping.expert_text(), slipping.expert_action()
+            assert text.split("\n")[-1] == f"Action: {action}"
+            obs, reward, terminated, truncated, _ = slipping.step(action)
+            done = terminated or truncated
+            (slips if obs == NOTHING else actions).append(action)
+            assert not obs == NOTHING or action.startswith(("take ", "go to "))
+        n_steps += len(actions) + len(slips)
+        n_slips += len(slips)
+        n_won += terminated
+        if terminated:  # without the slips, the same commands as the clean expert
+            assert actions == [t.split("Action: ")[-1] for t in plan]
+    assert 0.12 < n_slips / n_steps < 0.28
+    assert n_won >= 95
+    assert envs.make("household", seed=0, expert_slip=0.2).generate("seen/00003") == clean.generate("seen/00003")
