@@ -10,6 +10,13 @@ a generation per step, and without the noise of sampling.
 
     python 02_collect.py --policy expert --split seen --out /tmp/expert_seen.jsonl
     python bench/expert_path.py --policy runs/seed0/policy_0 --data /tmp/expert_seen.jsonl
+
+To compare policy updates without touching the evaluation splits, score them on training
+tasks that none of their data came from (--exclude drops the tasks of the given files):
+
+    python 02_collect.py --policy expert --split train --out /tmp/expert_train.jsonl
+    python bench/expert_path.py --policy runs/seed0/policy_1 --data /tmp/expert_train.jsonl \
+        --exclude runs/seed0/data/expert.jsonl runs/seed0/iter_1/self.jsonl
 """
 import argparse
 import importlib.util
@@ -32,6 +39,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", required=True, help="policy directory (01_bc.py / 05_bppo.py output)")
     p.add_argument("--data", required=True, help="expert episode JSONL (02_collect.py --policy expert)")
+    p.add_argument("--exclude", nargs="*", default=[], help="drop tasks that occur in these episode files")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
@@ -40,6 +48,9 @@ def main():
     tokenizer = bc.load_tokenizer(args.policy)
     model = bc.AutoModelForCausalLM.from_pretrained(args.policy).eval()
     episodes = bc.read_episodes([args.data])
+    if args.exclude:
+        used = {ep["task_id"] for ep in bc.read_episodes(args.exclude)}
+        episodes = [ep for ep in episodes if ep["task_id"] not in used]
     data = [bc.tokenize_episode(tokenizer, ep) for ep in episodes]
     turns = correct = solved = 0
     for i in range(0, len(data), args.batch_size):
