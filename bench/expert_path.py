@@ -52,19 +52,10 @@ def main():
         used = {ep["task_id"] for ep in bc.read_episodes(args.exclude)}
         episodes = [ep for ep in episodes if ep["task_id"] not in used]
     data = [bc.tokenize_episode(tokenizer, ep) for ep in episodes]
-    turns = correct = solved = 0
-    for i in range(0, len(data), args.batch_size):
-        batch = bc.collate(data[i:i + args.batch_size], tokenizer.pad_token_id)
-        with torch.no_grad():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        ok = bc.reply_matches(logits, batch)  # the same check 01_bc.py prints on its validation split
-        n = batch["step_mask"].sum(1).long()
-        turns += int(n.sum())
-        correct += int(ok.sum())
-        solved += int((ok.sum(1) == n).sum())
-    print(f"{args.policy} on {args.data}: expert turns reproduced {correct}/{turns} ({correct / turns:.1%}), "
-          f"whole episodes {solved}/{len(data)} ({solved / len(data):.1%})")
-
+    # the same check 01_bc.py prints on its validation split each epoch
+    _, replies, whole = bc.evaluate(model, data, tokenizer.pad_token_id, args.batch_size, "cpu")
+    print(f"{args.policy} on {args.data}: expert turns reproduced {replies:.1%}, "
+          f"whole episodes {whole:.1%} of {len(data)}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -45,9 +45,10 @@ def first_mistake(episode):
 
 
 def summarize(episodes):
-    clean = [e for e in episodes if first_mistake(e) is None]
-    mistaken = [e for e in episodes if first_mistake(e) is not None]
-    kinds = collections.Counter(first_mistake(e)[1] for e in mistaken)
+    firsts = [first_mistake(e) for e in episodes]
+    clean = [e for e, f in zip(episodes, firsts) if f is None]
+    mistaken = [e for e, f in zip(episodes, firsts) if f is not None]
+    kinds = collections.Counter(f[1] for f in firsts if f is not None)
     return {
         "episodes": len(episodes), "success": sum(e["success"] for e in episodes),
         "clean": len(clean), "clean_success": sum(e["success"] for e in clean),
