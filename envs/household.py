@@ -30,9 +30,13 @@ With `expert_slip=p` (default 0) the demonstrator is imperfect: at each step, wi
 probability p, it makes one of the mistakes a learned policy makes and then recovers (see
 `_slip`), so the demonstrations contain "Nothing happens." and what to do after it.
 
-The expert acts only on what it has observed: it searches receptacles in the order in
-which the object type is likely to be found (OBJECT_LOCATIONS, then the rest), opens
-closed ones, then carries out the task. It writes ReAct text: a short `Thought:` line
+The expert (`expert="search"`, the default) acts only on what it has observed: it searches
+receptacles in the order in which the object type is likely to be found (OBJECT_LOCATIONS,
+then the rest), opens closed ones, then carries out the task. Two other demonstrators:
+`expert="privileged"` knows where every object is and goes straight to it, as ALFWorld's
+planner does; `expert="random"` searches in a random order (one per task), as a
+demonstrator that does not know where things tend to be - it still solves every task, in
+more steps. It writes ReAct text: a short `Thought:` line
 where its plan changes and a bare `Action:` elsewhere.
 """
 import random
@@ -154,9 +158,12 @@ class HouseholdEnv(TextEnv):
     name = "household"
 
     def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
-                 n_train=1000, n_seen=100, n_unseen=100, expert_slip=0.0):
+                 n_train=1000, n_seen=100, n_unseen=100, expert_slip=0.0, expert="search"):
         if n_receptacles < len(ALWAYS) + 2:
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
+        if expert not in ("search", "privileged", "random"):
+            raise ValueError(f"expert must be 'search', 'privileged' or 'random', got {expert!r}")
+        self.expert = expert
         self.seed = seed
         self.n_receptacles = n_receptacles
         self.n_distractors = n_distractors
@@ -385,6 +392,10 @@ class HouseholdEnv(TextEnv):
 
     # ------------------------------------------------------------------ expert
     def _search_order(self, kinds_first):
+        if self.expert == "random":  # a demonstrator without the prior: one random order per task
+            order = list(self._task["receptacles"])
+            random.Random(f"order/{self.seed}/{self._task['task_id']}").shuffle(order)
+            return order
         order = []
         for k in kinds_first:
             order += [r for r in self._task["receptacles"] if _kind(r) == k]
@@ -398,6 +409,8 @@ class HouseholdEnv(TextEnv):
         tgt = f"{g['target']} 1"
         need, appliance, verb = TASK_TYPES[task_type][1:]
         loc = self.location
+        # What the expert knows: what it has observed, or (privileged) where everything is.
+        known = self.known if self.expert != "privileged" else {r: self._here(r) for r in g["receptacles"]}
 
         def reach(rec, then):
             """Go to rec, open it if needed, then `then`."""
@@ -410,7 +423,7 @@ class HouseholdEnv(TextEnv):
         def search(kinds, phase, want):
             # Receptacles not yet looked into, in prior order; the target never holds the object.
             for rec in self._search_order(kinds):
-                if rec not in self.known and not (want == obj and rec == tgt):
+                if rec not in known and not (want == obj and rec == tgt):
                     return phase, reach(rec, None) or f"examine {rec}"
             return phase, "look"  # everything searched: cannot happen for generated tasks
 
@@ -419,7 +432,7 @@ class HouseholdEnv(TextEnv):
         if self.holding is not None:  # holding an object of the goal type
             o = self.holding
             if task_type == "look_at_obj_in_light":
-                lamp = next((r for r, objs in self.known.items() if "desklamp 1" in objs), None)
+                lamp = next((r for r, objs in known.items() if "desklamp 1" in objs), None)
                 if lamp is None:
                     return search(LAMP_LOCATIONS, "find lamp", "desklamp")
                 return "use lamp", reach(lamp, "use desklamp 1")
@@ -431,7 +444,7 @@ class HouseholdEnv(TextEnv):
         for rec in self._search_order(OBJECT_LOCATIONS[obj]):
             if rec == tgt and task_type != "look_at_obj_in_light":
                 continue
-            for o in self.known.get(rec, []):
+            for o in known.get(rec, []):
                 if _kind(o) == obj and self.where.get(o) == rec:
                     return "take", reach(rec, f"take {o} from {rec}")
         return search(OBJECT_LOCATIONS[obj], "search", obj)

@@ -180,3 +180,45 @@ def test_slipping_expert_makes_mistakes_and_recovers():
     assert 0.12 < n_slips / n_steps < 0.28
     assert n_won >= 95
     assert envs.make("household", seed=0, expert_slip=0.2).generate("seen/00003") == clean.generate("seen/00003")
+
+
+def test_privileged_expert_goes_straight_to_the_object():
+    """expert="privileged" knows where everything is, as ALFWorld's planner does: with empty
+    hands it only ever goes to a receptacle that holds the object it needs, it solves every
+    task, in fewer steps than the searching expert, in the same worlds; bad values are refused."""
+    search, privileged = envs.make("household", seed=0), envs.make("household", seed=0, expert="privileged")
+    steps = {"search": 0, "privileged": 0}
+    for tid in privileged.task_ids("seen"):
+        g = privileged.generate(tid)
+        assert g == search.generate(tid)
+        privileged.reset(tid)
+        terminated = truncated = False
+        while not (terminated or truncated):
+            action = privileged.expert_action()
+            assert privileged.expert_text().split("\n")[-1] == f"Action: {action}"
+            if action.startswith("go to ") and privileged.holding is None:
+                here = privileged.where
+                assert any(r == action[6:] and o.rsplit(" ", 1)[0] == g["object"] for o, r in here.items()), (tid, action)
+            _, _, terminated, truncated, _ = privileged.step(action)
+        assert terminated, tid
+        steps["privileged"] += privileged.t
+        steps["search"] += run_expert(search, tid)[2]
+    assert steps["privileged"] < steps["search"]
+    with pytest.raises(ValueError, match="expert must be"):
+        envs.make("household", expert="oracle")
+
+
+def test_random_order_expert_searches_without_the_prior():
+    """expert="random" visits receptacles in a random order: it still solves every task, its
+    first receptacle is the search expert's first much less often, and it needs more steps."""
+    search, rand = envs.make("household", seed=0), envs.make("household", seed=0, expert="random")
+    same_first, steps = 0, {"search": 0, "random": 0}
+    for tid in rand.task_ids("seen"):
+        won, _, n, texts = run_expert(rand, tid)
+        assert won, tid
+        plan = run_expert(search, tid)[3]
+        same_first += texts[0].split("Action: ")[-1] == plan[0].split("Action: ")[-1]
+        steps["random"] += n
+        steps["search"] += len(plan)
+    assert same_first < 40
+    assert steps["random"] > 1.2 * steps["search"]
