@@ -44,3 +44,29 @@ def test_summary_counts_recoveries():
     assert (s["episodes"], s["success"], s["clean"], s["clean_success"], s["mistaken"], s["recovered"]) == \
         (5, 2, 2, 1, 3, 1)
     assert s["first_mistake"] == {"take: object not in last obs": 3}
+
+
+spec_td = importlib.util.spec_from_file_location("take_decision", os.path.join(ROOT, "bench", "take_decision.py"))
+td = importlib.util.module_from_spec(spec_td)
+spec_td.loader.exec_module(td)
+
+
+def test_take_decisions_are_read_only_after_a_contents_listing_with_empty_hands():
+    assert td.goal_object("put a clean mug in shelf 1.") == "mug"
+    assert td.goal_object("put two spoon in drawer 1.") == "spoon"
+    assert td.goal_object("look at book under the desklamp.") == "book"
+    nothing = "Nothing happens."
+    steps = [
+        step("go to cabinet 1", "You arrive at cabinet 1. The cabinet 1 is closed."),
+        step("open cabinet 1", "You open the cabinet 1. The cabinet 1 is open. In it, you see a apple 1."),
+        step("take mug 1 from cabinet 1", nothing, "invalid"),            # decision: not listed, take
+        step("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see a mug 2."),
+        step("examine countertop 1", "On the countertop 1, you see a mug 2."),  # decision: listed, other
+        step("take mug 2 from countertop 1", "You pick up the mug 2 from the countertop 1."),  # after examine: none
+        step("go to sinkbasin 1", "You arrive at sinkbasin 1. On the sinkbasin 1, you see a mug 3."),
+        step("take mug 3 from sinkbasin 1", nothing, "invalid"),          # holding: none
+    ]
+    for t, s in enumerate(steps):
+        s["adv"] = float(t)
+    ep = dict(episode(steps), task="put a clean mug in shelf 1.")
+    assert td.take_decisions(ep) == [(False, True, 2.0), (True, False, 4.0)]
