@@ -6,6 +6,9 @@ exactly right?" A diagnostic, not part of the algorithm.
     --kind unlike    A = -1 on every invalid / repeat / format step, else 0 (suppress mistakes only)
     --kind contrast  A = +1 on every expert step, -1 on every bad self step, else 0
     --kind first     A = -1 on the first mistake of each episode only, else 0 (what GAE blames most)
+    --kind decision  only at self steps right after a contents listing with empty hands
+                     (bench/take_decision.py): +1 for taking the goal object when it is listed
+                     or not taking it when it is not, -1 for the opposite, else 0
 
     python bench/oracle_adv.py --data runs/seed0/iter_1/adv.jsonl --kind unlike --out /tmp/adv_unlike.jsonl
     python 05_bppo.py --data /tmp/adv_unlike.jsonl --policy runs/seed0/policy_0 --ref runs/seed0/policy_0 \
@@ -14,6 +17,8 @@ exactly right?" A diagnostic, not part of the algorithm.
 """
 import argparse
 import json
+
+from take_decision import take_decisions  # bench/ is on sys.path when this script runs
 
 
 def oracle_advantage(kind, episode, step):
@@ -32,12 +37,19 @@ def oracle_advantage(kind, episode, step):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="a 04_gae.py output buffer")
-    p.add_argument("--kind", required=True, choices=["success", "unlike", "contrast", "first"])
+    p.add_argument("--kind", required=True, choices=["success", "unlike", "contrast", "first", "decision"])
     p.add_argument("--out", required=True, help="buffer to write, with the hand-made 'adv'")
     args = p.parse_args()
     with open(args.data) as f:
         episodes = [json.loads(line) for line in f if line.strip()]
     for ep in episodes:
+        if args.kind == "decision":
+            for step in ep["steps"]:
+                step["adv"] = 0.0
+            if ep["source"] != "expert":
+                for t, listed, took, _ in take_decisions(ep):
+                    ep["steps"][t]["adv"] = 1.0 if listed == took else -1.0
+            continue
         for step in ep["steps"]:
             step["adv"] = oracle_advantage(args.kind, ep, step)
     with open(args.out, "w") as f:

@@ -27,14 +27,14 @@ def goal_object(task):
 
 
 def take_decisions(episode):
-    """(listed, took, adv) for each step taken right after a contents listing, hands empty."""
+    """(t, listed, took, adv) for each step t taken right after a contents listing, hands empty."""
     obj = goal_object(episode["task"])
     out, last_obs, holding = [], episode["obs0"], False
-    for step in episode["steps"]:
+    for t, step in enumerate(episode["steps"]):
         action = step["action"] or ""
         if not holding and " you see " in last_obs and last_obs.startswith(("You arrive at", "You open")):
             listed = re.search(rf"\b{obj} \d", last_obs.split(" you see ", 1)[1]) is not None
-            out.append((listed, action.startswith(f"take {obj} "), step.get("adv")))
+            out.append((t, listed, action.startswith(f"take {obj} "), step.get("adv")))
         if step["label"] == "ok" and action.startswith("take "):
             holding = True
         if step["label"] == "ok" and action.startswith("put "):
@@ -55,7 +55,7 @@ def main():
         rate = collections.defaultdict(list)  # (source, listed) -> [took]
         cells = collections.defaultdict(list)
         for e in episodes:
-            for listed, took, adv in take_decisions(e):
+            for _, listed, took, adv in take_decisions(e):
                 rate[(e.get("source", "?"), listed)].append(took)
                 cells[(e.get("source", "?"), listed, took)].append(adv)
         for source in sorted({s for s, _ in rate}):

@@ -69,4 +69,28 @@ def test_take_decisions_are_read_only_after_a_contents_listing_with_empty_hands(
     for t, s in enumerate(steps):
         s["adv"] = float(t)
     ep = dict(episode(steps), task="put a clean mug in shelf 1.")
-    assert td.take_decisions(ep) == [(False, True, 2.0), (True, False, 4.0)]
+    assert td.take_decisions(ep) == [(2, False, True, 2.0), (4, True, False, 4.0)]
+
+
+def test_oracle_decision_advantages_mark_only_the_self_take_decisions(tmp_path):
+    """bench/oracle_adv.py --kind decision: +1 on a right take decision, -1 on a wrong one, 0 on
+    every other step and on every expert step."""
+    import json
+    import subprocess
+    import sys
+    nothing = "Nothing happens."
+    steps = [
+        step("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see a egg 1."),
+        step("take mug 1 from countertop 1", nothing, "invalid"),               # wrong: -1
+        step("go to cabinet 1", "You arrive at cabinet 1. On the cabinet 1, you see a mug 2."),
+        step("take mug 2 from cabinet 1", "You pick up the mug 2 from the cabinet 1."),  # right: +1
+        step("go to shelf 1", "You arrive at shelf 1. On the shelf 1, you see nothing."),  # holding: 0
+    ]
+    self_ep = dict(episode(steps), task="put a mug in shelf 1.", source="self")
+    expert_ep = dict(episode([dict(s) for s in steps[2:]]), task="put a mug in shelf 1.", source="expert")
+    buf, out = tmp_path / "adv.jsonl", tmp_path / "oracle.jsonl"
+    buf.write_text(json.dumps(self_ep) + "\n" + json.dumps(expert_ep) + "\n")
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "oracle_adv.py"), "--data", str(buf),
+                    "--kind", "decision", "--out", str(out)], check=True, capture_output=True)
+    got = [[s["adv"] for s in json.loads(line)["steps"]] for line in out.read_text().splitlines()]
+    assert got == [[0.0, -1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
