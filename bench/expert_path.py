@@ -57,5 +57,6 @@ def main():
     print(f"{args.policy} on {args.data}: expert turns reproduced {replies:.1%}, "
           f"whole episodes {whole:.1%} of {len(data)}")
 
+
 if __name__ == "__main__":
     sys.exit(main())

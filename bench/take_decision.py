@@ -51,16 +51,18 @@ def main():
     print("|---|---|---|")
     cells_by_file = {}
     for path in args.files:
-        episodes = [json.loads(line) for line in open(path)]
+        with open(path) as f:
+            episodes = [json.loads(line) for line in f if line.strip()]
         rate = collections.defaultdict(list)  # (source, listed) -> [took]
         cells = collections.defaultdict(list)
         for e in episodes:
             for _, listed, took, adv in take_decisions(e):
                 rate[(e.get("source", "?"), listed)].append(took)
                 cells[(e.get("source", "?"), listed, took)].append(adv)
-        for source in sorted({s for s, _ in rate}):
+        sources = sorted({s for s, _ in rate})
+        for source in sources:
             yes, no = rate[(source, True)], rate[(source, False)]
-            name = path if len({s for s, _ in rate}) == 1 else f"{path} ({source} episodes)"
+            name = path if len(sources) == 1 else f"{path} ({source} episodes)"
             print(f"| {name} | {sum(yes) / max(1, len(yes)):.2f} (n={len(yes)}) "
                   f"| {sum(no) / max(1, len(no)):.2f} (n={len(no)}) |")
         all_adv = [s["adv"] for e in episodes for s in e["steps"] if s.get("adv") is not None]

@@ -36,8 +36,8 @@ then the rest), opens closed ones, then carries out the task. Two other demonstr
 `expert="privileged"` knows where every object is and goes straight to it, as ALFWorld's
 planner does; `expert="random"` searches in a random order (one per task), as a
 demonstrator that does not know where things tend to be - it still solves every task, in
-more steps. It writes ReAct text: a short `Thought:` line
-where its plan changes and a bare `Action:` elsewhere.
+more steps. Each writes ReAct text: a short `Thought:` line where its plan changes and a
+bare `Action:` elsewhere.
 """
 import random
 import zlib
