@@ -1,9 +1,10 @@
 """Measure the household environment: raw steps per second, and expert / random-command
 success on every split. A measurement, not a test.
 
-    python bench/env_speed.py [--seed 0]
+    python bench/env_speed.py [--seed 0] [--env-kwargs '{"expert": "privileged"}']
 """
 import argparse
+import json
 import os
 import random
 import sys
@@ -31,11 +32,12 @@ def run(env, policy, task_ids, rng):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="world seed and random-policy seed")
+    p.add_argument("--env-kwargs", default="{}", help="JSON dict of household keyword arguments (as in 02_collect.py)")
     args = p.parse_args()
-    env = envs.make("household", seed=args.seed)
+    env = envs.make("household", seed=args.seed, **json.loads(args.env_kwargs))
     rng = random.Random(args.seed)
     print(f"household (seed {args.seed}): n_receptacles {env.n_receptacles}, n_distractors {env.n_distractors}, "
-          f"max_steps {env.max_steps}")
+          f"max_steps {env.max_steps}, expert {env.expert!r}, expert_slip {env.expert_slip}")
     print("| split | tasks | expert success | expert avg steps | random success | random steps/s |")
     print("|---|---|---|---|---|---|")
     for split in ("train", "seen", "unseen"):
