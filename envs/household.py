@@ -37,7 +37,10 @@ then the rest), opens closed ones, then carries out the task. Two other demonstr
 planner does; `expert="random"` searches in a random order (one per task), as a
 demonstrator that does not know where things tend to be - it still solves every task, in
 more steps. Each writes ReAct text: a short `Thought:` line where its plan changes and a
-bare `Action:` elsewhere.
+bare `Action:` elsewhere. With `thoughts="plan"` the thought that opens a search also lists
+the receptacles still to check, in the order the search will visit them ("I check drawer 1,
+countertop 1, ... in turn, starting with drawer 1."), as the ReAct prompts for ALFWorld do;
+the actions are the same.
 """
 import random
 import zlib
@@ -158,12 +161,16 @@ class HouseholdEnv(TextEnv):
     name = "household"
 
     def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
-                 n_train=1000, n_seen=100, n_unseen=100, expert_slip=0.0, expert="search"):
+                 n_train=1000, n_seen=100, n_unseen=100, expert_slip=0.0, expert="search",
+                 thoughts="short"):
         if n_receptacles < len(ALWAYS) + 2:
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
         if expert not in ("search", "privileged", "random"):
             raise ValueError(f"expert must be 'search', 'privileged' or 'random', got {expert!r}")
+        if thoughts not in ("short", "plan"):
+            raise ValueError(f"thoughts must be 'short' or 'plan', got {thoughts!r}")
         self.expert = expert
+        self.thoughts = thoughts
         self.seed = seed
         self.n_receptacles = n_receptacles
         self.n_distractors = n_distractors
@@ -402,6 +409,19 @@ class HouseholdEnv(TextEnv):
         order += [r for r in self._task["receptacles"] if r not in order]
         return order
 
+    def _known(self):
+        """What the expert knows: what it has observed, or (privileged) where everything is."""
+        if self.expert == "privileged":
+            return {r: self._here(r) for r in self._task["receptacles"]}
+        return self.known
+
+    def _unsearched(self, kinds, want, known):
+        """Receptacles not yet looked into, in search order; the target never holds the object
+        (empty only if everything was searched, which cannot happen for generated tasks)."""
+        tgt = f"{self._task['target']} 1"
+        return [r for r in self._search_order(kinds)
+                if r not in known and not (want == self._task["object"] and r == tgt)]
+
     def _plan(self):
         """(phase, command) of the expert from the current state and the agent's knowledge."""
         g = self._task
@@ -409,8 +429,7 @@ class HouseholdEnv(TextEnv):
         tgt = f"{g['target']} 1"
         need, appliance, verb = TASK_TYPES[task_type][1:]
         loc = self.location
-        # What the expert knows: what it has observed, or (privileged) where everything is.
-        known = self.known if self.expert != "privileged" else {r: self._here(r) for r in g["receptacles"]}
+        known = self._known()
 
         def reach(rec, then):
             """Go to rec, open it if needed, then `then`."""
@@ -421,11 +440,8 @@ class HouseholdEnv(TextEnv):
             return then
 
         def search(kinds, phase, want):
-            # Receptacles not yet looked into, in prior order; the target never holds the object.
-            for rec in self._search_order(kinds):
-                if rec not in known and not (want == obj and rec == tgt):
-                    return phase, reach(rec, None) or f"examine {rec}"
-            return phase, "look"  # everything searched: cannot happen for generated tasks
+            todo = self._unsearched(kinds, want, known)
+            return phase, (reach(todo[0], None) or f"examine {todo[0]}") if todo else "look"
 
         if self.holding is not None and _kind(self.holding) != obj:
             return "drop", f"put {self.holding} in/on {loc}"
@@ -501,6 +517,12 @@ class HouseholdEnv(TextEnv):
             thoughts["search"] = f"To solve the task, I need to find a {obj}."
         if phase == "search" and g["task_type"] == "pick_two_obj_and_place" and self._last_phase == "place":
             thoughts["search"] = f"Now I need to find the second {obj}."
+        if self.thoughts == "plan" and phase in ("search", "find lamp"):
+            # ReAct's ALFWorld prompts write the search plan out; the policy can then copy the
+            # next receptacle from its own thought instead of recalling the room and the prior.
+            kinds, want = (OBJECT_LOCATIONS[obj], obj) if phase == "search" else (LAMP_LOCATIONS, "desklamp")
+            todo = self._unsearched(kinds, want, self._known())
+            thoughts[phase] += f" I check {', '.join(todo)} in turn, starting with {todo[0]}."
         return f"Thought: {thoughts[phase]}\nAction: {cmd}"
 
     # ------------------------------------------------------------------ baseline

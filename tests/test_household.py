@@ -222,3 +222,31 @@ def test_random_order_expert_searches_without_the_prior():
         steps["search"] += len(plan)
     assert same_first < 40
     assert steps["random"] > 1.2 * steps["search"]
+
+
+def test_plan_thoughts_list_the_receptacles_the_search_visits():
+    """thoughts="plan" writes the search order out, as ReAct's ALFWorld prompts do: every `go to`
+    of a search visits the next receptacle of the last plan, the actions are the default
+    expert's, and the default text has no plan."""
+    short, plan = envs.make("household", seed=0), envs.make("household", seed=0, thoughts="plan")
+    n_plans = 0
+    for tid in plan.task_ids("seen"):
+        won, _, _, texts = run_expert(plan, tid)
+        default = run_expert(short, tid)[3]
+        assert won, tid
+        assert [t.split("Action: ")[-1] for t in texts] == [t.split("Action: ")[-1] for t in default]
+        assert not any(" in turn, starting with " in t for t in default)
+        todo = None  # the current plan while a search lasts
+        for text in texts:
+            action = text.split("Action: ")[-1]
+            if " I check " in text:
+                todo = text.split(" I check ")[1].split(" in turn, starting with ")[0].split(", ")
+                assert text.split(" in turn, starting with ")[1].startswith(f"{todo[0]}.\n")
+                n_plans += 1
+            elif text.startswith("Thought: "):
+                todo = None  # a new phase ends the search
+            if todo is not None and action.startswith("go to "):
+                assert action == f"go to {todo.pop(0)}", (tid, text)
+    assert n_plans >= 100  # every task opens with a search
+    with pytest.raises(ValueError, match="thoughts must be"):
+        envs.make("household", thoughts="long")
