@@ -337,6 +337,7 @@ class ModelPolicy:
         self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
         self.greedy, self.temperature, self.max_new = args.greedy, args.temperature, args.max_new_tokens
         self.generated_tokens = 0
+        self.cut_replies = 0  # replies that reached --max-new-tokens before the end-of-turn token
 
     def prompt_ids(self, episode):
         text = self.tokenizer.apply_chat_template(episode_messages(episode), add_generation_prompt=True, tokenize=False)
@@ -384,6 +385,8 @@ class ModelPolicy:
             self.generated_tokens += len(toks)
             if toks and toks[-1] == self.eos_id:
                 toks = toks[:-1]
+            else:
+                self.cut_replies += 1
             out.append(self.tokenizer.decode(toks, skip_special_tokens=True).strip())
         return out
 
@@ -614,6 +617,9 @@ def main(argv=None):
     episodes.sort(key=lambda ep: ep["task_id"])
     summary = summarize(episodes, env_steps, time.time() - t0, time.process_time() - cpu0, args,
                         0 if policy == "expert" else policy.generated_tokens)
+    if policy != "expert" and policy.cut_replies:
+        print(f"note: {policy.cut_replies} replies reached --max-new-tokens {args.max_new_tokens} before the "
+              f"end-of-turn token and were cut (raise --max-new-tokens if the policy writes long thoughts)")
     write_jsonl(args.out, episodes)
     write_json(os.path.splitext(args.out)[0] + ".json", {**summary, "args": vars(args)})
     log_metrics(args.metrics, summary)

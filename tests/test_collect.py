@@ -40,11 +40,14 @@ def test_expert_through_02_scores_100_percent(tmp_path):
 
 def test_fresh_tiny_model_collects_end_to_end(tiny_run, tmp_path):
     out = tmp_path / "self.jsonl"
-    run_stage("02_collect", "--policy", tiny_run / "policy_0", "--split", "train", "--episodes", 6,
-              "--num-envs", 3, "--max-new-tokens", 16, "--env-kwargs", '{"max_steps": 4}', "--out", out,
-              "--threads", 1)
+    proc = run_stage("02_collect", "--policy", tiny_run / "policy_0", "--split", "train", "--episodes", 6,
+                     "--num-envs", 3, "--max-new-tokens", 16, "--env-kwargs", '{"max_steps": 4}', "--out", out,
+                     "--threads", 1)
     eps = check_schema(out)
     assert len(eps) == 6 and all(ep["source"] == "self" and ep["policy"] == "policy_0" for ep in eps)
+    # A barely trained model rarely ends its turn within 16 tokens; 02 says how often it was cut.
+    cut = [line for line in proc.stdout.splitlines() if "replies reached --max-new-tokens 16" in line]
+    assert len(cut) == 1 and 0 < int(cut[0].split()[1]) <= sum(len(ep["steps"]) for ep in eps)
     summary = json.load(open(tmp_path / "self.json"))
     assert summary["episodes"] == 6 and summary["env_steps"] <= 6 * 4
     # Labels and auxiliary rewards agree with the flags' defaults.
