@@ -10,6 +10,10 @@ a generation per step, and without the noise of sampling.
 
     python 02_collect.py --policy expert --split seen --out /tmp/expert_seen.jsonl
     python bench/expert_path.py --policy runs/seed0/policy_0 --data /tmp/expert_seen.jsonl
+    python bench/expert_path.py --policy runs/seed0/policy_0 --data /tmp/expert_seen.jsonl --by-verb
+
+--by-verb adds, per verb of the expert's action (go, open, take, ...), how many of its turns
+greedy decoding reproduces: where the policy departs from the expert.
 
 To compare policy updates without touching the evaluation splits, score them on training
 tasks that none of their data came from (--exclude drops the tasks of the given files):
@@ -40,6 +44,8 @@ def main():
     p.add_argument("--policy", required=True, help="policy directory (01_bc.py / 05_bppo.py output)")
     p.add_argument("--data", required=True, help="expert episode JSONL (02_collect.py --policy expert)")
     p.add_argument("--exclude", nargs="*", default=[], help="drop tasks that occur in these episode files")
+    p.add_argument("--by-verb", action="store_true",
+                   help="also print the share of turns reproduced per verb of the expert's action")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
@@ -56,6 +62,26 @@ def main():
     _, replies, whole = bc.evaluate(model, data, tokenizer.pad_token_id, args.batch_size, "cpu")
     print(f"{args.policy} on {args.data}: expert turns reproduced {replies:.1%}, "
           f"whole episodes {whole:.1%} of {len(data)}")
+    if args.by_verb:
+        for verb, (hit, n) in sorted(by_verb(bc, model, episodes, data, tokenizer.pad_token_id,
+                                             args.batch_size).items()):
+            print(f"  {verb:8s} {hit:5d} / {n:5d} turns reproduced ({hit / n:.1%})")
+
+
+def by_verb(bc, model, episodes, data, pad_id, batch_size):
+    """{verb of the expert's action: [turns reproduced, turns]} with the check of 01_bc.evaluate."""
+    counts = {}
+    with torch.no_grad():
+        for i in range(0, len(data), batch_size):
+            batch = bc.collate(data[i:i + batch_size], pad_id)
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            ok = bc.reply_matches(logits, batch)
+            for row, ep in enumerate(episodes[i:i + batch_size]):
+                for t, step in enumerate(ep["steps"]):
+                    c = counts.setdefault(step["action"].split(" ")[0] or "(none)", [0, 0])
+                    c[0] += int(ok[row, t])
+                    c[1] += 1
+    return counts
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""bench/expert_path.py --by-verb: per-verb counts of the turns greedy decoding reproduces."""
+import collections
+import importlib.util
+import os
+import types
+
+import torch
+
+from conftest import load_stage
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("expert_path", os.path.join(ROOT, "bench", "expert_path.py"))
+ep_bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ep_bench)
+
+
+class NextToken(torch.nn.Module):
+    """A stand-in model whose argmax is the next input token (perfect teacher forcing), or,
+    with wrong=True, never is."""
+
+    def __init__(self, vocab, wrong=False):
+        super().__init__()
+        self.vocab, self.wrong = vocab, wrong
+
+    def forward(self, input_ids, attention_mask):
+        nxt = torch.roll(input_ids, -1, dims=1)
+        if self.wrong:
+            nxt = (nxt + 1) % self.vocab
+        return types.SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float())
+
+
+def test_by_verb_counts_every_turn_once_in_any_batch_size(tiny_run):
+    bc = load_stage("01_bc")
+    tokenizer = bc.load_tokenizer(tiny_run / "policy_0")
+    episodes = bc.read_episodes([tiny_run / "expert.jsonl"])
+    data = [bc.tokenize_episode(tokenizer, ep) for ep in episodes]
+    verbs = collections.Counter(s["action"].split(" ")[0] for ep in episodes for s in ep["steps"])
+    vocab, pad = len(tokenizer), tokenizer.pad_token_id
+    perfect = ep_bench.by_verb(bc, NextToken(vocab), episodes, data, pad, batch_size=7)
+    assert perfect == {v: [n, n] for v, n in verbs.items()}
+    assert ep_bench.by_verb(bc, NextToken(vocab), episodes, data, pad, batch_size=1) == perfect
+    assert ep_bench.by_verb(bc, NextToken(vocab, wrong=True), episodes, data, pad, 7) == \
+        {v: [0, n] for v, n in verbs.items()}
