@@ -58,31 +58,38 @@ def main():
         used = {ep["task_id"] for ep in bc.read_episodes(args.exclude)}
         episodes = [ep for ep in episodes if ep["task_id"] not in used]
     data = [bc.tokenize_episode(tokenizer, ep) for ep in episodes]
-    # the same check 01_bc.py prints on its validation split each epoch
-    _, replies, whole = bc.evaluate(model, data, tokenizer.pad_token_id, args.batch_size, "cpu")
-    print(f"{args.policy} on {args.data}: expert turns reproduced {replies:.1%}, "
-          f"whole episodes {whole:.1%} of {len(data)}")
+    hits = turn_hits(bc, model, data, tokenizer.pad_token_id, args.batch_size)
+    turns, reproduced = sum(len(h) for h in hits), sum(sum(h) for h in hits)
+    print(f"{args.policy} on {args.data}: expert turns reproduced {reproduced / turns:.1%}, "
+          f"whole episodes {sum(all(h) for h in hits) / len(hits):.1%} of {len(hits)}")
     if args.by_verb:
-        for verb, (hit, n) in sorted(by_verb(bc, model, episodes, data, tokenizer.pad_token_id,
-                                             args.batch_size).items()):
+        for verb, (hit, n) in sorted(by_verb(episodes, hits).items()):
             print(f"  {verb:8s} {hit:5d} / {n:5d} turns reproduced ({hit / n:.1%})")
 
 
-def by_verb(bc, model, episodes, data, pad_id, batch_size):
-    """{verb of the expert's action: [turns reproduced, turns]} with the check of 01_bc.evaluate."""
-    counts = {}
+def turn_hits(bc, model, data, pad_id, batch_size):
+    """Per episode, per turn: would greedy decoding write the expert's reply? The check
+    01_bc.py prints on its validation split each epoch (reply_matches), one forward per batch."""
+    hits = []
     with torch.no_grad():
         for i in range(0, len(data), batch_size):
             batch = bc.collate(data[i:i + batch_size], pad_id)
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             ok = bc.reply_matches(logits, batch)
-            for row, ep in enumerate(episodes[i:i + batch_size]):
-                for t, step in enumerate(ep["steps"]):
-                    c = counts.setdefault(step["action"].split(" ")[0] or "(none)", [0, 0])
-                    c[0] += int(ok[row, t])
-                    c[1] += 1
-    return counts
+            n = batch["step_mask"].sum(1).long()
+            hits += [ok[row, :n[row]].tolist() for row in range(len(n))]
+    return hits
 
+
+def by_verb(episodes, hits):
+    """{verb of the expert's action: [turns reproduced, turns]}."""
+    counts = {}
+    for ep, ep_hits in zip(episodes, hits):
+        for step, hit in zip(ep["steps"], ep_hits, strict=True):
+            c = counts.setdefault(step["action"].split(" ")[0] or "(none)", [0, 0])
+            c[0] += int(hit)
+            c[1] += 1
+    return counts
 
 if __name__ == "__main__":
     sys.exit(main())

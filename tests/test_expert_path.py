@@ -1,4 +1,4 @@
-"""bench/expert_path.py --by-verb: per-verb counts of the turns greedy decoding reproduces."""
+"""bench/expert_path.py: which expert turns greedy decoding reproduces, overall and per verb."""
 import collections
 import importlib.util
 import os
@@ -36,8 +36,11 @@ def test_by_verb_counts_every_turn_once_in_any_batch_size(tiny_run):
     data = [bc.tokenize_episode(tokenizer, ep) for ep in episodes]
     verbs = collections.Counter(s["action"].split(" ")[0] for ep in episodes for s in ep["steps"])
     vocab, pad = len(tokenizer), tokenizer.pad_token_id
-    perfect = ep_bench.by_verb(bc, NextToken(vocab), episodes, data, pad, batch_size=7)
+
+    def hits(model, batch_size):
+        return ep_bench.turn_hits(bc, model, data, pad, batch_size)
+
+    perfect = ep_bench.by_verb(episodes, hits(NextToken(vocab), 7))
     assert perfect == {v: [n, n] for v, n in verbs.items()}
-    assert ep_bench.by_verb(bc, NextToken(vocab), episodes, data, pad, batch_size=1) == perfect
-    assert ep_bench.by_verb(bc, NextToken(vocab, wrong=True), episodes, data, pad, 7) == \
-        {v: [0, n] for v, n in verbs.items()}
+    assert hits(NextToken(vocab), 1) == hits(NextToken(vocab), 7)
+    assert ep_bench.by_verb(episodes, hits(NextToken(vocab, wrong=True), 7)) == {v: [0, n] for v, n in verbs.items()}
