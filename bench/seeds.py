@@ -4,6 +4,10 @@ plus wall time and peak memory of each run. A measurement, not a test.
 
     python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/seeds.md
     python bench/seeds.py --seeds 0 --prefix runs/quick
+    BC_ARGS="--epochs 48" python bench/seeds.py --parallel --prefix runs/long_s --out bench/results/seeds_long.md
+
+run_all.sh's settings (K, ENV_KWARGS, BC_ARGS, COLLECT_ARGS, BPPO_ARGS, N_EXPERT, N_SELF, ...)
+are read from the environment as usual; the ones that are set are named in the table's header.
 """
 import argparse
 import datetime
@@ -11,12 +15,17 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
+# K is always printed.
+RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "N_EXPERT", "N_SELF", "N_EVAL", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS",
+                    "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
 
 
 def main():
@@ -53,10 +62,12 @@ def main():
     def rate(run, k, split):
         return json.load(open(os.path.join(ROOT, run, "eval", f"policy_{k}_{split}.json")))["success_rate"] * 100
 
+    settings = [f"{k}={shlex.quote(os.environ[k])}" for k in RUN_ALL_SETTINGS if os.environ.get(k)]
+    command = " ".join(settings + ["python", "bench/seeds.py"] + [shlex.quote(a) for a in sys.argv[1:]])
     how = "in parallel, one torch thread each" if args.parallel else "one after another"
     lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
-             f"`python bench/seeds.py{' --parallel' if args.parallel else ''}` (K={K}, default settings of "
-             f"run_all.sh; seeds run {how}).", "",
+             f"`{command}` "
+             f"(K={K}, {'these' if settings else 'default'} settings of run_all.sh; seeds run {how}).", "",
              "| policy | " + " | ".join(f"seed {r['seed']} seen / unseen" for r in runs) + " | mean +- std seen | mean +- std unseen |",
              "|---|" + "---|" * (len(runs) + 2)]
     for k in range(K + 1):
