@@ -1,6 +1,9 @@
 """bench/failure_modes.py classifies the first mistake of an episode; checked on hand-made episodes."""
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("failure_modes", os.path.join(ROOT, "bench", "failure_modes.py"))
@@ -75,9 +78,6 @@ def test_take_decisions_are_read_only_after_a_contents_listing_with_empty_hands(
 def test_oracle_decision_advantages_mark_only_the_self_take_decisions(tmp_path):
     """bench/oracle_adv.py --kind decision: +1 on a right take decision, -1 on a wrong one, 0 on
     every other step and on every expert step."""
-    import json
-    import subprocess
-    import sys
     nothing = "Nothing happens."
     steps = [
         step("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see a egg 1."),
