@@ -316,13 +316,16 @@ def gae(rewards, values, dones, gamma, lam):
 
 
 def auc(scores, labels):
-    """Probability that a random positive scores above a random negative (ties count 1/2)."""
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
+    """Probability that a random positive scores above a random negative, ties counting 1/2
+    (the Mann-Whitney statistic, from the average ranks of the scores)."""
+    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
+    n_pos, n_neg = labels.sum(), (~labels).sum()
+    if n_pos == 0 or n_neg == 0:
         return float("nan")
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    avg_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based rank, averaged over ties
+    rank_sum = avg_rank[inverse][labels].sum()
+    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def main(argv=None):
@@ -382,6 +385,11 @@ def main(argv=None):
         "steps_by_label": {k: len(v) for k, v in sorted(by_label.items())},
         "auc_v0_self": auc([ep["steps"][0]["v"] for ep in self_eps], [ep["success"] for ep in self_eps]),
         "auc_v0_all": auc([ep["steps"][0]["v"] for ep in out_eps], [ep["success"] for ep in out_eps]),
+        # V(s_0) sees only the task; later states show whether V tracks how the episode is going.
+        "auc_v_self_by_step": [auc([ep["steps"][t]["v"] for ep in self_eps if len(ep["steps"]) > t],
+                                   [ep["success"] for ep in self_eps if len(ep["steps"]) > t]) for t in range(4)],
+        "auc_v_self_every_state": auc([s["v"] for ep in self_eps for s in ep["steps"]],
+                                      [ep["success"] for ep in self_eps for s in ep["steps"]]),
     }
     write_jsonl(args.out, out_eps)
     write_json(os.path.splitext(args.out)[0] + ".json", {**summary, "args": vars(args)})
@@ -391,7 +399,10 @@ def main(argv=None):
     print(f"04_gae: mean advantage by source: {src}\n"
           f"04_gae: mean advantage by label:  {lab}\n"
           f"04_gae: AUC of V(s_0) for success vs failure: self {summary['auc_v0_self']:.3f}, "
-          f"all {summary['auc_v0_all']:.3f} -> {args.out}")
+          f"all {summary['auc_v0_all']:.3f}\n"
+          f"04_gae: AUC of V(s_t) for the episode's success (self): "
+          + ", ".join(f"s_{t} {a:.3f}" for t, a in enumerate(summary["auc_v_self_by_step"]))
+          + f", every state {summary['auc_v_self_every_state']:.3f} -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -94,3 +94,17 @@ def test_oracle_decision_advantages_mark_only_the_self_take_decisions(tmp_path):
                     "--kind", "decision", "--out", str(out)], check=True, capture_output=True)
     got = [[s["adv"] for s in json.loads(line)["steps"]] for line in out.read_text().splitlines()]
     assert got == [[0.0, -1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_auc_ceiling_leave_one_out_and_task_kind():
+    spec = importlib.util.spec_from_file_location("auc_ceiling", os.path.join(ROOT, "bench", "auc_ceiling.py"))
+    ac = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ac)
+    eps = [{"task_id": "a", "success": s} for s in (True, True, False)] + \
+          [{"task_id": "b", "success": s} for s in (False, True)]
+    # each episode is predicted by the other episodes of its task only
+    assert ac.leave_one_out_rates(eps) == [0.5, 0.5, 1.0, 1.0, 0.0]
+    assert ac.task_kind("put a clean mug in shelf 1.") == "clean"
+    assert ac.task_kind("put two spoon in drawer 1.") == "two"
+    assert ac.task_kind("look at book under the desklamp.") == "look"
+    assert ac.task_kind("put a mug in shelf 1.") == "place"

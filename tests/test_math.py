@@ -102,6 +102,20 @@ def test_gae_matches_plain_loop(stages):
         assert np.allclose(gae(r, v, d, 0.97, 0.8), loop_gae(r, v, d, 0.97, 0.8))
 
 
+def test_auc_by_hand_and_against_pair_counting(stages):
+    auc = stages["04_gae"].auc
+    # positives 0.9, 0.4; negatives 0.5, 0.1: pairs won 2 + 1 of 4
+    assert auc([0.9, 0.5, 0.4, 0.1], [1, 0, 1, 0]) == pytest.approx(0.75)
+    assert auc([0.3, 0.3], [1, 0]) == pytest.approx(0.5)          # a tie counts 1/2
+    assert auc([0.1, 0.9], [1, 0]) == pytest.approx(0.0)
+    assert np.isnan(auc([0.1, 0.2], [1, 1]))                      # one class only
+    rng = np.random.default_rng(0)
+    s, y = rng.integers(0, 5, size=60).astype(float), rng.random(60) < 0.4  # many ties
+    pos, neg = s[y], s[~y]
+    pairs = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
+    assert auc(s, y) == pytest.approx(pairs)
+
+
 def test_retro_label_rules_and_precedence(stages):
     retro_label = stages["02_collect"].retro_label
     assert retro_label(None, "a", "a", True) == "format"        # format beats everything
