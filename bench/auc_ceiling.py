@@ -19,6 +19,7 @@ import collections
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -121,6 +122,8 @@ def main():
         v0 = [e["steps"][0]["v"] for e in scored]
         print(f"critic - AUC of V(s_0) for success vs failure on the same episodes: "
               f"{auc(v0, [bool(e['success']) for e in scored]):.3f}  ({args.critic})")
+        print(f"critic - V(s_0) mean {statistics.mean(v0):.3f}, std {statistics.pstdev(v0):.3f}; by task type: "
+              + ", ".join(f"{k} {statistics.mean(v for v, kk in zip(v0, kind) if kk == k):.3f}" for k in sorted(kinds)))
         task_v = {e["task_id"]: e["steps"][0]["v"] for e in scored}
         ids = sorted(per_task)
         rate = {t: sum(per_task[t]) / len(per_task[t]) for t in ids}
