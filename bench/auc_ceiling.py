@@ -1,5 +1,5 @@
 """How high can the AUC of V(s_0) go? 04_gae.py reports how well the critic's V(s_0) separates
-successful from failed episodes (issue 4's target: AUC >= 0.75). V(s_0) sees only the task, so
+successful from failed episodes (the project's target: AUC >= 0.75). V(s_0) sees only the task, so
 no function of s_0 can beat the policy's own success probability on that task, p(task): the
 rest of an episode's outcome is the luck of its sampled replies. This measures that ceiling.
 
@@ -78,6 +78,9 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="torch threads per stage")
     args = p.parse_args()
     auc = load_stage("04_gae").auc  # the AUC 04_gae.py prints
+    # the stages run from the repository root; paths given relative to here must still work
+    args.policy, args.out_dir = os.path.abspath(args.policy), os.path.abspath(args.out_dir)
+    args.critic = os.path.abspath(args.critic) if args.critic else ""
     if args.samples < 2:
         sys.exit("error: --samples must be at least 2")
     os.makedirs(args.out_dir, exist_ok=True)
