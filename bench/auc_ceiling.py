@@ -82,7 +82,7 @@ def main():
     args.policy, args.out_dir = os.path.abspath(args.policy), os.path.abspath(args.out_dir)
     args.critic = os.path.abspath(args.critic) if args.critic else ""
     if args.samples < 2:
-        sys.exit("error: --samples must be at least 2")
+        p.error("--samples must be at least 2")
     os.makedirs(args.out_dir, exist_ok=True)
 
     files = []
