@@ -35,16 +35,12 @@ def load_stage(name):
 
 
 def leave_one_out_rates(episodes):
-    """For each episode, the success rate of the other episodes of the same task."""
+    """For each episode, the success rate of the other episodes of the same task (at least one)."""
     wins, count = collections.Counter(), collections.Counter()
     for e in episodes:
         wins[e["task_id"]] += int(e["success"])
         count[e["task_id"]] += 1
-    out = []
-    for e in episodes:
-        n = count[e["task_id"]] - 1
-        out.append((wins[e["task_id"]] - int(e["success"])) / n if n else float("nan"))
-    return out
+    return [(wins[e["task_id"]] - int(e["success"])) / (count[e["task_id"]] - 1) for e in episodes]
 
 
 def task_kind(task):

@@ -12,22 +12,13 @@ checks that the task type (household's six kinds) can be read linearly from the 
         --test runs/seed0/auc_ceiling/sample_*.jsonl
 """
 import argparse
-import importlib.util
 import json
-import os
 
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_module(path, name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import auc_ceiling  # bench/ is on the path when this script runs
 
 
 def read(paths):
@@ -59,8 +50,8 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    auc = load_module("04_gae.py", "stage_04_gae").auc  # the AUC 04_gae.py prints
-    task_kind = load_module("bench/auc_ceiling.py", "auc_ceiling").task_kind
+    auc = auc_ceiling.load_stage("04_gae").auc  # the AUC 04_gae.py prints
+    task_kind = auc_ceiling.task_kind
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
     model = AutoModelForCausalLM.from_pretrained(args.policy).eval()
     train, test = read(args.train), read(args.test)
