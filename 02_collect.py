@@ -11,7 +11,8 @@ one would leave finished slots idle), and all slots stay busy until the queue is
 One KV cache is kept across turns and episodes (class Session), so each turn feeds only the
 new tokens - the observation, or a refilled slot's new task - instead of re-reading the
 whole history; when hidden tokens fill the cache, the visible ones are copied into a tight
-new one. Sampling with --temperature collects data; --greedy evaluates.
+new one. Replies differ in length: once most rows of a turn have ended theirs, the rest go
+on in a copy that holds only them (every row of a batch costs time at every step). Sampling with --temperature collects data; --greedy evaluates.
 
 Q-guided generation (--rerank CRITIC_DIR --candidates M; QLASS-style, and the paper's
 "w/o policy improvement" row: the critic from 03 steers an unchanged policy). Every live
@@ -306,22 +307,24 @@ class Session:
         self.width += W
         return out.logits[:, -1].float()
 
-    def compacted(self, room):
-        """A new Session holding only what each row sees, right-aligned (stale and pad columns
-        dropped), plus `room` free columns. Keys and values are copied, not recomputed: each
-        depends only on its token, its position and the tokens before it, none of which change."""
-        B, n = len(self.ids), max(len(cols) for cols in self.cols)
+    def compacted(self, room, rows=None):
+        """A new Session holding only what the given rows (default: all) see, right-aligned
+        (stale and pad columns dropped), plus `room` free columns; its row j is old row
+        rows[j]. Keys and values are copied, not recomputed: each depends only on its token,
+        its position and the tokens before it, none of which change."""
+        rows = list(range(len(self.ids))) if rows is None else rows
+        B, n = len(rows), max(len(self.cols[r]) for r in rows)
         new = Session(self.model, B, n + room, self.pad_id)
         src = torch.zeros((B, n), dtype=torch.long)  # the old column of each new column (0 under pads)
-        for r, cols in enumerate(self.cols):
-            k = len(cols)
-            src[r, n - k:] = torch.tensor(cols, dtype=torch.long)
-            new.mask[r, n - k:n] = 1
-            new.cols[r], new.ids[r] = list(range(n - k, n)), list(self.ids[r])
-        src = src.to(self.model.device)
+        for j, r in enumerate(rows):
+            k = len(self.cols[r])
+            src[j, n - k:] = torch.tensor(self.cols[r], dtype=torch.long)
+            new.mask[j, n - k:n] = 1
+            new.cols[j], new.ids[j] = list(range(n - k, n)), list(self.ids[r])
+        src, keep = src.to(self.model.device), torch.tensor(rows, device=self.model.device)[:, None]
         for i, layer in enumerate(self.cache.layers):  # keys, values: (B, heads, columns, head_dim)
-            idx = src[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            new.cache.update(layer.keys.gather(2, idx), layer.values.gather(2, idx), i)
+            # [rows, :, columns] -> (B, n, heads, head_dim); transpose back to the cache's layout
+            new.cache.update(layer.keys[keep, :, src].transpose(1, 2), layer.values[keep, :, src].transpose(1, 2), i)
         new.width = n
         return new
 
@@ -364,21 +367,31 @@ class ModelPolicy:
             # every extra column slows every step: more room would only cost time.)
             s = self.session = s.compacted(need + CACHE_ROOM)
         logits = s.feed(new)
-        replies = {r: [] for r in rows}
-        for _ in range(self.max_new):
+        replies, done = {r: [] for r in rows}, set()
+        slot = list(range(self.n_rows))  # slot[j]: the batch row (of act's `rows`) that row j of s serves
+        for step in range(self.max_new):
             if self.greedy:
                 nxt = logits.argmax(-1)
-            else:
-                nxt = torch.multinomial(torch.softmax(logits / self.temperature, dim=-1), 1).squeeze(-1)
-            feed = [[] for _ in s.ids]
-            for r in replies:
-                if not replies[r] or replies[r][-1] != self.eos_id:
-                    replies[r].append(int(nxt[r]))
-                    if replies[r][-1] != self.eos_id:
-                        feed[r] = [replies[r][-1]]
-            if not any(feed):
+            else:  # one draw per row of the whole batch, as if no row had been dropped, so that a
+                # seeded run samples the same replies whatever rows the copies below leave out
+                probs = torch.ones((self.n_rows, logits.shape[1]), device=logits.device)
+                probs[slot] = torch.softmax(logits / self.temperature, dim=-1)
+                nxt = torch.multinomial(probs, 1).squeeze(-1)[slot]
+            for j, r in enumerate(slot):
+                if r in replies and r not in done:
+                    replies[r].append(int(nxt[j]))
+                    if replies[r][-1] == self.eos_id:
+                        done.add(r)
+            going = [j for j, r in enumerate(slot) if r in replies and r not in done]
+            if not going:
                 break
-            logits = s.feed(feed)
+            if len(going) <= len(slot) // 2:
+                # Most rows have finished their reply, but every row of s is computed at every
+                # step: go on with a copy that holds only the rows still generating. Their
+                # last tokens never reach self.session; at the next turn, sync finds that
+                # they are missing and feeds them with the observation.
+                s, slot = s.compacted(self.max_new - step + 1, rows=going), [slot[j] for j in going]
+            logits = s.feed([[replies[r][-1]] if r in replies and r not in done else [] for r in slot])
         out = []
         for r in rows:
             toks = replies[r]

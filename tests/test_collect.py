@@ -2,9 +2,11 @@
 import argparse
 import json
 import os
+import shutil
 
 import pytest
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from conftest import run_stage
 
@@ -109,6 +111,62 @@ def test_shared_cache_reads_like_a_fresh_one(tiny_run, stages, monkeypatch):
     policy.session.max_cols = 0                                     # a full cache: compact it
     check([0, 2], [prompt(3, 1), prompt(2, 4)])
     check([0, 1, 2], [prompt(3, 2), prompt(0, 1), prompt(2, 5)])    # and on: row 1 back with a new task
+
+
+def test_rows_that_finish_early_leave_the_batch(tiny_run, stages, monkeypatch, tmp_path):
+    """When most rows have ended their reply, act() goes on with a copy of the cache that holds
+    only the rows still generating (Session.compacted with rows=...). The replies must be those
+    of one row at a time, and at the next turn the rows whose last tokens never reached the
+    shared cache must read their prompt exactly as a fresh cache does."""
+    c = stages["02_collect"]
+    # The one-epoch tiny policy repeats one token; random weights with a wide init give replies
+    # that differ from row to row (and clear margins between the top two logits).
+    path = tmp_path / "random_policy"
+    shutil.copytree(tiny_run / "policy_0", path)
+    config = AutoConfig.from_pretrained(path)
+    config.initializer_range = 0.5
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    args = c.parse_args(["--policy", str(path), "--out", "x.jsonl", "--greedy", "--max-new-tokens", "6"])
+    policy, fresh = c.ModelPolicy(str(path), args), c.ModelPolicy(str(path), args)
+    eps = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:3]
+    prompts = [policy.prompt_ids(dict(ep, steps=ep["steps"][:t])) for ep, t in zip(eps, (0, 2, 4))]
+    fed = []  # every Session.feed input and output
+    real_feed, real_compacted = c.Session.feed, c.Session.compacted
+    monkeypatch.setattr(c.Session, "feed", lambda self, new: fed.append((new, real_feed(self, new))) or fed[-1][1])
+    subsets = []
+    monkeypatch.setattr(c.Session, "compacted",
+                        lambda self, room, rows=None: subsets.append(rows) or real_compacted(self, room, rows))
+
+    def alone(p):  # a fresh one-row cache: the reply as token ids (the feeds after the first)
+        fresh.start(1)
+        n = len(fed)
+        fresh.act([0], [p])
+        return [new[0][0] for new, _ in fed[n + 1:]]
+
+    fresh.eos_id = policy.eos_id = -1  # never ends: every reply is 6 tokens
+    eos = alone(prompts[0])[3]         # now make row 0 end at its 4th token (the others wherever it comes)
+    fresh.eos_id = policy.eos_id = eos
+    want, fed_ids = [], []  # each reply, and the tokens of it that were fed (all but the last)
+    for p in prompts:
+        fresh.start(1)
+        n = len(fed)
+        want.append(fresh.act([0], [p])[0])
+        fed_ids.append([new[0][0] for new, _ in fed[n + 1:]])
+    policy.start(4)  # row 3 stays idle
+    assert policy.act([0, 1, 2], prompts) == want
+    assert subsets and all(rows is not None and len(rows) <= 2 for rows in subsets)
+    # The next turn: each prompt continues with its reply and more tokens; the first feed reads
+    # the prompts, including the reply tokens that only the copy saw.
+    nxt = [p + ids + prompts[0][-5:] for p, ids in zip(prompts, fed_ids)]
+    n = len(fed)
+    policy.act([0, 1, 2], nxt)
+    got = fed[n][1]
+    for r, p in enumerate(nxt):
+        fresh.start(1)
+        k = len(fed)
+        fresh.act([0], [p])
+        assert torch.allclose(got[r], fed[k][1][0], atol=1e-4)
 
 
 @pytest.mark.parametrize("stage,args,message", [
