@@ -9,6 +9,9 @@ exactly right?" A diagnostic, not part of the algorithm.
     --kind decision  only at self steps right after a contents listing with empty hands
                      (bench/take_decision.py): +1 for taking the goal object when it is listed
                      or not taking it when it is not, -1 for the opposite, else 0
+    --self-only      drop the expert episodes; with --kind success and 05's default centred
+                     advantages this is REINFORCE with a mean baseline on the self data (the
+                     Monte-Carlo outcome in place of the critic)
 
     python bench/oracle_adv.py --data runs/seed0/iter_1/adv.jsonl --kind unlike --out /tmp/adv_unlike.jsonl
     python 05_bppo.py --data /tmp/adv_unlike.jsonl --policy runs/seed0/policy_0 --ref runs/seed0/policy_0 \
@@ -39,9 +42,12 @@ def main():
     p.add_argument("--data", required=True, help="a 04_gae.py output buffer")
     p.add_argument("--kind", required=True, choices=["success", "unlike", "contrast", "first", "decision"])
     p.add_argument("--out", required=True, help="buffer to write, with the hand-made 'adv'")
+    p.add_argument("--self-only", action="store_true", help="leave the expert episodes out")
     args = p.parse_args()
     with open(args.data) as f:
         episodes = [json.loads(line) for line in f if line.strip()]
+    if args.self_only:
+        episodes = [ep for ep in episodes if ep["source"] != "expert"]
     for ep in episodes:
         if args.kind == "decision":
             for step in ep["steps"]:
