@@ -108,3 +108,22 @@ def test_auc_ceiling_leave_one_out_and_task_kind():
     assert ac.task_kind("put two spoon in drawer 1.") == "two"
     assert ac.task_kind("look at book under the desklamp.") == "look"
     assert ac.task_kind("put a mug in shelf 1.") == "place"
+
+
+def test_shared_histories_stop_where_the_policy_leaves_the_expert():
+    """bench/shared_histories.py: the comparison runs while the self episode repeats the expert's
+    actions on the same task, takes the first other action, and stops there; a self episode on
+    a task without an expert episode, and --self-only style data, give nothing."""
+    spec = importlib.util.spec_from_file_location("shared_histories", os.path.join(ROOT, "bench", "shared_histories.py"))
+    sh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sh)
+
+    def ep(task_id, source, actions, advs):
+        return {"task_id": task_id, "source": source,
+                "steps": [{"action": a, "adv": v} for a, v in zip(actions, advs)]}
+    buf = [ep("t1", "expert", ["go a", "take x", "go b", "put x"], [0.1, 0.2, 0.3, 0.4]),
+           ep("t1", "self", ["go a", "take y", "go c"], [-0.1, -0.5, 0.9]),    # parts at step 1
+           ep("t1", "self", ["go a", "take x"], [0.0, 0.05]),                  # never parts
+           ep("t2", "self", ["go a"], [7.0])]                                  # no expert on t2
+    assert sh.shared_history_advantages(buf) == ([0.1, 0.2, 0.1, 0.2], [-0.1, 0.0, 0.05], [-0.5])
+    assert sh.shared_history_advantages([b for b in buf if b["source"] == "self"]) == ([], [], [])
