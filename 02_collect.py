@@ -12,7 +12,8 @@ One KV cache is kept across turns and episodes (class Session), so each turn fee
 new tokens - the observation, or a refilled slot's new task - instead of re-reading the
 whole history; when hidden tokens fill the cache, the visible ones are copied into a tight
 new one. Replies differ in length: once most rows of a turn have ended theirs, the rest go
-on in a copy that holds only them (every row of a batch costs time at every step). Sampling with --temperature collects data; --greedy evaluates.
+on in a copy that holds only them (every row of a batch costs time at every step). Sampling
+with --temperature collects data; --greedy evaluates.
 
 Q-guided generation (--rerank CRITIC_DIR --candidates M; QLASS-style, and the paper's
 "w/o policy improvement" row: the critic from 03 steers an unchanged policy). Every live
@@ -367,7 +368,7 @@ class ModelPolicy:
             # every extra column slows every step: more room would only cost time.)
             s = self.session = s.compacted(need + CACHE_ROOM)
         logits = s.feed(new)
-        replies, done = {r: [] for r in rows}, set()
+        replies, live = {r: [] for r in rows}, set(rows)  # live: rows still writing their reply
         slot = list(range(self.n_rows))  # slot[j]: the batch row (of act's `rows`) that row j of s serves
         for step in range(self.max_new):
             if self.greedy:
@@ -378,11 +379,11 @@ class ModelPolicy:
                 probs[slot] = torch.softmax(logits / self.temperature, dim=-1)
                 nxt = torch.multinomial(probs, 1).squeeze(-1)[slot]
             for j, r in enumerate(slot):
-                if r in replies and r not in done:
+                if r in live:
                     replies[r].append(int(nxt[j]))
                     if replies[r][-1] == self.eos_id:
-                        done.add(r)
-            going = [j for j, r in enumerate(slot) if r in replies and r not in done]
+                        live.discard(r)
+            going = [j for j, r in enumerate(slot) if r in live]
             if not going:
                 break
             if len(going) <= len(slot) // 2:
@@ -391,7 +392,7 @@ class ModelPolicy:
                 # last tokens never reach self.session; at the next turn, sync finds that
                 # they are missing and feeds them with the observation.
                 s, slot = s.compacted(self.max_new - step + 1, rows=going), [slot[j] for j in going]
-            logits = s.feed([[replies[r][-1]] if r in replies and r not in done else [] for r in slot])
+            logits = s.feed([[replies[r][-1]] if r in live else [] for r in slot])
         out = []
         for r in rows:
             toks = replies[r]
