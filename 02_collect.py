@@ -70,7 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--env", default="household", help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
     p.add_argument("--env-seed", type=int, default=0, help="the environment's world seed (which tasks exist)")
-    p.add_argument("--split", default="train", help="task split: train, seen or unseen")
+    p.add_argument("--split", default="train", help="task split: train, dev (household: for tuning), seen or unseen")
     p.add_argument("--episodes", type=int, default=0, help="number of tasks, drawn without replacement with --seed (0: every task of the split, in order)")
     p.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding (evaluation); default samples")

@@ -21,10 +21,12 @@ Splits. Every task has a *goal pairing* (object type, goal receptacle type), whe
 goal of a look_at_obj_in_light task is "desklamp". A fixed rule, `is_unseen_pairing`,
 holds out about a quarter of all pairings:
     train  - tasks whose pairing is not held out           (instances "train/i")
-    seen   - new instances of the same pairings            (instances "seen/i")
-    unseen - tasks whose pairing is held out, never in train or seen.
+    dev    - new instances of the train pairings, for tuning (instances "dev/i")
+    seen   - new instances of the same pairings, to report (instances "seen/i")
+    unseen - tasks whose pairing is held out, never in train, dev or seen.
 Every task type has both kinds of pairing. Instances come from separate random
-streams, so train and seen share no task (tests check this on the whole default splits).
+streams, so train, dev and seen share no task (tests check this on the whole default splits).
+Tune on `dev`; `seen` and `unseen` are for reporting only.
 
 With `expert_slip=p` (default 0) the demonstrator is imperfect: at each step, with
 probability p, it makes one of the mistakes a learned policy makes and then recovers (see
@@ -159,9 +161,10 @@ class HouseholdEnv(TextEnv):
     and the number of tasks per split."""
 
     name = "household"
+    splits = ("train", "dev", "seen", "unseen")
 
     def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
-                 n_train=1000, n_seen=100, n_unseen=100, expert_slip=0.0, expert="search",
+                 n_train=1000, n_dev=100, n_seen=100, n_unseen=100, expert_slip=0.0, expert="search",
                  thoughts="short"):
         if n_receptacles < len(ALWAYS) + 2:
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
@@ -176,13 +179,13 @@ class HouseholdEnv(TextEnv):
         self.n_distractors = n_distractors
         self.expert_slip = expert_slip
         self.max_steps = max_steps
-        self.n_tasks = {"train": n_train, "seen": n_seen, "unseen": n_unseen}
+        self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
         pairings = all_pairings()
         self.pairings = {
             "train": [p for p in pairings if not is_unseen_pairing(p[1], p[2])],
             "unseen": [p for p in pairings if is_unseen_pairing(p[1], p[2])],
         }
-        self.pairings["seen"] = self.pairings["train"]
+        self.pairings["seen"] = self.pairings["dev"] = self.pairings["train"]
         self.instruction = (
             "Household agent. Reply with an optional 'Thought: ...' line, then 'Action: <command>'. "
             "Commands: go to X, open X, close X, take O from X, put O in/on X, clean/heat/cool O with X, "
@@ -396,6 +399,30 @@ class HouseholdEnv(TextEnv):
 
     def is_invalid(self, obs):
         return obs.strip() == NOTHING
+
+    def admissible_actions(self):
+        """Every command that does something in the current state (none of them returns
+        "Nothing happens."), in the grammar's canonical form ("put O in/on X"). An explorer
+        that picks among these never wastes a step; tests check it against the rules."""
+        g, loc, held = self._task, self.location, self.holding
+        cmds = ["look", "inventory"] + [f"go to {r}" for r in g["receptacles"] if r != loc]
+        if loc is not None:
+            if loc in self.is_open:
+                cmds.append(f"{'close' if self.is_open[loc] else 'open'} {loc}")
+            if self._visible(loc):
+                cmds.append(f"examine {loc}")
+                if held is None:
+                    cmds += [f"take {o} from {loc}" for o in self._here(loc) if _kind(o) != "desklamp"]
+                else:
+                    cmds.append(f"put {held} in/on {loc}")
+            if held is not None:
+                for verb, appliance in (("clean", "sinkbasin"), ("heat", "microwave"), ("cool", "fridge")):
+                    if _kind(loc) == appliance:
+                        cmds.append(f"{verb} {held} with {loc}")
+            cmds += [f"use {o}" for o in self._here(loc) if _kind(o) == "desklamp"]
+        if held is not None:
+            cmds.append(f"examine {held}")
+        return cmds
 
     # ------------------------------------------------------------------ expert
     def _search_order(self, kinds_first):

@@ -22,7 +22,7 @@ def run_expert(env, task_id):
     return terminated, reward, env.t, texts
 
 
-@pytest.mark.parametrize("split", ["train", "seen", "unseen"])
+@pytest.mark.parametrize("split", ["train", "dev", "seen", "unseen"])
 def test_expert_solves_every_task_within_the_step_limit(env, split):
     for tid in env.task_ids(split):
         won, reward, steps, _ = run_expert(env, tid)
@@ -61,23 +61,61 @@ def test_same_task_id_gives_the_same_episode():
 def test_splits_are_disjoint_by_the_pairing_rule(env):
     def world(g):
         return (g["task"], tuple(sorted((r, tuple(o)) for r, o in g["contents"].items())))
-    pairs = {}
-    for split in ["train", "seen", "unseen"]:
+    pairs, worlds = {}, {}
+    for split in ["train", "dev", "seen", "unseen"]:
         gens = [env.generate(t) for t in env.task_ids(split)]
         pairs[split] = {(g["object"], "desklamp" if g["task_type"] == "look_at_obj_in_light" else g["target"])
                         for g in gens}
-        worlds = {world(g) for g in gens}
-        if split == "train":
-            train_worlds = worlds
-        elif split == "seen":
-            assert not worlds & train_worlds  # no task in two splits
-    assert all(not is_unseen_pairing(*p) for p in pairs["train"] | pairs["seen"])
+        worlds[split] = {world(g) for g in gens}
+    for a, b in [("train", "dev"), ("train", "seen"), ("dev", "seen"), ("dev", "unseen")]:
+        assert not worlds[a] & worlds[b], (a, b)  # no task in two splits
+    assert all(not is_unseen_pairing(*p) for p in pairs["train"] | pairs["dev"] | pairs["seen"])
     assert all(is_unseen_pairing(*p) for p in pairs["unseen"])
-    assert pairs["seen"] <= pairs["train"]
+    assert pairs["seen"] <= pairs["train"] and pairs["dev"] <= pairs["train"]
+
+
+def grammar(env):
+    """Every command of the grammar over this room's names, canonical forms."""
+    g = env._task
+    recs = g["receptacles"]
+    objs = sorted(set(o for objs in g["contents"].values() for o in objs))
+    cmds = ["inventory", "look"]
+    for r in recs:
+        cmds += [f"go to {r}", f"open {r}", f"close {r}", f"examine {r}"]
+        for o in objs:
+            cmds += [f"take {o} from {r}", f"put {o} in/on {r}", f"clean {o} with {r}",
+                     f"heat {o} with {r}", f"cool {o} with {r}"]
+    return cmds + [f"use {o}" for o in objs] + [f"examine {o}" for o in objs]
+
+
+def test_admissible_actions_are_exactly_the_valid_commands():
+    """At states along expert and random episodes: every admissible command does something,
+    and every command of the grammar that does something is admissible."""
+    import copy
+    env = envs.make("household", seed=0)
+    rng = random.Random(0)
+    checked = 0
+    for tid in env.task_ids("train")[:12]:
+        env.reset(tid)
+        for t in range(12):
+            if env.done:
+                break
+            admissible = env.admissible_actions()
+            assert len(admissible) == len(set(admissible))
+            valid = set()
+            for cmd in grammar(env):
+                probe = copy.deepcopy(env)
+                probe.step(cmd)
+                if not probe.is_invalid(probe.last_obs):
+                    valid.add(cmd)
+            assert set(admissible) == valid, (tid, t, set(admissible) ^ valid)
+            checked += 1
+            env.step(env.expert_action() if t % 2 == 0 else rng.choice(admissible))
+    assert checked > 80
 
 
 def test_every_task_type_occurs_in_every_split(env):
-    for split in ["train", "seen", "unseen"]:
+    for split in ["train", "dev", "seen", "unseen"]:
         types = collections.Counter(env.generate(t)["task_type"] for t in env.task_ids(split))
         assert set(types) == set(TASK_TYPES), (split, types)
     for task_type in TASK_TYPES:  # both kinds of pairing exist for each type
@@ -130,7 +168,7 @@ def test_step_limit_truncates(env):
 def test_unknown_names_say_what_is_valid(env):
     with pytest.raises(ValueError, match="household"):
         envs.make("no-such-env")
-    with pytest.raises(ValueError, match="train, seen, unseen"):
+    with pytest.raises(ValueError, match="train, dev, seen, unseen"):
         env.task_ids("test")
     with pytest.raises(ValueError, match="indices 0..99"):
         env.reset("seen/00100")
