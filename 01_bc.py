@@ -282,7 +282,9 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-def train_tiny_tokenizer(episodes, vocab_size):
+def train_tiny_tokenizer(texts, vocab_size):
+    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
+    does not dominate the merges)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -290,8 +292,6 @@ def train_tiny_tokenizer(episodes, vocab_size):
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    # The instruction is the same in every episode: count it once so it does not dominate the merges.
-    texts = [episodes[0]["instruction"]] + [m["content"] for ep in episodes for m in episode_messages(ep)[1:]]
     tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
                                    padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
@@ -376,7 +376,9 @@ def main(argv=None):
         print(f"01_bc: --filter success kept {len(episodes)} of {n_read} trajectories")
 
     if args.model == "tiny":
-        tokenizer = train_tiny_tokenizer(episodes, args.vocab_size)
+        # The instruction is the same in every episode: count it once.
+        texts = [episodes[0]["instruction"]] + [m["content"] for ep in episodes for m in episode_messages(ep)[1:]]
+        tokenizer = train_tiny_tokenizer(texts, args.vocab_size)
         model = build_tiny_model(tokenizer, args)
     else:
         tokenizer = load_tokenizer(args.model)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Q-Evolve, the whole outer loop as a plain chain of the five stages.
 #
-#   expert demos -> 01 BC (pi_0) -> eval
+#   00 base language model (cached) -> expert demos -> 01 BC (pi_0) -> eval
 #   for k in 1..K:  02 collect with pi_{k-1} on train -> 03 critic -> 04 GAE -> 05 BPPO (pi_k) -> eval
 #   -> <run>/results.md
 #
@@ -11,9 +11,12 @@
 #
 #   RUN=runs/default  K=1  SEED=0  ENV=household  ENV_KWARGS='{}'
 #   N_EXPERT=600 expert demos, N_SELF=300 self trajectories per iteration,
-#   N_EVAL=0 eval tasks per split (0 = all), KEEP_OLD=0 (1: the buffer keeps every
+#   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"), KEEP_OLD=0 (1: the buffer keeps every
 #   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python
-#   BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
+#   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
+#   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
+#   ENV, ENV_KWARGS and PRETRAIN_ARGS), 'tiny' (from scratch) or a model directory
+#   PRETRAIN_ARGS, BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
 #
 #   bash run_all.sh                      # the default run (14.6 min measured on 2 quiet CPU cores)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
@@ -28,9 +31,13 @@ ENV_KWARGS=${ENV_KWARGS:-"{}"}
 N_EXPERT=${N_EXPERT:-600}
 N_SELF=${N_SELF:-300}
 N_EVAL=${N_EVAL:-0}
+EVAL_SPLITS=${EVAL_SPLITS:-"seen unseen"}
 KEEP_OLD=${KEEP_OLD:-0}
 THREADS=${THREADS:-2}
 PYTHON=${PYTHON:-python}
+BASE=${BASE:-pretrained}
+BASE_CACHE=${BASE_CACHE:-runs/base}
+PRETRAIN_ARGS=${PRETRAIN_ARGS:-}
 BC_ARGS=${BC_ARGS:-}
 COLLECT_ARGS=${COLLECT_ARGS:-}
 CRITIC_ARGS=${CRITIC_ARGS:-}
@@ -53,18 +60,31 @@ stage() {
   fi
 }
 
-# evaluate POLICY_DIR NAME: greedy episodes on seen and unseen.
+# evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS (seen and unseen).
 evaluate() {
-  for split in seen unseen; do
+  for split in $EVAL_SPLITS; do
     stage "$RUN/eval/$2_$split.json" $PYTHON 02_collect.py --policy "$1" "${ENVARGS[@]}" --split $split \
       --episodes "$N_EVAL" --greedy --out "$RUN/eval/$2_$split.jsonl" $COMMON $COLLECT_ARGS
   done
 }
 
+# ---- the base language model, shared by every run with the same environment and settings
+if [ "$BASE" = pretrained ]; then
+  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | sha1sum | cut -c1-10)
+  base_dir="$BASE_CACHE/$ENV-$key"
+  stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads $THREADS $PRETRAIN_ARGS
+  MODEL=(--model "$base_dir" --lr 1e-3)
+elif [ "$BASE" = tiny ]; then
+  MODEL=()
+else
+  MODEL=(--model "$BASE")
+fi
+
 # ---- behavior cloning on expert demonstrations
 stage "$RUN/data/expert.json" $PYTHON 02_collect.py --policy expert "${ENVARGS[@]}" --split train \
   --episodes "$N_EXPERT" --out "$RUN/data/expert.jsonl" $COMMON
-stage "$RUN/policy_0" $PYTHON 01_bc.py --data "$RUN/data/expert.jsonl" --out "$RUN/policy_0" $COMMON $BC_ARGS
+stage "$RUN/policy_0" $PYTHON 01_bc.py --data "$RUN/data/expert.jsonl" --out "$RUN/policy_0" "${MODEL[@]}" \
+  $COMMON $BC_ARGS
 evaluate "$RUN/policy_0" policy_0
 
 # ---- K in-distribution evolution cycles
@@ -92,20 +112,22 @@ for k in $(seq 1 "$K"); do
 done
 
 # ---- the results table: one row per policy
-$PYTHON - "$RUN" "$K" <<'EOF'
+$PYTHON - "$RUN" "$K" $EVAL_SPLITS <<'EOF'
 import json, os, sys
-run, K = sys.argv[1], int(sys.argv[2])
+run, K, splits = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 load = lambda p: json.load(open(os.path.join(run, p)))
 steps = load("data/expert.json")["env_steps"]
-rows = ["| policy | seen success | seen avg reward | unseen success | unseen avg reward | train env steps so far |",
-        "|---|---|---|---|---|---|"]
+rows = ["| policy | " + " | ".join(f"{s} success | {s} avg reward" for s in splits) + " | train env steps so far |",
+        "|---|" + "---|---|" * len(splits) + "---|"]
 for k in range(K + 1):
     if k > 0:
         steps += load(f"iter_{k}/self.json")["env_steps"]
-    s, u = load(f"eval/policy_{k}_seen.json"), load(f"eval/policy_{k}_unseen.json")
+    cells = []
+    for s in splits:
+        e = load(f"eval/policy_{k}_{s}.json")
+        cells.append(f"{e['success_rate']:.1%} | {e['avg_reward']:.3f}")
     name = "policy_0 (BC)" if k == 0 else f"policy_{k} (Q-Evolve iter {k})"
-    rows.append(f"| {name} | {s['success_rate']:.1%} | {s['avg_reward']:.3f} | {u['success_rate']:.1%} "
-                f"| {u['avg_reward']:.3f} | {steps} |")
+    rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
 table = "\n".join(rows) + "\n"
 with open(os.path.join(run, "results.md"), "w") as f:
     f.write(f"# Results: {run}\n\n{table}")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = ["01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"]
+STAGES = ["00_pretrain", "01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"]
 
 
 def load_stage(name):

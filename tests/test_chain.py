@@ -9,14 +9,16 @@ from conftest import ROOT
 TINY = {
     "K": "1", "N_EXPERT": "16", "N_SELF": "6", "N_EVAL": "4", "THREADS": "1",
     "ENV_KWARGS": '{"max_steps": 5}',
-    "BC_ARGS": "--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400",
+    "PRETRAIN_ARGS": "--episodes 16 --epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400",
+    "BC_ARGS": "--epochs 1",
     "COLLECT_ARGS": "--max-new-tokens 16 --num-envs 6",
     "CRITIC_ARGS": "--epochs 1", "BPPO_ARGS": "--epochs 1",
 }
 
 
 def run_all(run_dir):
-    env = {**os.environ, **TINY, "RUN": str(run_dir), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **TINY, "RUN": str(run_dir), "BASE_CACHE": str(run_dir.parent / "base"),
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
@@ -25,6 +27,9 @@ def run_all(run_dir):
 def test_run_all_end_to_end_then_resume(tmp_path):
     run = tmp_path / "run"
     out = run_all(run)
+    bases = list((tmp_path / "base").iterdir())  # the pretrained base, cached outside the run
+    assert len(bases) == 1 and (bases[0] / "model.safetensors").exists()
+    assert json.load(open(run / "policy_0" / "args.json"))["model"] == str(bases[0])
     for artifact in ["data/expert.jsonl", "policy_0/model.safetensors", "iter_1/self.jsonl",
                      "iter_1/critic/heads.safetensors", "iter_1/adv.jsonl", "policy_1/model.safetensors",
                      "eval/policy_1_unseen.json", "results.md", "metrics.jsonl"]:

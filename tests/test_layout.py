@@ -18,7 +18,8 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 
 @pytest.fixture(scope="module")
 def tokenizer(stages):
-    return stages["01_bc"].train_tiny_tokenizer([EPISODE], 300)
+    texts = [m["content"] for m in stages["01_bc"].episode_messages(EPISODE)]
+    return stages["01_bc"].train_tiny_tokenizer(texts, 300)
 
 
 def check_layout(stages, tokenizer, end_of_turn):

@@ -1,0 +1,360 @@
+"""Stage 00 - the base language model: a tiny Llama pretrained on text of the environment.
+
+Reads   nothing but the environment (its `train` worlds; never a dev / seen / unseen task)
+Writes  --out DIR: a save_pretrained causal LM (safetensors + tokenizer + chat template +
+        config) and DIR/args.json; one line per epoch to --metrics.
+
+The paper fine-tunes a pretrained chat LLM. A model that has never read anything must learn
+to read from 600 demonstrations, and does so badly (the task's object named far back, its
+presence in the latest listing: two hops). So the default path first pretrains the tiny model
+on a corpus of the environment's text, as a real LLM's pretraining teaches it language:
+
+  * exploration transcripts: chats laid out like the episodes (system = instruction, user =
+    task + first observation, then reply / observation turns) whose replies are commands of
+    a random explorer - per step, with probability 1 - p_random an admissible command
+    (env.admissible_actions()) chosen by verb with VERB_WEIGHTS, else a random command of the
+    grammar (env.random_action(), which mostly gets "Nothing happens.");
+  * reading comprehension, inside the same transcripts: after an observation, with
+    probability --qa, a question turn and its answer about what the agent has read -
+    is a named object here, which objects are here, where was a kind of object seen, what
+    is it carrying, what is the task's object.
+
+No expert action is in the corpus; the explorer never sees the goal. The loss is plain
+next-token prediction on every token after the system prompt:
+
+    L = - E_{x ~ corpus} [ sum_{i > |system|} log p(x_i | x_<i) ]
+
+01_bc.py --model DIR then fine-tunes this model on the demonstrations (run_all.sh does it
+and caches the base per environment and settings).
+
+    python 00_pretrain.py --out runs/base/household
+    python 01_bc.py --model runs/base/household --lr 1e-3 --data runs/demo/data/expert.jsonl --out runs/demo/policy_0
+"""
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import envs
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Stage 00: pretrain the tiny base language model on environment text.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", required=True, help="output model directory (save_pretrained format)")
+    p.add_argument("--env", default="household", help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
+    p.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
+    p.add_argument("--env-seed", type=int, default=0, help="the environment's world seed (which tasks exist)")
+    p.add_argument("--episodes", type=int, default=3000, help="exploration transcripts of `train` worlds")
+    p.add_argument("--p-random", type=float, default=0.3, help="per step: probability of a random grammar command")
+    p.add_argument("--qa", type=float, default=0.5, help="per observation: probability of a reading question")
+    p.add_argument("--epochs", type=int, default=2, help="passes over the corpus")
+    p.add_argument("--batch-size", type=int, default=8, help="transcripts per optimizer step")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
+    p.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    p.add_argument("--d-model", type=int, default=128, help="hidden size")
+    p.add_argument("--n-layers", type=int, default=3, help="transformer layers")
+    p.add_argument("--n-heads", type=int, default=4, help="attention heads")
+    p.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size")
+    p.add_argument("--max-len", type=int, default=2048, help="context length in tokens")
+    p.add_argument("--seed", type=int, default=0, help="random seed (corpus and training)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------
+# The corpus: exploration transcripts with reading questions (pure Python, no model).
+# ----------------------------------------------------------------------------------------
+VERB_WEIGHTS = {"go": 3, "take": 3, "open": 2, "put": 2, "clean": 1, "heat": 1, "cool": 1, "use": 1,
+                "close": 0.5, "examine": 0.5, "inventory": 0.25, "look": 0.25}
+
+
+def explore_command(env, rng, p_random):
+    """One command of the explorer: mostly admissible (weighted by verb), sometimes random."""
+    if rng.random() < p_random:
+        return env.random_action(rng)
+    cmds = env.admissible_actions()
+    return rng.choices(cmds, [VERB_WEIGHTS.get(c.split()[0], 1) for c in cmds])[0]
+
+
+def kind(name):
+    """'egg 2' -> 'egg'."""
+    return name.rsplit(" ", 1)[0]
+
+
+def reading_question(env, task_obj, seen, rng):
+    """A question about what the agent has read so far, and its answer. `seen` maps each
+    object the transcript has shown to the receptacle where it was last seen."""
+    here = [o for o, r in seen.items() if r == env.location]
+    kinds = sorted({kind(o) for o in seen} | {task_obj})
+    choice = rng.random()
+    if env.location is not None and env._visible(env.location) and choice < 0.5:
+        asked = task_obj if rng.random() < 0.5 else rng.choice(kinds)
+        found = [o for o in here if kind(o) == asked]
+        answer = f"Yes: {', '.join(found)}." if found else f"No, there is no {asked} here."
+        return f"Question: is there a {asked} here?", f"Answer: {answer}"
+    if env.location is not None and env._visible(env.location) and choice < 0.65:
+        return "Question: what is here?", f"Answer: {', '.join(here) if here else 'nothing'}."
+    if choice < 0.85:
+        asked = task_obj if rng.random() < 0.5 else rng.choice(kinds)
+        where = [f"{o} in {r}" for o, r in seen.items() if kind(o) == asked and r is not None]
+        answer = f"{'; '.join(where)}." if where else f"I have not seen a {asked} yet."
+        return f"Question: where have you seen a {asked}?", f"Answer: {answer}"
+    if choice < 0.93:
+        return "Question: what are you carrying?", f"Answer: {env.holding or 'nothing'}."
+    return "Question: which object does the task name?", f"Answer: {task_obj}."
+
+
+def transcript(env, task_id, rng, p_random, qa):
+    """One chat: the episode layout with explorer replies and reading questions."""
+    obs, info = env.reset(task_id)
+    g = env._task
+    msgs = [{"role": "system", "content": env.instruction},
+            {"role": "user", "content": f"Your task is to: {info['task']}\n{obs}"}]
+    seen = {}  # object -> receptacle where it was last seen (None: in hand)
+    done = False
+    while not done:
+        cmd = explore_command(env, rng, p_random)
+        obs, _, terminated, truncated, _ = env.step(cmd)
+        done = terminated or truncated
+        for r, objs in env.known.items():
+            for o in objs:
+                seen[o] = r
+        if env.holding is not None:
+            seen[env.holding] = None
+        msgs += [{"role": "assistant", "content": f"Action: {cmd}"}, {"role": "user", "content": obs}]
+        if not done and rng.random() < qa:
+            q, a = reading_question(env, g["object"], seen, rng)
+            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return msgs
+
+
+def build_corpus(env, n, rng, p_random, qa):
+    ids = env.task_ids("train")
+    return [transcript(env, ids[i % len(ids)], rng, p_random, qa) for i in tqdm(range(n), desc="00_pretrain corpus")]
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
+# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
+# ----------------------------------------------------------------------------------------
+def die(msg):
+    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def write_atomic(path, write_fn):
+    """Write a file or directory via a temporary sibling and one rename: a killed stage
+    leaves the previous state or nothing, never half an artifact."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    write_fn(tmp)
+    if os.path.isdir(path) and not os.path.islink(path):
+        old = f"{path}.old{os.getpid()}"
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+
+def log_metrics(path, record):
+    """Append one JSON object to <run>/metrics.jsonl (no-op without --metrics)."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
+def token_logprobs(logits, input_ids):
+    """log pi(token_i | tokens_<i) for every position i >= 1; position 0 gets 0.
+    logits (B, L, V), input_ids (B, L) -> (B, L)."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
+    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+
+
+def length_batches(lengths, batch_size, rng):
+    """Batches of indices with similar lengths (little padding), in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def lr_at(step, total, peak, warmup_frac):
+    """Linear warmup then cosine decay to 10% of the peak."""
+    warm = max(1, int(total * warmup_frac))
+    if step < warm:
+        return peak * (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# ----------------------------------------------------------------------------------------
+# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
+# ----------------------------------------------------------------------------------------
+SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
+           "assistant": "<|assistant|>"}
+# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
+# so the action tokens of turn t are its content tokens plus <|end|>, and the state
+# position s_t is the <|assistant|> token of the generation prompt.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_tiny_tokenizer(texts, vocab_size):
+    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
+    does not dominate the merges)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
+                                   padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
+
+
+def build_tiny_model(tokenizer, args):
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
+        max_position_embeddings=args.max_len, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: next-token prediction after the system prompt.
+# ----------------------------------------------------------------------------------------
+def tokenize_transcript(tokenizer, msgs):
+    """(input_ids, loss_mask): the whole chat, and 1 on every token after the system turn."""
+    ids = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=False)
+    n_sys = len(tokenizer.apply_chat_template(msgs[:1], tokenize=True, return_dict=False))
+    if ids[:n_sys] != tokenizer.apply_chat_template(msgs[:1], tokenize=True, return_dict=False):
+        raise ValueError("the system turn does not tokenize as a prefix of the chat")
+    return ids, [0] * n_sys + [1] * (len(ids) - n_sys)
+
+
+def lm_loss(logp, mask):
+    """Mean NLL of the masked tokens. logp, mask (B, L)."""
+    return -(logp * mask).sum() / mask.sum().clamp(min=1)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    for name in ("episodes", "epochs", "batch_size", "d_model", "n_layers", "n_heads", "vocab_size", "max_len"):
+        if getattr(args, name) < 1:
+            die(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not (0 <= args.p_random <= 1 and 0 <= args.qa <= 1 and args.lr > 0):
+        die("--p-random and --qa must lie in [0, 1] and --lr must be positive")
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+        assert isinstance(env_kwargs, dict)
+    except (ValueError, AssertionError):
+        die(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # TRY NOT TO MODIFY: seeding
+    seed_everything(args.seed)
+    device, dtype = pick_device()
+
+    env = envs.make(args.env, seed=args.env_seed, **env_kwargs)
+    if not hasattr(env, "admissible_actions"):
+        die(f"env {args.env!r} has no admissible_actions(); the explorer needs it")
+    rng = random.Random(args.seed)
+    corpus = build_corpus(env, args.episodes, rng, args.p_random, args.qa)
+    env.close()
+    texts = [corpus[0][0]["content"]] + [m["content"] for msgs in corpus for m in msgs[1:]]
+    tokenizer = train_tiny_tokenizer(texts, args.vocab_size)
+    model = build_tiny_model(tokenizer, args).to(device)
+    data = [tokenize_transcript(tokenizer, msgs) for msgs in corpus]
+    data = [(ids[:args.max_len], mask[:args.max_len]) for ids, mask in data]
+    n_tokens = sum(sum(m) for _, m in data)
+    print(f"00_pretrain: {len(data)} transcripts of {args.env}/train, {n_tokens} trained tokens/epoch, "
+          f"model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params on {device}")
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    total_steps = args.epochs * math.ceil(len(data) / args.batch_size)
+    step, t0 = 0, time.time()
+    model.train()
+    bar = tqdm(total=total_steps, desc="00_pretrain", unit="step")
+    for epoch in range(args.epochs):
+        epoch_loss, n_batches = 0.0, 0
+        for idx in length_batches([len(ids) for ids, _ in data], args.batch_size, rng):
+            L = max(len(data[j][0]) for j in idx)
+            input_ids = torch.full((len(idx), L), tokenizer.pad_token_id, dtype=torch.long)
+            attention_mask, mask = torch.zeros((len(idx), L), dtype=torch.long), torch.zeros((len(idx), L))
+            for r, j in enumerate(idx):
+                ids, m = data[j]
+                input_ids[r, :len(ids)] = torch.tensor(ids)
+                attention_mask[r, :len(ids)] = 1
+                mask[r, :len(ids)] = torch.tensor(m, dtype=torch.float)
+            input_ids, attention_mask, mask = input_ids.to(device), attention_mask.to(device), mask.to(device)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            loss = lm_loss(token_logprobs(logits, input_ids), mask)
+            if not torch.isfinite(loss):
+                die(f"loss became {loss.item()} at step {step}; lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            optimizer.step()
+            epoch_loss += loss.item()
+            n_batches += 1
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        record = {"stage": "00_pretrain", "epoch": epoch + 1, "step": step, "train_loss": epoch_loss / n_batches,
+                  "elapsed_s": time.time() - t0}
+        log_metrics(args.metrics, record)
+        tqdm.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}")
+    bar.close()
+
+    def save(tmp):
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, "args.json"), "w") as f:
+            json.dump(vars(args), f, indent=2)
+        with open(os.path.join(tmp, "corpus_sample.txt"), "w") as f:  # what the model read, for a human
+            f.write(tokenizer.apply_chat_template(corpus[0], tokenize=False))
+    write_atomic(args.out, save)
+    print(f"00_pretrain: wrote {args.out} (train loss {record['train_loss']:.4f}, {time.time() - t0:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()
