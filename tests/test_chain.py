@@ -23,7 +23,7 @@ def run_all(run_dir):
 
 
 def test_run_all_end_to_end_then_resume(tmp_path):
-    run = tmp_path / "run"
+    run = tmp_path / "a run"  # a space in RUN: run_all.sh quotes every path
     out = run_all(run)
     for artifact in ["data/expert.jsonl", "policy_0/model.safetensors", "iter_1/self.jsonl",
                      "iter_1/critic/heads.safetensors", "iter_1/adv.jsonl", "policy_1/model.safetensors",
