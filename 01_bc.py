@@ -154,6 +154,26 @@ def check_model_dir(path, kind):
                     assert isinstance(json.load(f), dict)
             except (UnicodeDecodeError, json.JSONDecodeError, AssertionError):
                 die(f"{os.path.join(path, name)}: not a valid JSON object")
+    with open(os.path.join(path, "config.json")) as f:
+        if "model_type" not in json.load(f):
+            die(f"{os.path.join(path, 'config.json')}: no model_type; this is not a Hugging Face model config")
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors") and not complete_safetensors(os.path.join(path, name)):
+            die(f"{os.path.join(path, name)}: truncated, or not a safetensors file")
+
+
+def complete_safetensors(path):
+    """Whether a .safetensors file is whole: an 8-byte header size, a JSON header, and the
+    bytes of every tensor it lists (read before loading anything, so nothing is half loaded)."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 8 + n <= size else None
+        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+        return 8 + n + max(ends, default=0) <= size
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+        return False
 
 
 def load_pretrained(auto_class, path, dtype):
