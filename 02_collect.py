@@ -43,6 +43,7 @@ rewards train the critic only (03); advantages use environment rewards alone (04
 import argparse
 import bisect
 import json
+import math
 import os
 import random
 import shutil
@@ -102,13 +103,163 @@ def die(msg):
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(2)
 
+
+def check_flags(args, **rules):
+    """Numeric flags, checked before any work: each rule says what the flag must be."""
+    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
+             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
+    for name, rule in rules.items():
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and tests[rule](value)):
+            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
+
+
+ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
+             "critic": "a critic directory written by 03_critic.py",
+             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
+             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
+             "log": "a metrics JSONL"}
+
+
+def replaceable(path, kind):
+    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
+    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
+    A run directory, a checkout, '.' or another stage's output never is one."""
+    if kind in ("policy", "critic"):
+        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
+        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
+                and all(os.path.isfile(os.path.join(path, n)) for n in names))
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
+        obj = json.loads(text) if text.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(obj, dict) or not obj:
+        return obj == {}  # an empty file holds nothing to lose
+    if kind == "log":
+        return "stage" in obj
+    if path.endswith(".json"):
+        return obj.get("stage") == kind
+    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
+    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
+
+
+def check_out(path, kind, inputs=()):
+    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
+    never an input (or a directory holding one) nor anything else; its parent must be writable.
+    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
+    real = os.path.realpath(path)
+    for p in inputs:
+        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
+            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
+    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
+        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
+    for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
+        if os.path.lexists(p) and not replaceable(p, kind):
+            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:  # a real file, not os.access: that says yes to root on a read-only or special file system
+        probe = os.path.join(parent, f".write_test{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
+
+
+def check_model_dir(path, kind):
+    """Before any work: path is a 'policy' (01 / 05 output, or a local Hugging Face causal LM)
+    or a 'critic' (03 output) directory with the files that kind needs, its JSON readable."""
+    what = "a model directory from 01_bc.py / 05_bppo.py (or a local Hugging Face model)" \
+        if kind == "policy" else "a critic directory from 03_critic.py"
+    if not os.path.isdir(path):
+        die(f"{path}: no such directory; pass {what}")
+    need = ["config.json", "tokenizer_config.json"] + (["heads.safetensors", "args.json"] if kind == "critic" else [])
+    missing = [name for name in need if not os.path.isfile(os.path.join(path, name))]
+    if missing:
+        die(f"{path} is not {what} (no {', '.join(missing)})")
+    if kind == "policy" and os.path.exists(os.path.join(path, "heads.safetensors")):
+        die(f"{path} is a critic directory (03_critic.py output), not a policy")
+    for name in ("config.json", "args.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            try:
+                with open(os.path.join(path, name)) as f:
+                    assert isinstance(json.load(f), dict)
+            except (UnicodeDecodeError, json.JSONDecodeError, AssertionError):
+                die(f"{os.path.join(path, name)}: not a valid JSON object")
+    with open(os.path.join(path, "config.json")) as f:
+        if "model_type" not in json.load(f):
+            die(f"{os.path.join(path, 'config.json')}: no model_type; this is not a Hugging Face model config")
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors") and not complete_safetensors(os.path.join(path, name)):
+            die(f"{os.path.join(path, name)}: truncated, or not a safetensors file")
+
+
+def complete_safetensors(path):
+    """Whether a .safetensors file is whole: an 8-byte header size, a JSON header, and the
+    bytes of every tensor it lists (read before loading anything, so nothing is half loaded)."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 8 + n <= size else None
+        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+        return 8 + n + max(ends, default=0) <= size
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+        return False
+
+
+def load_pretrained(auto_class, path, dtype):
+    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run); a
+    broken directory (truncated weights, a config it cannot use) is one error line."""
+    try:
+        return auto_class.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
+        die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
+
+
+def stale(pid):
+    """Whether no process has this id any more (its temporary files are leftovers)."""
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove(path):
+    """Delete a file or a directory tree, if it is there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
 def write_atomic(path, write_fn):
     """Write a file or directory via a temporary sibling and one rename: a killed stage
-    leaves the previous state or nothing, never half an artifact."""
+    leaves the previous state or nothing, never half an artifact. The temporaries of a
+    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
     path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    for entry in os.listdir(parent):
+        pid = entry[len(name) + 4:]
+        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
+            remove(os.path.join(parent, entry))
     tmp = f"{path}.tmp{os.getpid()}"
-    write_fn(tmp)
+    try:
+        write_fn(tmp)
+    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
+        remove(tmp)
+        if isinstance(e, OSError):
+            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
+        raise
     if os.path.isdir(path) and not os.path.islink(path):
         old = f"{path}.old{os.getpid()}"
         os.rename(path, old)
@@ -116,6 +267,7 @@ def write_atomic(path, write_fn):
         shutil.rmtree(old)
     else:
         os.replace(tmp, path)
+
 
 def write_jsonl(path, rows):
     def write(tmp):
@@ -131,12 +283,14 @@ def write_json(path, obj):
             f.write("\n")
     write_atomic(path, write)
 
-def log_metrics(path, record):
-    """Append one JSON object to <run>/metrics.jsonl (no-op without --metrics)."""
+def log_metrics(path, *records):
+    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
+    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            for record in records:
+                f.write(json.dumps(record) + "\n")
 
 def seed_everything(seed):
     random.seed(seed)
@@ -219,12 +373,13 @@ def collate(tokenized, pad_id):
         batch["step_mask"][i, :t] = 1.0
     return batch
 
-def load_tokenizer(path):
+def load_tokenizer(path, kind="policy"):
     """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        die(f"{path} is not a model directory (no config.json); pass a directory written by "
-            "01_bc.py / 05_bppo.py or a local Hugging Face model")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    check_model_dir(path, kind)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
+        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
     if not tokenizer.chat_template:
         die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
     if tokenizer.pad_token_id is None:
@@ -336,7 +491,7 @@ class ModelPolicy:
     def __init__(self, path, args):
         self.tokenizer = load_tokenizer(path)
         self.device, dtype = pick_device()
-        self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).to(self.device).eval()
+        self.model = load_pretrained(AutoModelForCausalLM, path, dtype).to(self.device).eval()
         self.eos_id = self.tokenizer.eos_token_id
         self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
         self.greedy, self.temperature, self.max_new = args.greedy, args.temperature, args.max_new_tokens
@@ -445,12 +600,14 @@ class Critic(torch.nn.Module):
     @classmethod
     def load(cls, path, device, dtype):
         """A critic directory written by 03_critic.py (backbone + heads.safetensors)."""
-        if not os.path.isfile(os.path.join(path, "heads.safetensors")):
-            die(f"{path} is not a critic directory (no heads.safetensors); pass the --out of 03_critic.py")
-        critic = cls(AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype))
-        heads = load_file(os.path.join(path, "heads.safetensors"))
-        critic.v_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("v_head.")})
-        critic.q_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("q_head.")})
+        check_model_dir(path, "critic")
+        critic = cls(load_pretrained(AutoModel, path, dtype))
+        try:
+            heads = load_file(os.path.join(path, "heads.safetensors"))
+            critic.v_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("v_head.")})
+            critic.q_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("q_head.")})
+        except Exception as e:  # a truncated file, or heads of another size than the backbone's
+            die(f"{path}: cannot load heads.safetensors ({' '.join(str(e).split())[:300]})")
         return critic.to(device)
 
 
@@ -466,8 +623,8 @@ class Reranker:
 
     def __init__(self, path, args):
         self.device, dtype = pick_device()
+        self.tokenizer = load_tokenizer(path, "critic")
         self.critic = Critic.load(path, self.device, dtype).eval()
-        self.tokenizer = load_tokenizer(path)
         self.m, self.batch_size = args.candidates, args.critic_batch_size
 
     @torch.no_grad()
@@ -593,9 +750,11 @@ def summarize(episodes, env_steps, wall, cpu, args, generated_tokens):
 
 def main(argv=None):
     args = parse_args(argv)
+    # Validate every input before anything is written.
+    check_flags(args, episodes="non-negative", num_envs="at least 1", max_new_tokens="at least 1",
+                candidates="at least 1", critic_batch_size="at least 1", threads="non-negative")
     if args.threads:
         torch.set_num_threads(args.threads)
-    # Validate every input before anything is written.
     if args.env not in envs.REGISTRY:
         die(f"unknown env {args.env!r}; valid: {', '.join(sorted(envs.REGISTRY))}")
     try:
@@ -604,21 +763,28 @@ def main(argv=None):
     except (json.JSONDecodeError, AssertionError):
         die(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
     make_env = lambda: envs.make(args.env, seed=args.env_seed, **env_kwargs)  # noqa: E731
-    probe = make_env()
     try:
+        probe = make_env()
         all_ids = probe.task_ids(args.split)
-    except ValueError as e:
-        die(str(e))
-    finally:
         probe.close()
+    except (ValueError, ImportError) as e:  # a keyword the env does not take, a bad split, a missing package
+        die(" ".join(str(e).split()))
     if args.episodes > len(all_ids):
         die(f"--episodes {args.episodes} exceeds the {len(all_ids)} tasks of split {args.split!r}")
-    if args.candidates < 1:
-        die(f"--candidates must be at least 1, got {args.candidates}")
+    if not args.greedy:
+        check_flags(args, temperature="positive")
     if args.rerank and args.policy == "expert":
         die("--rerank needs a policy directory to sample candidates from, not --policy expert")
     if args.rerank and args.greedy:
         die("--rerank samples its candidates at --temperature; drop --greedy (lower --temperature instead)")
+    inputs = [p for p in (args.policy, args.rerank) if p and p != "expert"]
+    if args.policy != "expert":
+        check_model_dir(args.policy, "policy")
+    if args.rerank:
+        check_model_dir(args.rerank, "critic")
+    check_out(args.out, "02_collect", inputs)
+    if args.metrics:
+        check_out(args.metrics, "log", inputs + [args.out])
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     task_ids = sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids
@@ -629,13 +795,15 @@ def main(argv=None):
     t0, cpu0 = time.time(), time.process_time()  # CPU time: less sensitive than wall time to other load
     episodes, env_steps = run_episodes(make_env, task_ids, policy, args, aux, reranker)
     episodes.sort(key=lambda ep: ep["task_id"])
+    if not episodes:
+        die("no episode was recorded: not even the first prompt fits the model's context")
     summary = summarize(episodes, env_steps, time.time() - t0, time.process_time() - cpu0, args,
                         0 if policy == "expert" else policy.generated_tokens)
     if policy != "expert" and policy.cut_replies:
         print(f"note: {policy.cut_replies} replies reached --max-new-tokens {args.max_new_tokens} before the "
               f"end-of-turn token and were cut (raise --max-new-tokens if the policy writes long thoughts)")
     write_jsonl(args.out, episodes)
-    write_json(os.path.splitext(args.out)[0] + ".json", {**summary, "args": vars(args)})
+    write_json(args.out[:-len(".jsonl")] + ".json", {**summary, "args": vars(args)})
     log_metrics(args.metrics, summary)
     lab = summary["labels"]
     rerank = f"(Q-reranked from {args.candidates} candidates per step) " if args.rerank else ""

@@ -29,6 +29,7 @@ which can only raise the probability of actions in the data.
 import argparse
 import bisect
 import json
+import math
 import os
 import random
 import shutil
@@ -75,9 +76,157 @@ def die(msg):
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(2)
 
-EPISODE_KEYS = ("env", "task_id", "instruction", "task", "obs0", "steps", "reward", "success")
 
-STEP_KEYS = ("text", "action", "obs", "r_env", "label", "r_aux", "done")
+def check_flags(args, **rules):
+    """Numeric flags, checked before any work: each rule says what the flag must be."""
+    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
+             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
+    for name, rule in rules.items():
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and tests[rule](value)):
+            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
+
+
+ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
+             "critic": "a critic directory written by 03_critic.py",
+             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
+             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
+             "log": "a metrics JSONL"}
+
+
+def replaceable(path, kind):
+    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
+    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
+    A run directory, a checkout, '.' or another stage's output never is one."""
+    if kind in ("policy", "critic"):
+        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
+        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
+                and all(os.path.isfile(os.path.join(path, n)) for n in names))
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
+        obj = json.loads(text) if text.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(obj, dict) or not obj:
+        return obj == {}  # an empty file holds nothing to lose
+    if kind == "log":
+        return "stage" in obj
+    if path.endswith(".json"):
+        return obj.get("stage") == kind
+    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
+    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
+
+
+def check_out(path, kind, inputs=()):
+    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
+    never an input (or a directory holding one) nor anything else; its parent must be writable.
+    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
+    real = os.path.realpath(path)
+    for p in inputs:
+        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
+            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
+    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
+        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
+    for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
+        if os.path.lexists(p) and not replaceable(p, kind):
+            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:  # a real file, not os.access: that says yes to root on a read-only or special file system
+        probe = os.path.join(parent, f".write_test{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
+
+
+def check_model_dir(path, kind):
+    """Before any work: path is a 'policy' (01 / 05 output, or a local Hugging Face causal LM)
+    or a 'critic' (03 output) directory with the files that kind needs, its JSON readable."""
+    what = "a model directory from 01_bc.py / 05_bppo.py (or a local Hugging Face model)" \
+        if kind == "policy" else "a critic directory from 03_critic.py"
+    if not os.path.isdir(path):
+        die(f"{path}: no such directory; pass {what}")
+    need = ["config.json", "tokenizer_config.json"] + (["heads.safetensors", "args.json"] if kind == "critic" else [])
+    missing = [name for name in need if not os.path.isfile(os.path.join(path, name))]
+    if missing:
+        die(f"{path} is not {what} (no {', '.join(missing)})")
+    if kind == "policy" and os.path.exists(os.path.join(path, "heads.safetensors")):
+        die(f"{path} is a critic directory (03_critic.py output), not a policy")
+    for name in ("config.json", "args.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            try:
+                with open(os.path.join(path, name)) as f:
+                    assert isinstance(json.load(f), dict)
+            except (UnicodeDecodeError, json.JSONDecodeError, AssertionError):
+                die(f"{os.path.join(path, name)}: not a valid JSON object")
+    with open(os.path.join(path, "config.json")) as f:
+        if "model_type" not in json.load(f):
+            die(f"{os.path.join(path, 'config.json')}: no model_type; this is not a Hugging Face model config")
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors") and not complete_safetensors(os.path.join(path, name)):
+            die(f"{os.path.join(path, name)}: truncated, or not a safetensors file")
+
+
+def complete_safetensors(path):
+    """Whether a .safetensors file is whole: an 8-byte header size, a JSON header, and the
+    bytes of every tensor it lists (read before loading anything, so nothing is half loaded)."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 8 + n <= size else None
+        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+        return 8 + n + max(ends, default=0) <= size
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+        return False
+
+
+def load_pretrained(auto_class, path, dtype):
+    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run); a
+    broken directory (truncated weights, a config it cannot use) is one error line."""
+    try:
+        return auto_class.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
+        die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
+
+
+EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
+                "reward": float, "success": bool, "source": str}
+STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
+
+
+def field_error(obj, types):
+    """What is wrong with a JSON object given the types of its keys (float: a finite number,
+    at most 1e6 in size, so that no loss overflows), or None when nothing is."""
+    if not isinstance(obj, dict):
+        return f"not a JSON object but {json.dumps(obj)[:40]}"
+    for key, t in types.items():
+        if key not in obj:
+            return f"lacks {key}"
+        value = obj[key]
+        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= 1e6):
+            return f"{key} must be a finite number (at most 1e6 in size), got {json.dumps(value)[:40]}"
+        if t is not float and not isinstance(value, t):
+            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
+    return None
+
+
+def episode_error(ep, step_keys):
+    """What is wrong with one episode (DESIGN section 4), or None when nothing is."""
+    problem = field_error(ep, EPISODE_KEYS)
+    if problem or not ep["steps"]:
+        return problem or "has no steps"
+    for t, step in enumerate(ep["steps"]):
+        problem = field_error(step, step_keys)
+        if problem:
+            return f"{problem} at step {t}"
+    return None
+
 
 def read_episodes(paths, step_keys=STEP_KEYS):
     """Read episode JSONL files (DESIGN section 4); reject a bad line with file and line number."""
@@ -93,26 +242,53 @@ def read_episodes(paths, step_keys=STEP_KEYS):
                     ep = json.loads(line)
                 except json.JSONDecodeError as e:
                     die(f"{path}:{lineno}: not valid JSON ({e.msg})")
-                missing = [k for k in EPISODE_KEYS if not isinstance(ep, dict) or k not in ep]
-                if not missing and not isinstance(ep["steps"], list):
-                    missing = ["steps (a list)"]
-                if not missing:
-                    missing = sorted({k for s in ep["steps"] for k in step_keys if k not in s})
-                if missing:
-                    die(f"{path}:{lineno}: episode lacks {', '.join(missing)}; "
-                        "is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
+                problem = episode_error(ep, step_keys)
+                if problem:
+                    die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
                 episodes.append(ep)
     if not episodes:
         die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
     return episodes
 
+
+def stale(pid):
+    """Whether no process has this id any more (its temporary files are leftovers)."""
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove(path):
+    """Delete a file or a directory tree, if it is there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
 def write_atomic(path, write_fn):
     """Write a file or directory via a temporary sibling and one rename: a killed stage
-    leaves the previous state or nothing, never half an artifact."""
+    leaves the previous state or nothing, never half an artifact. The temporaries of a
+    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
     path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    for entry in os.listdir(parent):
+        pid = entry[len(name) + 4:]
+        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
+            remove(os.path.join(parent, entry))
     tmp = f"{path}.tmp{os.getpid()}"
-    write_fn(tmp)
+    try:
+        write_fn(tmp)
+    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
+        remove(tmp)
+        if isinstance(e, OSError):
+            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
+        raise
     if os.path.isdir(path) and not os.path.islink(path):
         old = f"{path}.old{os.getpid()}"
         os.rename(path, old)
@@ -121,12 +297,15 @@ def write_atomic(path, write_fn):
     else:
         os.replace(tmp, path)
 
-def log_metrics(path, record):
-    """Append one JSON object to <run>/metrics.jsonl (no-op without --metrics)."""
+
+def log_metrics(path, *records):
+    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
+    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            for record in records:
+                f.write(json.dumps(record) + "\n")
 
 def seed_everything(seed):
     random.seed(seed)
@@ -216,12 +395,13 @@ def token_logprobs(logits, input_ids):
     picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
     return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
-def load_tokenizer(path):
+def load_tokenizer(path, kind="policy"):
     """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        die(f"{path} is not a model directory (no config.json); pass a directory written by "
-            "01_bc.py / 05_bppo.py or a local Hugging Face model")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    check_model_dir(path, kind)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
+        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
     if not tokenizer.chat_template:
         die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
     if tokenizer.pad_token_id is None:
@@ -288,18 +468,26 @@ def token_advantages(batch, step_adv):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.eps_low <= 0 or args.eps_high <= 0:
-        die("--eps-low and --eps-high must be positive")
+    # Every input is checked before any work, and --out is replaced only by a finished policy.
+    check_flags(args, eps_low="in (0, 1]", eps_high="positive", kl_coef="non-negative", awr_beta="positive",
+                awr_max_weight="positive", epochs="at least 1", batch_size="at least 1", lr="positive",
+                grad_clip="positive", threads="non-negative")
+    check_out(args.out, "policy", args.data + [args.policy, args.ref])
+    if args.metrics:
+        check_out(args.metrics, "log", args.data + [args.policy, args.ref, args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, dtype = pick_device()
-    episodes = read_episodes(args.data, STEP_KEYS + ("adv",))
+    episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
     tokenizer = load_tokenizer(args.policy)
-    load_tokenizer(args.ref)  # fail early with a clear message if --ref is not a model directory
-    policy = AutoModelForCausalLM.from_pretrained(args.policy, local_files_only=True, dtype=dtype).to(device)
-    ref = AutoModelForCausalLM.from_pretrained(args.ref, local_files_only=True, dtype=dtype).to(device).eval()
+    ref_tokenizer = load_tokenizer(args.ref)
+    if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
+        die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
+            "their next-token distributions token by token, so both must share one (pass the BC policy)")
+    policy = load_pretrained(AutoModelForCausalLM, args.policy, dtype).to(device)
+    ref = load_pretrained(AutoModelForCausalLM, args.ref, dtype).to(device).eval()
     ref.requires_grad_(False)
     data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
     if not data:
@@ -337,7 +525,7 @@ def main(argv=None):
     rng = random.Random(args.seed)
     lengths = [len(x["input_ids"]) for _, x in data]
     bar = tqdm(total=args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size), desc="05_bppo", unit="step")
-    step, t0 = 0, time.time()
+    step, t0, records = 0, time.time(), []
     for epoch in range(args.epochs):
         sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "ratio")}
         n_batches = 0
@@ -381,7 +569,7 @@ def main(argv=None):
             bar.set_postfix(loss=f"{loss.item():.4f}", kl_ref=f"{kl_ref.item():.4f}")
         record = {"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
                   **{k: v / n_batches for k, v in sums.items()}}
-        log_metrics(args.metrics, record)
+        records.append(record)
         tqdm.write(f"epoch {epoch + 1}: loss {record['loss']:+.4f}  clip low {record['clip_low']:.3f} high "
                    f"{record['clip_high']:.3f}  approx KL(old) {record['approx_kl_old']:.4f}  KL(ref) "
                    f"{record['kl_ref']:.4f}  mean ratio {record['ratio']:.3f}")
@@ -393,6 +581,7 @@ def main(argv=None):
         with open(os.path.join(tmp, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=2)
     write_atomic(args.out, save)
+    log_metrics(args.metrics, *records)
     print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s)")
 
 

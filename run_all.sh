@@ -46,7 +46,7 @@ BPPO_ARGS=${BPPO_ARGS:-}
 
 mkdir -p "$RUN"
 METRICS="$RUN/metrics.jsonl"
-COMMON="--seed $SEED --threads $THREADS --metrics $METRICS"
+COMMON=(--seed "$SEED" --threads "$THREADS" --metrics "$METRICS")
 ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")
 
 # stage OUTPUT COMMAND...: run COMMAND unless OUTPUT already exists.
@@ -63,8 +63,8 @@ stage() {
 # evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS (seen and unseen).
 evaluate() {
   for split in $EVAL_SPLITS; do
-    stage "$RUN/eval/$2_$split.json" $PYTHON 02_collect.py --policy "$1" "${ENVARGS[@]}" --split $split \
-      --episodes "$N_EVAL" --greedy --out "$RUN/eval/$2_$split.jsonl" $COMMON $COLLECT_ARGS
+    stage "$RUN/eval/$2_$split.json" $PYTHON 02_collect.py --policy "$1" "${ENVARGS[@]}" --split "$split" \
+      --episodes "$N_EVAL" --greedy --out "$RUN/eval/$2_$split.jsonl" "${COMMON[@]}" $COLLECT_ARGS
   done
 }
 
@@ -72,7 +72,7 @@ evaluate() {
 if [ "$BASE" = pretrained ]; then
   key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | sha1sum | cut -c1-10)
   base_dir="$BASE_CACHE/$ENV-$key"
-  stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads $THREADS $PRETRAIN_ARGS
+  stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads "$THREADS" $PRETRAIN_ARGS
   MODEL=(--model "$base_dir" --lr 1e-3)
 elif [ "$BASE" = tiny ]; then
   MODEL=()
@@ -82,9 +82,9 @@ fi
 
 # ---- behavior cloning on expert demonstrations
 stage "$RUN/data/expert.json" $PYTHON 02_collect.py --policy expert "${ENVARGS[@]}" --split train \
-  --episodes "$N_EXPERT" --out "$RUN/data/expert.jsonl" $COMMON
+  --episodes "$N_EXPERT" --out "$RUN/data/expert.jsonl" "${COMMON[@]}"
 stage "$RUN/policy_0" $PYTHON 01_bc.py --data "$RUN/data/expert.jsonl" --out "$RUN/policy_0" "${MODEL[@]}" \
-  $COMMON $BC_ARGS
+  "${COMMON[@]}" $BC_ARGS
 evaluate "$RUN/policy_0" policy_0
 
 # ---- K in-distribution evolution cycles
@@ -93,8 +93,8 @@ for k in $(seq 1 "$K"); do
   it="$RUN/iter_$k"
   # D_self: pi_{k-1} on a fresh draw of training tasks (sampling, not greedy).
   stage "$it/self.json" $PYTHON 02_collect.py --policy "$prev" "${ENVARGS[@]}" --split train \
-    --episodes "$N_SELF" --out "$it/self.jsonl" --seed $((SEED * 1000 + k)) --threads $THREADS \
-    --metrics $METRICS $COLLECT_ARGS
+    --episodes "$N_SELF" --out "$it/self.jsonl" --seed $((SEED * 1000 + k)) --threads "$THREADS" \
+    --metrics "$METRICS" $COLLECT_ARGS
   # D = D_expert U D_self (the latest, or every iteration's with KEEP_OLD=1).
   buffer=("$RUN/data/expert.jsonl")
   if [ "$KEEP_OLD" = 1 ]; then
@@ -103,11 +103,11 @@ for k in $(seq 1 "$K"); do
     buffer+=("$it/self.jsonl")
   fi
   stage "$it/critic" $PYTHON 03_critic.py --data "${buffer[@]}" --policy "$prev" --out "$it/critic" \
-    $COMMON $CRITIC_ARGS
+    "${COMMON[@]}" $CRITIC_ARGS
   stage "$it/adv.json" $PYTHON 04_gae.py --data "${buffer[@]}" --critic "$it/critic" --out "$it/adv.jsonl" \
-    $COMMON $GAE_ARGS
+    "${COMMON[@]}" $GAE_ARGS
   stage "$RUN/policy_$k" $PYTHON 05_bppo.py --data "$it/adv.jsonl" --policy "$prev" --ref "$RUN/policy_0" \
-    --out "$RUN/policy_$k" $COMMON $BPPO_ARGS
+    --out "$RUN/policy_$k" "${COMMON[@]}" $BPPO_ARGS
   evaluate "$RUN/policy_$k" "policy_$k"
 done
 

@@ -9,6 +9,7 @@
 this package imports without them.
 """
 import importlib
+import inspect
 
 from envs.base import TextEnv
 
@@ -28,11 +29,23 @@ def register(name, entry_point):
 
 
 def make(name, **kwargs):
-    """Build environment `name` with keyword arguments (seed=..., size knobs)."""
+    """Build environment `name` with keyword arguments (seed=..., size knobs). A keyword the
+    environment does not take, or a value of another type than its default, is a ValueError."""
     if name not in REGISTRY:
         raise ValueError(f"unknown env {name!r}; valid: {', '.join(sorted(REGISTRY))}")
     module_name, cls_name = REGISTRY[name].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
+    params = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
+    for key, value in kwargs.items():
+        if key not in params:
+            raise ValueError(f"env {name!r} takes no keyword {key!r}; valid: {', '.join(params)}")
+        default = params[key]
+        if default is None or default is inspect.Parameter.empty:
+            continue
+        want = {float: (int, float), tuple: (list, tuple)}.get(type(default), type(default))
+        if not isinstance(value, want) or isinstance(value, bool) != isinstance(default, bool):
+            raise ValueError(f"env {name!r}: {key} must be of type {type(default).__name__} like its default "
+                             f"{default!r}, got {value!r}")
     return cls(**kwargs)
 
 

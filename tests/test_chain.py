@@ -25,7 +25,7 @@ def run_all(run_dir):
 
 
 def test_run_all_end_to_end_then_resume(tmp_path):
-    run = tmp_path / "run"
+    run = tmp_path / "a run"  # a space in RUN: run_all.sh quotes every path
     out = run_all(run)
     bases = list((tmp_path / "base").iterdir())  # the pretrained base, cached outside the run
     assert len(bases) == 1 and (bases[0] / "model.safetensors").exists()

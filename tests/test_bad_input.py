@@ -1,0 +1,268 @@
+"""Issue 19: no stage destroys data, and every bad input gets one `error:` line, exit 2, and
+leaves every file as it was. Each probe runs a stage's main() in this process (no start-up
+cost) against a small run directory, a directory of broken inputs and a git checkout; all
+three must be byte-identical afterwards, and no file or directory may appear."""
+import errno
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from conftest import run_stage
+
+GOOD_STEP = {"text": "Action: look", "action": "look", "obs": "o", "r_env": 0.0, "label": "ok", "r_aux": 0.0,
+             "done": False}
+GOOD = {"env": "household", "task_id": "train/00000", "instruction": "i", "task": "t", "obs0": "o",
+        "steps": [GOOD_STEP], "reward": 0.0, "success": False, "source": "self"}
+
+
+def episode(**changes):
+    """GOOD with top-level keys changed (None: removed), as one JSONL line."""
+    ep = {k: v for k, v in {**GOOD, **changes}.items() if v is not None}
+    return json.dumps(ep)
+
+
+def step(**changes):
+    return episode(steps=[{**GOOD_STEP, **changes}])
+
+
+BAD_BUFFERS = {
+    "steps_ints": episode(steps=[1, 2]),
+    "text_number": step(text=3),
+    "r_env_string": step(r_env="0.5"),
+    "r_env_null": step(r_env=None),
+    "done_string": step(done="false"),
+    "r_env_nan": step(r_env=float("nan")),
+    "r_env_huge": step(r_env=1e308),
+    "reward_inf": episode(reward=float("inf")),
+    "no_source": episode(source=None),
+    "no_steps": episode(steps=[]),
+    "adv_string": episode(steps=[{**GOOD_STEP, "adv": "0.5"}]),
+}
+
+
+@pytest.fixture(scope="module")
+def world(tiny_run, stages, tmp_path_factory):
+    """T/R: a run directory (expert data, policy_0, a critic, an advantage buffer, metrics);
+    T/B: broken inputs; T/G: a git checkout. Returns T."""
+    T = tmp_path_factory.mktemp("bad_input")
+    R, B, G = T / "R", T / "B", T / "G"
+    (R / "data").mkdir(parents=True)
+    shutil.copy(tiny_run / "expert.jsonl", R / "data/expert.jsonl")
+    shutil.copy(tiny_run / "expert.json", R / "data/expert.json")
+    shutil.copytree(tiny_run / "policy_0", R / "policy_0")
+    c3 = stages["03_critic"]
+    torch.manual_seed(0)
+    critic = c3.Critic(AutoModel.from_pretrained(R / "policy_0", local_files_only=True))
+    critic.save(str(R / "iter_1/critic"), c3.load_tokenizer(str(R / "policy_0")), {"gamma": 0.95})
+    adv = [json.loads(line) for line in open(R / "data/expert.jsonl")][:4]
+    for ep in adv:
+        ep["steps"] = [dict(s, v=0.0, adv=0.1 * t) for t, s in enumerate(ep["steps"])]
+    (R / "iter_1/adv.jsonl").write_text("".join(json.dumps(ep) + "\n" for ep in adv))
+    (R / "iter_1/adv.json").write_text(json.dumps({"stage": "04_gae"}) + "\n")
+    (R / "metrics.jsonl").write_text(json.dumps({"stage": "01_bc", "epoch": 1}) + "\n")
+
+    B.mkdir()
+    for name, line in BAD_BUFFERS.items():
+        (B / f"{name}.jsonl").write_text(line + "\n")
+    (B / "good.jsonl").write_text(episode() + "\n")
+    (B / "dir.jsonl").mkdir()
+    (B / "dir.jsonl/keep.txt").write_text("keep")
+
+    def policy_copy(name):
+        shutil.copytree(R / "policy_0", B / name)
+        return B / name
+    weights = (R / "policy_0/model.safetensors").read_bytes()
+    (policy_copy("truncated") / "model.safetensors").write_bytes(weights[:len(weights) // 2])
+    (policy_copy("empty_weights") / "model.safetensors").write_bytes(b"")
+    no_tok = policy_copy("no_tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (no_tok / name).unlink()
+    (policy_copy("no_tokenizer_json") / "tokenizer.json").unlink()
+    (policy_copy("broken_config") / "config.json").write_text("{not json")
+    (policy_copy("empty_config") / "config.json").write_text("{}")
+    other = policy_copy("other_tokenizer")
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["<|other|>"])
+    tok.save_pretrained(other)
+    shutil.copytree(R / "iter_1/critic", B / "critic_no_args")
+    (B / "critic_no_args/args.json").unlink()
+    shutil.copytree(R / "iter_1/critic", B / "critic_no_gamma")
+    (B / "critic_no_gamma/args.json").write_text("{}")
+    shutil.copytree(R / "iter_1/critic", B / "critic_truncated_heads")
+    (B / "critic_truncated_heads/heads.safetensors").write_bytes(b"\x10\x00")
+
+    G.mkdir()
+    (G / "notes.txt").write_text("a file under version control\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "init"]):
+        subprocess.run(git + cmd, cwd=G, check=True, capture_output=True)
+    return T
+
+
+def snapshot(root):
+    """Every directory and every file's bytes under root."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        out[os.path.relpath(dirpath, root)] = None
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+EXPERT, POLICY, CRITIC, ADV = "{R}/data/expert.jsonl", "{R}/policy_0", "{R}/iter_1/critic", "{R}/iter_1/adv.jsonl"
+BC = ["01_bc", "--data", EXPERT]
+COLLECT = ["02_collect", "--policy", "expert", "--episodes", "2"]
+CRITIC_ = ["03_critic", "--data", EXPERT, "--policy", POLICY]
+GAE = ["04_gae", "--data", EXPERT, "--critic", CRITIC]
+BPPO = ["05_bppo", "--data", ADV, "--policy", POLICY, "--ref", POLICY]
+
+PROBES = {
+    # -- data loss: --out names something that is not the stage's own artifact
+    "01_out_run_dir": (BC + ["--out", "{R}"], "is (or holds) an input"),
+    "01_out_git_checkout": (BC + ["--out", "{G}"], "is not a policy directory"),
+    "01_out_critic": (BC + ["--out", CRITIC], "is not a policy directory"),
+    "02_out_dot_in_checkout": (COLLECT + ["--out", "."], "must end in .jsonl"),
+    "02_out_dir_named_jsonl": (COLLECT + ["--out", "{B}/dir.jsonl"], "is not an episode JSONL"),
+    "02_out_json_collides_with_summary": (COLLECT + ["--out", "{B}/x.json"], "must end in .jsonl"),
+    "02_out_other_stage_jsonl": (COLLECT + ["--out", ADV], "is not an episode JSONL"),
+    "02_summary_would_replace_config": (COLLECT + ["--out", POLICY + "/config.jsonl"], "config.json exists"),
+    "03_out_policy": (CRITIC_ + ["--out", "{R}/data/../policy_0"], "is (or holds) an input"),
+    "03_out_other_policy": (CRITIC_ + ["--out", "{B}/truncated"], "is not a critic directory"),
+    "04_out_iter_dir": (GAE + ["--out", "{R}/iter_1"], "is (or holds) an input"),
+    "04_out_json": (GAE + ["--out", "{R}/iter_1/adv.json"], "must end in .jsonl"),
+    "04_out_is_its_input": (GAE + ["--out", EXPERT], "is (or holds) an input"),
+    "04_out_expert_data": (["04_gae", "--data", ADV, "--critic", CRITIC, "--out", EXPERT], "is not a JSONL with advantages"),
+    "05_out_checkout": (BPPO + ["--out", "{G}"], "is not a policy directory"),
+    "05_out_is_policy": (BPPO + ["--out", POLICY], "is (or holds) an input"),
+    "01_metrics_into_weights": (BC + ["--out", "{T}/new", "--metrics", POLICY + "/model.safetensors"], "not a metrics JSONL"),
+    "01_metrics_into_data": (BC + ["--out", "{T}/new", "--metrics", EXPERT], "is (or holds) an input"),
+    "01_out_parent_is_a_file": (BC + ["--out", EXPERT + "/policy"], "not a writable directory"),
+    "01_out_unwritable": (BC + ["--out", "/proc/qevolve/policy"], "not a writable directory"),
+    # -- numeric flags, before any work
+    "01_epochs_0": (BC + ["--out", "{T}/new", "--epochs", "0"], "--epochs must be at least 1"),
+    "01_epochs_-1_over_existing": (BC + ["--out", POLICY, "--epochs", "-1"], "--epochs must be at least 1"),
+    "01_batch_size_-1": (BC + ["--out", "{T}/new", "--batch-size", "-1"], "--batch-size must be at least 1"),
+    "01_lr_nan": (BC + ["--out", "{T}/new", "--lr", "nan"], "--lr must be positive"),
+    "01_val_frac_1": (BC + ["--out", "{T}/new", "--val-frac", "1"], "--val-frac must be in (0, 1)"),
+    "01_heads_do_not_divide": (BC + ["--out", "{T}/new", "--d-model", "30", "--n-heads", "4"], "multiple of --n-heads"),
+    "02_episodes_-1": (COLLECT + ["--out", "{T}/x.jsonl", "--episodes", "-1"], "--episodes must be non-negative"),
+    "02_num_envs_0": (COLLECT + ["--out", "{T}/x.jsonl", "--num-envs", "0"], "--num-envs must be at least 1"),
+    "02_temperature_0": (COLLECT + ["--out", "{T}/x.jsonl", "--temperature", "0"], "--temperature must be positive"),
+    "02_max_new_tokens_0": (COLLECT + ["--out", "{T}/x.jsonl", "--max-new-tokens", "0"], "--max-new-tokens must be"),
+    "03_epochs_0": (CRITIC_ + ["--out", "{T}/c", "--epochs", "0"], "--epochs must be at least 1"),
+    "03_tau_1.5": (CRITIC_ + ["--out", "{T}/c", "--tau", "1.5"], "--tau must be in (0, 1)"),
+    "03_gamma_2": (CRITIC_ + ["--out", "{T}/c", "--gamma", "2"], "--gamma must be in [0, 1]"),
+    "04_batch_size_-1": (GAE + ["--out", "{T}/a.jsonl", "--batch-size", "-1"], "--batch-size must be at least 1"),
+    "04_lam_1.5": (GAE + ["--out", "{T}/a.jsonl", "--lam", "1.5"], "--lam must be in [0, 1]"),
+    "05_epochs_0": (BPPO + ["--out", "{T}/p", "--epochs", "0"], "--epochs must be at least 1"),
+    "05_eps_low_0": (BPPO + ["--out", "{T}/p", "--eps-low", "0"], "--eps-low must be in (0, 1]"),
+    "05_lr_inf": (BPPO + ["--out", "{T}/p", "--lr", "inf"], "--lr must be positive"),
+    # -- silently wrong artifacts
+    "05_ref_other_tokenizer": (BPPO[:-1] + ["{B}/other_tokenizer", "--out", "{T}/p"], "has another tokenizer"),
+    "02_critic_as_policy": (["02_collect", "--policy", CRITIC, "--out", "{T}/x.jsonl"], "is a critic directory"),
+    "03_critic_as_policy": (["03_critic", "--data", EXPERT, "--policy", CRITIC, "--out", "{T}/c"], "is a critic directory"),
+    # -- malformed buffers: one line naming file and line
+    **{f"01_buffer_{name}": (["01_bc", "--data", EXPERT, f"{{B}}/{name}.jsonl", "--out", "{T}/new"],
+                             f"{name}.jsonl:1: episode ") for name in BAD_BUFFERS if name != "adv_string"},
+    "03_buffer_no_steps": (["03_critic", "--data", "{B}/no_steps.jsonl", "--policy", POLICY, "--out", "{T}/c"],
+                           "no_steps.jsonl:1: episode has no steps"),
+    "04_buffer_no_steps": (["04_gae", "--data", "{B}/no_steps.jsonl", "--critic", CRITIC, "--out", "{T}/a.jsonl"],
+                           "no_steps.jsonl:1: episode has no steps"),
+    "04_buffer_nan": (["04_gae", "--data", "{B}/r_env_nan.jsonl", "--critic", CRITIC, "--out", "{T}/a.jsonl"],
+                      "r_env must be a finite number"),
+    "05_buffer_adv_string": (["05_bppo", "--data", "{B}/adv_string.jsonl", "--policy", POLICY, "--ref", POLICY,
+                              "--out", "{T}/p"], "adv must be a finite number"),
+    # -- environment keywords
+    "02_env_kwargs_unknown_key": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs", '{"max_stepz": 5}'],
+                                  "takes no keyword 'max_stepz'"),
+    "02_env_kwargs_wrong_type": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs", '{"max_steps": "5"}'],
+                                 "max_steps must be of type int"),
+    # -- broken model and critic directories
+    "02_policy_missing_dir": (["02_collect", "--policy", "{B}/expret", "--out", "{T}/x.jsonl"], "no such directory"),
+    "02_policy_truncated_weights": (["02_collect", "--policy", "{B}/truncated", "--out", "{T}/x.jsonl"],
+                                    "model.safetensors: truncated"),
+    "05_policy_empty_weights": (BPPO[:4] + ["{B}/empty_weights", "--ref", POLICY, "--out", "{T}/p"],
+                                "model.safetensors: truncated"),
+    "03_policy_no_tokenizer": (["03_critic", "--data", EXPERT, "--policy", "{B}/no_tokenizer", "--out", "{T}/c"],
+                               "no tokenizer_config.json"),
+    "02_policy_no_tokenizer_json": (["02_collect", "--policy", "{B}/no_tokenizer_json", "--out", "{T}/x.jsonl"], ""),
+    "01_model_broken_config": (BC + ["--model", "{B}/broken_config", "--out", "{T}/new"], "config.json: not a valid JSON"),
+    "05_ref_empty_config": (BPPO[:-1] + ["{B}/empty_config", "--out", "{T}/p"], "no model_type"),
+    "05_ref_truncated_weights": (BPPO[:-1] + ["{B}/truncated", "--out", "{T}/p"], "truncated"),
+    "04_critic_without_args": (["04_gae", "--data", EXPERT, "--critic", "{B}/critic_no_args", "--out", "{T}/a.jsonl"],
+                               "no args.json"),
+    "04_critic_args_without_gamma": (["04_gae", "--data", EXPERT, "--critic", "{B}/critic_no_gamma",
+                                      "--out", "{T}/a.jsonl"], "gamma must be a number"),
+    "04_critic_truncated_heads": (["04_gae", "--data", EXPERT, "--critic", "{B}/critic_truncated_heads",
+                                   "--out", "{T}/a.jsonl"], "heads.safetensors: truncated"),
+}
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES))
+def test_bad_input_is_one_line_exit_2_nothing_touched(probe, world, stages, capfd, monkeypatch):
+    argv, message = PROBES[probe]
+    name, *args = argv
+    monkeypatch.chdir(world / "G")  # a relative --out lands in the git checkout
+    for key in "TRBG":
+        args = [a.replace(f"{{{key}}}", str(world if key == "T" else world / key)) for a in args]
+    before = snapshot(world)
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        stages[name].main(args + ["--threads", "1"])
+    err = capfd.readouterr().err
+    lines = err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message in lines[0], lines[0]
+    after = snapshot(world)
+    assert after.keys() == before.keys(), set(after) ^ set(before)
+    assert all(after[k] == before[k] for k in before), [k for k in before if after[k] != before[k]]
+
+
+def test_as_a_user_sees_it(world):
+    """The same contract through a real process: exit 2, one line, no traceback."""
+    before = snapshot(world)
+    proc = run_stage("01_bc", "--data", world / "R/data/expert.jsonl", "--out", world / "R", check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert snapshot(world) == before
+
+
+def test_write_atomic_removes_leftovers_of_killed_stages(stages, tmp_path):
+    wa = stages["01_bc"].write_atomic
+    out = tmp_path / "policy"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    dead = 2 ** 22 + 17  # above the default pid_max of 2**22: no process has it
+    (tmp_path / f"policy.tmp{dead}").mkdir()
+    (tmp_path / f"policy.old{dead}").write_text("leftover")
+    (tmp_path / f"policy.tmp{os.getppid()}").write_text("a live process is writing this")
+    (tmp_path / f"policy.tmpx{dead}").write_text("not ours")
+
+    def write(tmp):
+        os.mkdir(tmp)
+        open(os.path.join(tmp, "new.txt"), "w").write("new")
+    wa(str(out), write)
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        sorted(["policy", f"policy.tmp{os.getppid()}", f"policy.tmpx{dead}"])
+    assert os.listdir(out) == ["new.txt"]
+
+
+def test_failed_write_keeps_the_old_artifact_and_leaves_no_temporary(stages, tmp_path, capsys):
+    """Disk full while writing: one error line, exit 2, the previous file as it was."""
+    out = tmp_path / "a.jsonl"
+    out.write_text("previous\n")
+
+    def write(tmp):
+        open(tmp, "w").write("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with pytest.raises(SystemExit) as exit_:
+        stages["04_gae"].write_atomic(str(out), write)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and "No space left on device" in err[0]
+    assert out.read_text() == "previous\n" and os.listdir(tmp_path) == ["a.jsonl"]
