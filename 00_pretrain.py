@@ -156,13 +156,111 @@ def die(msg):
     sys.exit(2)
 
 
+def check_flags(args, **rules):
+    """Numeric flags, checked before any work: each rule says what the flag must be."""
+    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
+             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
+    for name, rule in rules.items():
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and tests[rule](value)):
+            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
+
+
+ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
+             "critic": "a critic directory written by 03_critic.py",
+             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
+             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
+             "log": "a metrics JSONL"}
+
+
+def replaceable(path, kind):
+    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
+    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
+    A run directory, a checkout, '.' or another stage's output never is one."""
+    if kind in ("policy", "critic"):
+        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
+        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
+                and all(os.path.isfile(os.path.join(path, n)) for n in names))
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
+        obj = json.loads(text) if text.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(obj, dict) or not obj:
+        return obj == {}  # an empty file holds nothing to lose
+    if kind == "log":
+        return "stage" in obj
+    if path.endswith(".json"):
+        return obj.get("stage") == kind
+    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
+    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
+
+
+def check_out(path, kind, inputs=()):
+    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
+    never an input (or a directory holding one) nor anything else; its parent must be writable.
+    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
+    real = os.path.realpath(path)
+    for p in inputs:
+        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
+            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
+    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
+        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
+    for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
+        if os.path.lexists(p) and not replaceable(p, kind):
+            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:  # a real file, not os.access: that says yes to root on a read-only or special file system
+        probe = os.path.join(parent, f".write_test{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
+
+
+def stale(pid):
+    """Whether no process has this id any more (its temporary files are leftovers)."""
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove(path):
+    """Delete a file or a directory tree, if it is there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
 def write_atomic(path, write_fn):
     """Write a file or directory via a temporary sibling and one rename: a killed stage
-    leaves the previous state or nothing, never half an artifact."""
+    leaves the previous state or nothing, never half an artifact. The temporaries of a
+    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
     path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    for entry in os.listdir(parent):
+        pid = entry[len(name) + 4:]
+        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
+            remove(os.path.join(parent, entry))
     tmp = f"{path}.tmp{os.getpid()}"
-    write_fn(tmp)
+    try:
+        write_fn(tmp)
+    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
+        remove(tmp)
+        if isinstance(e, OSError):
+            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
+        raise
     if os.path.isdir(path) and not os.path.islink(path):
         old = f"{path}.old{os.getpid()}"
         os.rename(path, old)
@@ -172,12 +270,14 @@ def write_atomic(path, write_fn):
         os.replace(tmp, path)
 
 
-def log_metrics(path, record):
-    """Append one JSON object to <run>/metrics.jsonl (no-op without --metrics)."""
+def log_metrics(path, *records):
+    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
+    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            for record in records:
+                f.write(json.dumps(record) + "\n")
 
 
 def seed_everything(seed):
@@ -276,11 +376,14 @@ def lm_loss(logp, mask):
 
 def main(argv=None):
     args = parse_args(argv)
-    for name in ("episodes", "epochs", "batch_size", "d_model", "n_layers", "n_heads", "vocab_size", "max_len"):
-        if getattr(args, name) < 1:
-            die(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if not (0 <= args.p_random <= 1 and 0 <= args.qa <= 1 and args.lr > 0):
-        die("--p-random and --qa must lie in [0, 1] and --lr must be positive")
+    check_flags(args, episodes="at least 1", epochs="at least 1", batch_size="at least 1", d_model="at least 1",
+                n_layers="at least 1", n_heads="at least 1", vocab_size="at least 1", max_len="at least 1",
+                p_random="in [0, 1]", qa="in [0, 1]", lr="positive", warmup="in [0, 1]", grad_clip="positive")
+    if args.d_model % args.n_heads:
+        die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
+    check_out(args.out, "policy")
+    if args.metrics:
+        check_out(args.metrics, "log", [args.out])
     try:
         env_kwargs = json.loads(args.env_kwargs)
         assert isinstance(env_kwargs, dict)
@@ -292,7 +395,10 @@ def main(argv=None):
     seed_everything(args.seed)
     device, dtype = pick_device()
 
-    env = envs.make(args.env, seed=args.env_seed, **env_kwargs)
+    try:
+        env = envs.make(args.env, seed=args.env_seed, **env_kwargs)
+    except (ValueError, ImportError) as e:  # a keyword the env does not take, a missing package
+        die(" ".join(str(e).split()))
     if not hasattr(env, "admissible_actions"):
         die(f"env {args.env!r} has no admissible_actions(); the explorer needs it")
     rng = random.Random(args.seed)
