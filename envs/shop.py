@@ -616,15 +616,14 @@ class ShopEnv(TextEnv):
                 return "search", f"search[{self.expert_query()}]"
             return "search title", f"search[{self.target['title'].lower()}]"
         if self.page == "results":
-            fit = [i for i in self.results if self.fits(self.products[i])]
-            if not fit:
+            rank = next((r for r, i in enumerate(self.results) if self.fits(self.products[i])), None)
+            if rank is None:
                 return "back", "click[back to search]"
-            page_of_fit = self.results.index(fit[0]) // PAGE_SIZE + 1
-            if page_of_fit > self.page_no:
+            if rank // PAGE_SIZE + 1 > self.page_no:
                 return "next", "click[next >]"
-            if page_of_fit < self.page_no:
+            if rank // PAGE_SIZE + 1 < self.page_no:
                 return "prev", "click[< prev]"
-            return "open", f"click[{self.products[fit[0]]['asin'].lower()}]"
+            return "open", f"click[{self.products[self.results[rank]]['asin'].lower()}]"
         if self.page == "item":
             p = self.by_asin[self.asin]
             if not self.fits(p):
