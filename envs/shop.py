@@ -645,7 +645,7 @@ class ShopEnv(TextEnv):
         g = self._task
         opts = ", ".join(f"{k}: {v}" for k, v in g["options"].items())
         thoughts = {
-            "search": f"I search for {g['article']}{g['type']} that is {_join(g['attributes'])}.",
+            "search": f"I search for {g['article']}{g['type']} with the instruction's words.",
             "search title": "I search for the product by its title.",
             "next": "Nothing on this page fits; I check the next page.",
             "prev": "The product that fits is on the previous page.",
@@ -654,8 +654,7 @@ class ShopEnv(TextEnv):
         }
         if phase == "open":
             p = self.by_asin[action[6:-1].upper()]
-            thoughts["open"] = (f"{p['asin']} is {g['article']}{g['type']} at {_price_text(p)}, under "
-                                f"{g['price_upper']:.0f} dollars; I open it.")
+            thoughts["open"] = f"The {g['type']} at {_price_text(p)} fits, under {g['price_upper']:.0f} dollars; I open it."
         if phase == "options":
             thoughts["options"] = f"I select {opts}."
         return f"Thought: {thoughts[phase]}\nAction: {action}"
