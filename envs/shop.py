@@ -73,10 +73,11 @@ Splits. Two product types per category are held out (`UNSEEN_TYPES`, 10 of 50):
              distribution on new products, dev for model selection.
 The catalogue is the same for every split: any product can be found and bought.
 
-The expert searches the goal's attributes and type (the words a target's title shares with the
-instruction), opens the first result that would score 1.0 with the goal's options (the target
-or an equivalent product; next page if needed, the target's title if none of the 50 fits),
-clicks each goal option and buys. It writes ReAct text: a short `Thought:` where its plan
+The expert searches the distinctive words the target's title shares with the instruction (the
+goal's attributes that the title shows, and the type) and the goal's option values, opens the
+first result that would score 1.0 with the goal's options (the target or an equivalent
+product; next page if needed, the target's title if none of the 50 fits), clicks each goal
+option and buys. It writes ReAct text: a short `Thought:` where its plan
 changes, a bare `Action:` elsewhere. `admissible_actions()` lists the valid actions of the
 page; `random_action(rng)` draws one of them (a baseline).
 """
