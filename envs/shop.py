@@ -533,7 +533,7 @@ class ShopEnv(TextEnv):
         self.target = self.by_asin[self._task["asin"]]
         self.page, self.page_no, self.results, self.asin, self.chosen = "search", 1, [], None, {}
         self.queries, self._fits = [], {}
-        self.reward, self.t, self.done = 0.0, 0, False
+        self.reward, self.reward_info, self.t, self.done = 0.0, None, 0, False
         self._last_phase = None
         obs = self._render()[0]
         return obs, {"task": self._task["task"], "task_type": self._task["type"], "task_id": task_id}
