@@ -664,6 +664,7 @@ def run_episodes(make_env, task_ids, policy, args, aux, reranker=None):
     slots = [make_env() for _ in range(n_slots)]
     queue = list(reversed(task_ids))  # queue.pop() hands out the tasks in order
     live, last_obs = {}, {}           # slot -> its episode so far / its last observation
+    won = {}                          # slot -> info["won"] of its last environment step
     finished, env_steps, too_long = [], 0, 0
     bar = tqdm(total=len(task_ids), desc=f"02_collect {args.split}", unit="ep")
 
@@ -704,7 +705,8 @@ def run_episodes(make_env, task_ids, policy, args, aux, reranker=None):
             if action is None:  # format error: the environment is not stepped
                 obs, r_env, terminated, truncated, invalid = FORMAT_ERROR_OBS, 0.0, False, False, False
             else:
-                obs, r_env, terminated, truncated, _ = env.step(action)
+                obs, r_env, terminated, truncated, info = env.step(action)
+                won[i] = info.get("won", True)  # graded rewards (shop): success is reward 1.0, not > 0
                 invalid = env.is_invalid(obs)
                 env_steps += 1
             label = retro_label(action, last_obs[i], obs, invalid)
@@ -721,7 +723,7 @@ def run_episodes(make_env, task_ids, policy, args, aux, reranker=None):
             if not ep["steps"]:  # not even the first prompt fit: nothing to record
                 continue
             ep["reward"] = float(sum(s["r_env"] for s in ep["steps"]))
-            ep["success"] = bool(ep["steps"][-1]["done"] and ep["reward"] > 0)
+            ep["success"] = bool(ep["steps"][-1]["done"] and ep["reward"] > 0 and won[i])
             ep["truncated"] = not ep["steps"][-1]["done"]
             finished.append(ep)
             bar.update(1)

@@ -1,7 +1,9 @@
-"""Measure the household environment: raw steps per second, and expert / random-command
-success on every split. A measurement, not a test.
+"""Measure an embedded environment (household or shop): raw steps per second, and expert /
+random-command success on every split; for shop, whose reward is graded, also the average
+reward. A measurement, not a test.
 
     python bench/env_speed.py [--seed 0] [--env-kwargs '{"expert": "privileged"}']
+    python bench/env_speed.py --env shop
 """
 import argparse
 import json
@@ -15,36 +17,50 @@ import envs  # noqa: E402
 
 
 def run(env, policy, task_ids, rng):
-    wins = steps = 0
+    wins = steps = total = 0
     t0 = time.perf_counter()
     for tid in task_ids:
         env.reset(tid)
         done = False
         while not done:
             action = env.expert_action() if policy == "expert" else env.random_action(rng)
-            _, _, terminated, truncated, _ = env.step(action)
+            _, reward, terminated, truncated, info = env.step(action)
             steps += 1
+            total += reward
             done = terminated or truncated
-        wins += terminated
-    return wins / len(task_ids), steps, time.perf_counter() - t0
+        wins += info["won"]
+    return wins / len(task_ids), steps, time.perf_counter() - t0, total / len(task_ids)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="world seed and random-policy seed")
-    p.add_argument("--env-kwargs", default="{}", help="JSON dict of household keyword arguments (as in 02_collect.py)")
+    p.add_argument("--env", default="household", choices=["household", "shop"], help="the embedded environment")
+    p.add_argument("--env-kwargs", default="{}", help="JSON dict of the env's keyword arguments (as in 02_collect.py)")
     args = p.parse_args()
-    env = envs.make("household", seed=args.seed, **json.loads(args.env_kwargs))
+    env = envs.make(args.env, seed=args.seed, **json.loads(args.env_kwargs))
     rng = random.Random(args.seed)
-    print(f"household (seed {args.seed}): n_receptacles {env.n_receptacles}, n_distractors {env.n_distractors}, "
-          f"max_steps {env.max_steps}, expert {env.expert!r}, expert_slip {env.expert_slip}")
-    print("| split | tasks | expert success | expert avg steps | random success | random steps/s |")
-    print("|---|---|---|---|---|---|")
-    for split in ("train", "seen", "unseen"):
+    graded = args.env == "shop"
+    if graded:
+        print(f"shop (seed {args.seed}): {len(env.products)} products, max_steps {env.max_steps}")
+        print("| split | tasks | expert success | expert avg reward | expert avg steps | random success "
+              "| random avg reward | random steps/s |")
+        print("|---|---|---|---|---|---|---|---|")
+    else:
+        print(f"household (seed {args.seed}): n_receptacles {env.n_receptacles}, n_distractors {env.n_distractors}, "
+              f"max_steps {env.max_steps}, expert {env.expert!r}, expert_slip {env.expert_slip}")
+        print("| split | tasks | expert success | expert avg steps | random success | random steps/s |")
+        print("|---|---|---|---|---|---|")
+    for split in env.splits:
         ids = env.task_ids(split)
-        e_succ, e_steps, _ = run(env, "expert", ids, rng)
-        r_succ, r_steps, r_time = run(env, "random", ids, rng)
-        print(f"| {split} | {len(ids)} | {e_succ:.1%} | {e_steps / len(ids):.2f} | {r_succ:.1%} | {r_steps / r_time:,.0f} |")
+        e_succ, e_steps, _, e_rew = run(env, "expert", ids, rng)
+        r_succ, r_steps, r_time, r_rew = run(env, "random", ids, rng)
+        if graded:
+            print(f"| {split} | {len(ids)} | {e_succ:.1%} | {e_rew:.3f} | {e_steps / len(ids):.2f} | {r_succ:.1%} "
+                  f"| {r_rew:.3f} | {r_steps / r_time:,.0f} |")
+        else:
+            print(f"| {split} | {len(ids)} | {e_succ:.1%} | {e_steps / len(ids):.2f} | {r_succ:.1%} "
+                  f"| {r_steps / r_time:,.0f} |")
     # Raw stepping speed without the expert's planning: replay fixed command lists.
     ids = env.task_ids("train")[:200]
     plans = []
