@@ -96,23 +96,29 @@ def kind(name):
 
 def reading_question(env, task_obj, seen, rng):
     """A question about what the agent has read so far, and its answer. `seen` maps each
-    object the transcript has shown to the receptacle where it was last seen."""
+    object the transcript has shown to the receptacle where it was last seen (None: in hand).
+    The most common one joins two things read far apart - the task's object (in the first
+    turn) and the latest listing - which is the decision a household agent makes most."""
     here = [o for o, r in seen.items() if r == env.location]
     kinds = sorted({kind(o) for o in seen} | {task_obj})
+    listing = env.location is not None and env._visible(env.location)
     choice = rng.random()
-    if env.location is not None and env._visible(env.location) and choice < 0.5:
-        asked = task_obj if rng.random() < 0.5 else rng.choice(kinds)
+    if listing and choice < 0.5:
+        if choice < 0.35:
+            q, asked = "Question: is the object the task names here?", task_obj
+        else:
+            asked = rng.choice(kinds)
+            q = f"Question: is there a {asked} here?"
         found = [o for o in here if kind(o) == asked]
-        answer = f"Yes: {', '.join(found)}." if found else f"No, there is no {asked} here."
-        return f"Question: is there a {asked} here?", f"Answer: {answer}"
-    if env.location is not None and env._visible(env.location) and choice < 0.65:
+        return q, f"Answer: {'Yes: ' + ', '.join(found) if found else f'No, there is no {asked} here'}."
+    if listing and choice < 0.6:
         return "Question: what is here?", f"Answer: {', '.join(here) if here else 'nothing'}."
-    if choice < 0.85:
+    if choice < 0.8:
         asked = task_obj if rng.random() < 0.5 else rng.choice(kinds)
         where = [f"{o} in {r}" for o, r in seen.items() if kind(o) == asked and r is not None]
         answer = f"{'; '.join(where)}." if where else f"I have not seen a {asked} yet."
         return f"Question: where have you seen a {asked}?", f"Answer: {answer}"
-    if choice < 0.93:
+    if choice < 0.85:
         return "Question: what are you carrying?", f"Answer: {env.holding or 'nothing'}."
     return "Question: which object does the task name?", f"Answer: {task_obj}."
 
