@@ -144,6 +144,7 @@ def worker(a):
             out["tokens"], out["wall_s"], out["cpu_s"] = timed_steps(1, a.steps, batches, step)
         out["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
         out["tokens_per_episode"] = sum(len(x["input_ids"]) for x in data) / len(data)
+        out["reply_tokens_per_episode"] = sum(sum(t >= 0 for t in x["action_step"]) for x in data) / len(data)
     out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     print("RESULT " + json.dumps(out))
 
@@ -162,6 +163,23 @@ def run_worker(**kw):
     return json.loads(lines[-1][7:])
 
 
+def chain_minutes(res, demos, bc_epochs, n_self, n_eval, critic_epochs, val_frac=0.05):
+    """Minutes per stage of one run_all.sh iteration (K=1) at the measured one-thread rates.
+    A trajectory (expert or self) is taken to be as long as the expert demos, and a policy to
+    write as many reply tokens per episode as the expert (a BC policy that works)."""
+    L, A = res["bc"]["tokens_per_episode"], res["bc"]["reply_tokens_per_episode"]
+    rate = {k: r["tokens"] / r["wall_s"] for k, r in res.items()}
+    buffer = demos + n_self
+    sec = {
+        "01 BC (+ validation)": demos * bc_epochs * L * ((1 - val_frac) / rate["bc"] + val_frac / rate["gae"]),
+        "02 collection (self + 4 evaluations)": (n_self + 4 * n_eval) * A / rate["collect"],
+        "03 critic (+ diagnostics pass)": buffer * L * (critic_epochs / rate["critic"] + 1 / rate["gae"]),
+        "04 GAE": buffer * L / rate["gae"],
+        "05 BPPO (1 epoch)": buffer * L / rate["bppo"],
+    }
+    return {k: v / 60 for k, v in sec.items()}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smollm2", default="models/smollm2-135m", help="directory written by python -m models.smollm2")
@@ -173,6 +191,9 @@ def main():
     p.add_argument("--demos", type=int, default=16, help="expert demonstrations to train on")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results/model_throughput.md"), help="markdown output")
+    p.add_argument("--budget", default="100,2,40,20,1",
+                   help="the reduced chain to estimate: demos, BC epochs, self episodes, eval tasks per split, "
+                        "critic epochs (the default chain, 600,16,300,100,3, is estimated too)")
     # the worker's arguments
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stage", help=argparse.SUPPRESS)
@@ -187,7 +208,7 @@ def main():
     models = a.models.split(",")
     if "smollm2" in models and not os.path.isfile(os.path.join(a.smollm2, "config.json")):
         raise SystemExit(f"error: {a.smollm2} is not a model directory; run python -m models.smollm2 --out {a.smollm2}")
-    rows, tmp = [], tempfile.mkdtemp(prefix="model_throughput_")
+    rows, results, tmp = [], {}, tempfile.mkdtemp(prefix="model_throughput_")
     expert = os.path.join(tmp, "expert.jsonl")
     subprocess.run([sys.executable, "02_collect.py", "--policy", "expert", "--split", "train", "--episodes",
                     str(a.demos), "--out", expert], cwd=ROOT, check=True, capture_output=True)
@@ -204,6 +225,7 @@ def main():
                                     max_steps=a.max_steps, out=self_eps, **common)
         for stage in ("critic", "gae", "bppo"):
             res[stage] = run_worker(stage=stage, model=policy, data=[expert, self_eps], **common)
+        results[name] = res
         for stage in STAGES:
             r = res[stage]
             rows.append((name, res["bc"]["params_m"], NAMES[stage], r["shape"], r["tokens"], r["tokens"] / r["wall_s"],
@@ -223,6 +245,34 @@ def main():
               "the generated tokens (the prefill of prompts and observations is in the time). Expert demos average "
               + ", ".join(f"{n} {next(r[8] for r in rows if r[0] == n):.0f}" for n in models)
               + " tokens per trajectory (mixed with the model's own episodes for 03-05)."]
+    budgets = {"default (600 demos, 16 BC epochs, 300 self, 100 eval tasks per split, 3 critic epochs)":
+               (600, 16, 300, 100, 3)}
+    b = tuple(int(x) for x in a.budget.split(","))
+    budgets[f"reduced ({b[0]} demos, {b[1]} BC epochs, {b[2]} self, {b[3]} eval tasks per split, {b[4]} critic "
+            "epoch(s))"] = b
+    lines += ["", "## What a chain would cost at these rates (one iteration, K=1, one thread)", "",
+              "Estimated from the rates above (`chain_minutes`): every trajectory as long as an expert demo, "
+              "replies as long as the expert's (a working BC policy), collection at the measured "
+              "generated-tokens rate. Minutes:", ""]
+    for label, budget in budgets.items():
+        est = {n: chain_minutes(results[n], *budget) for n in models}
+        lines += [f"**{label}**", "", "| stage | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
+        for stage in next(iter(est.values())):
+            lines.append(f"| {stage} | " + " | ".join(f"{est[n][stage]:,.1f}" for n in models) + " |")
+        lines += ["| **total** | " + " | ".join(f"**{sum(est[n].values()):,.0f}**" for n in models) + " |", ""]
+    lines += ["Check against a measured run: for the tiny model, the default chain is estimated at "
+              + (f"{sum(chain_minutes(results['tiny'], 600, 16, 300, 100, 3).values()):.0f} min"
+                 if "tiny" in results else "(tiny not measured)")
+              + "; `bash run_all.sh` took 14.6 min alone on 2 quiet cores (2 threads, the stages' own batch "
+              "sizes; README). The estimate leaves out loading the model in every stage (seconds) and "
+              "the expert demos. Collection here ran policies after 3 BC steps, whose replies run to "
+              "`--max-new-tokens`; a trained policy's shorter replies make the prefill a larger share, "
+              "so expect fewer generated tokens/s from it.", ""]
+    with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
+        keep = ("smollm2", "models", "steps", "batch_size", "episodes", "max_steps", "demos", "threads", "budget")
+        json.dump({"args": {k: getattr(a, k) for k in keep}, "results": results}, f,
+                  indent=1)
+        f.write("\n")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
