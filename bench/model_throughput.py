@@ -180,6 +180,35 @@ def chain_minutes(res, demos, bc_epochs, n_self, n_eval, critic_epochs, val_frac
     return {k: v / 60 for k, v in sec.items()}
 
 
+def measure(a, models, tmp):
+    """Every stage of every model, each in its own process; -> table rows, raw results."""
+    rows, results = [], {}
+    expert = os.path.join(tmp, "expert.jsonl")
+    subprocess.run([sys.executable, "02_collect.py", "--policy", "expert", "--split", "train", "--episodes",
+                    str(a.demos), "--out", expert], cwd=ROOT, check=True, capture_output=True)
+    common = dict(steps=a.steps, batch_size=a.batch_size, threads=a.threads)
+    for name in models:
+        d = os.path.join(tmp, name)
+        policy = os.path.join(d, "policy")
+        res = {}
+        # tiny: BC from scratch, then its policy for the rest; smollm2: fine-tuned from the converted model
+        res["bc"] = run_worker(stage="bc", model="tiny" if name == "tiny" else a.smollm2, data=[expert],
+                               save=policy, **common)
+        self_eps = os.path.join(d, "self.jsonl")
+        res["collect"] = run_worker(stage="collect", model=policy, data=[expert], episodes=a.episodes,
+                                    max_steps=a.max_steps, out=self_eps, **common)
+        for stage in ("critic", "gae", "bppo"):
+            res[stage] = run_worker(stage=stage, model=policy, data=[expert, self_eps], **common)
+        results[name] = res
+        for stage in STAGES:
+            r = res[stage]
+            rows.append((name, res["bc"]["params_m"], NAMES[stage], r["shape"], r["tokens"], r["tokens"] / r["wall_s"],
+                         r["tokens"] / r["cpu_s"], r["peak_rss_gb"], res["bc"]["tokens_per_episode"]))
+            print(f"{name:8s} {NAMES[stage]:18s} {rows[-1][5]:8.1f} tokens/s wall, {rows[-1][6]:8.1f} per CPU s, "
+                  f"peak {r['peak_rss_gb']:.2f} GiB ({r['shape']})", flush=True)
+    return rows, results
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smollm2", default="models/smollm2-135m", help="directory written by python -m models.smollm2")
@@ -208,30 +237,8 @@ def main():
     models = a.models.split(",")
     if "smollm2" in models and not os.path.isfile(os.path.join(a.smollm2, "config.json")):
         raise SystemExit(f"error: {a.smollm2} is not a model directory; run python -m models.smollm2 --out {a.smollm2}")
-    rows, results, tmp = [], {}, tempfile.mkdtemp(prefix="model_throughput_")
-    expert = os.path.join(tmp, "expert.jsonl")
-    subprocess.run([sys.executable, "02_collect.py", "--policy", "expert", "--split", "train", "--episodes",
-                    str(a.demos), "--out", expert], cwd=ROOT, check=True, capture_output=True)
-    common = dict(steps=a.steps, batch_size=a.batch_size, threads=a.threads)
-    for name in models:
-        d = os.path.join(tmp, name)
-        policy = os.path.join(d, "policy")
-        res = {}
-        # tiny: BC from scratch, then its policy for the rest; smollm2: fine-tuned from the converted model
-        res["bc"] = run_worker(stage="bc", model="tiny" if name == "tiny" else a.smollm2, data=[expert],
-                               save=policy, **common)
-        self_eps = os.path.join(d, "self.jsonl")
-        res["collect"] = run_worker(stage="collect", model=policy, data=[expert], episodes=a.episodes,
-                                    max_steps=a.max_steps, out=self_eps, **common)
-        for stage in ("critic", "gae", "bppo"):
-            res[stage] = run_worker(stage=stage, model=policy, data=[expert, self_eps], **common)
-        results[name] = res
-        for stage in STAGES:
-            r = res[stage]
-            rows.append((name, res["bc"]["params_m"], NAMES[stage], r["shape"], r["tokens"], r["tokens"] / r["wall_s"],
-                         r["tokens"] / r["cpu_s"], r["peak_rss_gb"], res["bc"]["tokens_per_episode"]))
-            print(f"{name:8s} {NAMES[stage]:18s} {rows[-1][5]:8.1f} tokens/s wall, {rows[-1][6]:8.1f} per CPU s, "
-                  f"peak {r['peak_rss_gb']:.2f} GiB ({r['shape']})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="model_throughput_") as tmp:
+        rows, results = measure(a, models, tmp)
 
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {os.cpu_count()} CPU cores (shared) by "
              f"`python bench/model_throughput.py --threads {a.threads} --steps {a.steps} --batch-size {a.batch_size} "
