@@ -1,0 +1,290 @@
+"""Per-stage throughput of a policy model on this machine: tokens/s and peak memory of the work each
+stage repeats - a BC optimizer step (01), collection (02: generated tokens/s, prefill included),
+a critic step (03), the critic's forward pass (04) and a BPPO step (05: the pi_old and pi_ref
+forward passes and the policy's forward + backward) - for the default tiny model and for
+SmolLM2-135M-Instruct (models/smollm2.py). A measurement, not a test.
+
+Each (model, stage) runs in its own process with the stage file's own functions on the same
+expert demonstrations (and, after collection, the model's own episodes), a warm-up step first,
+then --steps timed ones. Tokens are the real (unpadded) tokens of a batch. Peak memory is the
+process's largest resident set (model, optimizer state and activations). Wall time depends on
+the other load of a shared CPU; CPU seconds less so, and both are reported. At the end, an
+estimate of a whole chain at a given budget from the measured rates and the measured tokens
+per episode.
+
+    python -m models.smollm2 --out models/smollm2-135m        # once
+    python bench/model_throughput.py --smollm2 models/smollm2-135m --threads 1
+"""
+import argparse
+import copy
+import importlib.util
+import json
+import os
+import platform
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the stages import envs
+STAGES = ["bc", "collect", "critic", "gae", "bppo"]
+NAMES = {"bc": "01 BC step", "collect": "02 collection", "critic": "03 critic step", "gae": "04 critic forward",
+         "bppo": "05 BPPO step"}
+
+
+def load_stage(name):
+    spec = importlib.util.spec_from_file_location(f"stage_{name}", os.path.join(ROOT, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed_steps(n_warm, n_steps, batches, step_fn):
+    """Run step_fn on batches (warm-up first); -> tokens, wall s and CPU s of the timed ones."""
+    tokens, wall, cpu = 0, 0.0, 0.0
+    for i, b in enumerate(batches[:n_warm + n_steps]):
+        t0, c0 = time.time(), time.process_time()
+        step_fn(b)
+        if i >= n_warm:
+            wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0
+            tokens += int(b["attention_mask"].sum())
+    return tokens, wall, cpu
+
+
+def worker(a):
+    """One stage with one model, in this process; prints one JSON line."""
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    s = {n: load_stage(n) for n in ("01_bc", "02_collect", "03_critic", "05_bppo")}
+    bc, cr, pp = s["01_bc"], s["03_critic"], s["05_bppo"]
+    episodes = bc.read_episodes(a.data)
+    out = {}
+
+    if a.stage == "collect":
+        argv = ["--policy", a.model, "--split", "train", "--episodes", str(a.episodes), "--num-envs", str(a.episodes),
+                "--env-kwargs", json.dumps({"max_steps": a.max_steps}), "--seed", "1", "--threads", str(a.threads),
+                "--out", a.out]
+        s["02_collect"].main(argv)
+        summ = json.load(open(os.path.splitext(a.out)[0] + ".json"))
+        out = {"tokens": summ["generated_tokens"], "wall_s": summ["wall_s"], "cpu_s": summ["cpu_s"],
+               "shape": f"{a.episodes} episodes in lockstep, {sum(summ['labels'].values())} replies"}
+    else:
+        if a.model == "tiny":  # 01's default tiny model, exactly as `01_bc.py --model tiny` builds it
+            tokenizer = bc.train_tiny_tokenizer(episodes, 1024)
+            model = bc.build_tiny_model(tokenizer, bc.parse_args(["--data", "x", "--out", "x"]))
+        else:
+            tokenizer = bc.load_tokenizer(a.model)
+            model = AutoModelForCausalLM.from_pretrained(a.model, local_files_only=True, dtype=torch.float32)
+        pairs = bc.tokenize_all(tokenizer, episodes, model.config.max_position_embeddings)
+        random.Random(0).shuffle(pairs)
+        need = (1 + a.steps) * a.batch_size
+        pairs = (pairs * need)[:need]
+        data = [x for _, x in pairs]
+        batches = [bc.collate(data[i:i + a.batch_size], tokenizer.pad_token_id) for i in range(0, need, a.batch_size)]
+        ep_batches = [[ep for ep, _ in pairs[i:i + a.batch_size]] for i in range(0, need, a.batch_size)]
+        out["shape"] = f"batch {a.batch_size} x {sum(len(x['input_ids']) for x in data) / len(data):.0f} tokens"
+
+        if a.stage == "bc":
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+            def step(b):
+                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                loss = bc.bc_loss(bc.token_logprobs(logits, b["input_ids"]), (b["action_step"] >= 0).float())
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            out["tokens"], out["wall_s"], out["cpu_s"] = timed_steps(1, a.steps, batches, step)
+            if a.save:
+                model.save_pretrained(a.save)
+                tokenizer.save_pretrained(a.save)
+        elif a.stage in ("critic", "gae"):
+            critic = cr.Critic(AutoModel.from_pretrained(a.model, local_files_only=True, dtype=torch.float32))
+            target = copy.deepcopy(critic.q_head).requires_grad_(False)
+            opt = torch.optim.AdamW(critic.parameters(), lr=1e-5)
+            by_id = {id(b): e for b, e in zip(batches, ep_batches)}
+
+            def step(b):
+                e = by_id[id(b)]
+                if a.stage == "gae":
+                    with torch.no_grad():
+                        critic(b)
+                    return
+                lv, lq, _, _ = cr.iql_losses(critic, target, b, cr.trajectory_tensors(e, "cpu"),
+                                             cr.batch_weights(e, False, "cpu"), 0.7, 0.95, True)
+                opt.zero_grad(set_to_none=True)
+                (lv + lq).backward()
+                opt.step()
+            out["tokens"], out["wall_s"], out["cpu_s"] = timed_steps(1, a.steps, batches, step)
+        elif a.stage == "bppo":
+            ref = AutoModelForCausalLM.from_pretrained(a.model, local_files_only=True, dtype=torch.float32).eval()
+            ref.requires_grad_(False)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+            def step(b):
+                adv = torch.randn(b["input_ids"].shape) * (b["action_step"] >= 0)
+                mask = (b["action_step"] >= 0).float()
+                with torch.no_grad():  # 05 computes log pi_old once per trajectory before training
+                    model.eval()
+                    old = pp.token_logprobs(model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits,
+                                            b["input_ids"])
+                    model.train()
+                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                loss = pp.bppo_loss(pp.token_logprobs(logits, b["input_ids"]), old, adv, mask, 0.4, 0.2)
+                with torch.no_grad():
+                    ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                loss = loss + 0.05 * pp.kl_to_ref(logits, ref_logits, mask)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            out["tokens"], out["wall_s"], out["cpu_s"] = timed_steps(1, a.steps, batches, step)
+        out["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
+        out["tokens_per_episode"] = sum(len(x["input_ids"]) for x in data) / len(data)
+        out["reply_tokens_per_episode"] = sum(sum(t >= 0 for t in x["action_step"]) for x in data) / len(data)
+    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    print("RESULT " + json.dumps(out))
+
+
+def run_worker(**kw):
+    argv = [sys.executable, os.path.abspath(__file__), "--worker"]
+    for k, v in kw.items():
+        if v is None:
+            continue
+        argv += [f"--{k.replace('_', '-')}"] + ([str(x) for x in v] if isinstance(v, list) else [str(v)])
+    env = {**os.environ, "OMP_NUM_THREADS": str(kw["threads"])}
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"{kw['stage']} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][7:])
+
+
+def chain_minutes(res, demos, bc_epochs, n_self, n_eval, critic_epochs, val_frac=0.05):
+    """Minutes per stage of one run_all.sh iteration (K=1) at the measured one-thread rates.
+    A trajectory (expert or self) is taken to be as long as the expert demos, and a policy to
+    write as many reply tokens per episode as the expert (a BC policy that works)."""
+    L, A = res["bc"]["tokens_per_episode"], res["bc"]["reply_tokens_per_episode"]
+    rate = {k: r["tokens"] / r["wall_s"] for k, r in res.items()}
+    buffer = demos + n_self
+    sec = {
+        "01 BC (+ validation)": demos * bc_epochs * L * ((1 - val_frac) / rate["bc"] + val_frac / rate["gae"]),
+        "02 collection (self + 4 evaluations)": (n_self + 4 * n_eval) * A / rate["collect"],
+        "03 critic (+ diagnostics pass)": buffer * L * (critic_epochs / rate["critic"] + 1 / rate["gae"]),
+        "04 GAE": buffer * L / rate["gae"],
+        "05 BPPO (1 epoch)": buffer * L / rate["bppo"],
+    }
+    return {k: v / 60 for k, v in sec.items()}
+
+
+def measure(a, models, tmp):
+    """Every stage of every model, each in its own process; -> table rows, raw results."""
+    rows, results = [], {}
+    expert = os.path.join(tmp, "expert.jsonl")
+    subprocess.run([sys.executable, "02_collect.py", "--policy", "expert", "--split", "train", "--episodes",
+                    str(a.demos), "--out", expert], cwd=ROOT, check=True, capture_output=True)
+    common = dict(steps=a.steps, batch_size=a.batch_size, threads=a.threads)
+    for name in models:
+        d = os.path.join(tmp, name)
+        policy = os.path.join(d, "policy")
+        res = {}
+        # tiny: BC from scratch, then its policy for the rest; smollm2: fine-tuned from the converted model
+        res["bc"] = run_worker(stage="bc", model="tiny" if name == "tiny" else a.smollm2, data=[expert],
+                               save=policy, **common)
+        self_eps = os.path.join(d, "self.jsonl")
+        res["collect"] = run_worker(stage="collect", model=policy, data=[expert], episodes=a.episodes,
+                                    max_steps=a.max_steps, out=self_eps, **common)
+        for stage in ("critic", "gae", "bppo"):
+            res[stage] = run_worker(stage=stage, model=policy, data=[expert, self_eps], **common)
+        results[name] = res
+        for stage in STAGES:
+            r = res[stage]
+            rows.append((name, res["bc"]["params_m"], NAMES[stage], r["shape"], r["tokens"], r["tokens"] / r["wall_s"],
+                         r["tokens"] / r["cpu_s"], r["peak_rss_gb"], res["bc"]["tokens_per_episode"]))
+            print(f"{name:8s} {NAMES[stage]:18s} {rows[-1][5]:8.1f} tokens/s wall, {rows[-1][6]:8.1f} per CPU s, "
+                  f"peak {r['peak_rss_gb']:.2f} GiB ({r['shape']})", flush=True)
+    return rows, results
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smollm2", default="models/smollm2-135m", help="directory written by python -m models.smollm2")
+    p.add_argument("--models", default="tiny,smollm2", help="which models to measure, comma-separated")
+    p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per training stage (after 1 warm-up)")
+    p.add_argument("--batch-size", type=int, default=2, help="trajectories per step")
+    p.add_argument("--episodes", type=int, default=8, help="collection: episodes, all in lockstep")
+    p.add_argument("--max-steps", type=int, default=5, help="collection: environment step limit of an episode")
+    p.add_argument("--demos", type=int, default=16, help="expert demonstrations to train on")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench/results/model_throughput.md"), help="markdown output")
+    p.add_argument("--budget", default="100,2,40,20,1",
+                   help="the reduced chain to estimate: demos, BC epochs, self episodes, eval tasks per split, "
+                        "critic epochs (the default chain, 600,16,300,100,3, is estimated too)")
+    # the worker's arguments
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--stage", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--data", nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--save", default="", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        a.out = a.out if a.stage == "collect" else ""
+        return worker(a)
+
+    models = a.models.split(",")
+    if "smollm2" in models and not os.path.isfile(os.path.join(a.smollm2, "config.json")):
+        raise SystemExit(f"error: {a.smollm2} is not a model directory; run python -m models.smollm2 --out {a.smollm2}")
+    with tempfile.TemporaryDirectory(prefix="model_throughput_") as tmp:
+        rows, results = measure(a, models, tmp)
+
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {os.cpu_count()} CPU cores (shared) by "
+             f"`python bench/model_throughput.py --threads {a.threads} --steps {a.steps} --batch-size {a.batch_size} "
+             f"--episodes {a.episodes} --max-steps {a.max_steps}`; torch threads {a.threads}, fp32.",
+             "",
+             "| model | params | stage | shape | tokens timed | tokens/s (wall) | tokens per CPU s | peak RSS |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, params, stage, shape, tokens, wall, cpu, rss, _ in rows:
+        lines.append(f"| {name} | {params:.1f}M | {stage} | {shape} | {tokens} | {wall:,.0f} | {cpu:,.0f} | {rss:.1f} GiB |")
+    lines += ["", "Tokens: real tokens of the trajectories a step trains on (01, 03, 05) or reads (04); for 02, "
+              "the generated tokens (the prefill of prompts and observations is in the time). Expert demos average "
+              + ", ".join(f"{n} {next(r[8] for r in rows if r[0] == n):.0f}" for n in models)
+              + " tokens per trajectory (mixed with the model's own episodes for 03-05)."]
+    budgets = {"default (600 demos, 16 BC epochs, 300 self, 100 eval tasks per split, 3 critic epochs)":
+               (600, 16, 300, 100, 3)}
+    b = tuple(int(x) for x in a.budget.split(","))
+    budgets[f"reduced ({b[0]} demos, {b[1]} BC epochs, {b[2]} self, {b[3]} eval tasks per split, {b[4]} critic "
+            "epoch(s))"] = b
+    lines += ["", "## What a chain would cost at these rates (one iteration, K=1, one thread)", "",
+              "Estimated from the rates above (`chain_minutes`): every trajectory as long as an expert demo, "
+              "replies as long as the expert's (a working BC policy), collection at the measured "
+              "generated-tokens rate. Minutes:", ""]
+    for label, budget in budgets.items():
+        est = {n: chain_minutes(results[n], *budget) for n in models}
+        lines += [f"**{label}**", "", "| stage | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
+        for stage in next(iter(est.values())):
+            lines.append(f"| {stage} | " + " | ".join(f"{est[n][stage]:,.1f}" for n in models) + " |")
+        lines += ["| **total** | " + " | ".join(f"**{sum(est[n].values()):,.0f}**" for n in models) + " |", ""]
+    lines += ["Check against a measured run: for the tiny model, the default chain is estimated at "
+              + (f"{sum(chain_minutes(results['tiny'], 600, 16, 300, 100, 3).values()):.0f} min"
+                 if "tiny" in results else "(tiny not measured)")
+              + "; `bash run_all.sh` took 14.6 min alone on 2 quiet cores (2 threads, the stages' own batch "
+              "sizes; README). The estimate leaves out loading the model in every stage (seconds) and "
+              "the expert demos. Collection here ran policies after 3 BC steps, whose replies run to "
+              "`--max-new-tokens`; a trained policy's shorter replies make the prefill a larger share, "
+              "so expect fewer generated tokens/s from it.", ""]
+    with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
+        keep = ("smollm2", "models", "steps", "batch_size", "episodes", "max_steps", "demos", "threads", "budget")
+        json.dump({"args": {k: getattr(a, k) for k in keep}, "results": results}, f,
+                  indent=1)
+        f.write("\n")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
