@@ -24,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
-RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS",
+RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS",
                     "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
 
 
