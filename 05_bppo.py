@@ -53,8 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--eps-low", type=float, default=0.4, help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
     p.add_argument("--eps-high", type=float, default=0.2, help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
-    p.add_argument("--adv-norm", choices=["none", "std", "center"], default="center",
-                   help="'std' divides advantages by their std over the buffer (signs kept); 'center' also subtracts the mean")
+    p.add_argument("--adv-norm", choices=["none", "std", "center"], default="none",
+                   help="'none' uses A_t as 04 wrote it; 'std' divides by the std over the buffer (signs kept); "
+                        "'center' also subtracts the mean (lost 19 points on household: docs/policy_improvement.md)")
     p.add_argument("--awr-beta", type=float, default=1.0, help="AWR temperature beta")
     p.add_argument("--awr-max-weight", type=float, default=20.0, help="AWR weight clip w_max")
     p.add_argument("--epochs", type=int, default=1, help="passes over the buffer")
