@@ -9,8 +9,8 @@ exactly right?" A diagnostic, not part of the algorithm.
     --kind decision  only at self steps right after a contents listing with empty hands
                      (bench/take_decision.py): +1 for taking the goal object when it is listed
                      or not taking it when it is not, -1 for the opposite, else 0
-    --self-only      drop the expert episodes; with --kind success and 05's default centred
-                     advantages this is REINFORCE with a mean baseline on the self data (the
+    --self-only      drop the expert episodes; with --kind success and 05's --adv-norm center
+                     this is REINFORCE with a mean baseline on the self data (the
                      Monte-Carlo outcome in place of the critic)
 
     python bench/oracle_adv.py --data runs/seed0/iter_1/adv.jsonl --kind unlike --out /tmp/adv_unlike.jsonl

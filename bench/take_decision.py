@@ -7,7 +7,7 @@ listed? Then it should `take` it; if not, it should move on. For each episode JS
     P(take | not listed)    how often it tries to take it when it is not (a perceptual mistake)
 
 and, where the file has advantages, the mean advantage of each (source, listed?, take?) cell,
-raw and in standard deviations of all the file's advantages (what 05_bppo.py's default
+raw and in standard deviations of all the file's advantages (what 05_bppo.py's
 --adv-norm center turns them into). The expert's rates are 1 and 0 by construction.
 
     python bench/take_decision.py runs/seed0/eval/policy_0_seen.jsonl runs/seed0/eval/policy_1_seen.jsonl
