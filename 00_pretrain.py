@@ -369,10 +369,10 @@ def build_tiny_model(tokenizer, args):
 def tokenize_transcript(tokenizer, msgs):
     """(input_ids, loss_mask): the whole chat, and 1 on every token after the system turn."""
     ids = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=False)
-    n_sys = len(tokenizer.apply_chat_template(msgs[:1], tokenize=True, return_dict=False))
-    if ids[:n_sys] != tokenizer.apply_chat_template(msgs[:1], tokenize=True, return_dict=False):
+    system = tokenizer.apply_chat_template(msgs[:1], tokenize=True, return_dict=False)
+    if ids[:len(system)] != system:
         raise ValueError("the system turn does not tokenize as a prefix of the chat")
-    return ids, [0] * n_sys + [1] * (len(ids) - n_sys)
+    return ids, [0] * len(system) + [1] * (len(ids) - len(system))
 
 
 def lm_loss(logp, mask):
