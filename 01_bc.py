@@ -1,6 +1,6 @@
 """Stage 01 - behavior cloning (pi_0): imitate expert demonstrations.
 
-Reads   one or more episode JSONL files (DESIGN section 4), e.g. data/expert.jsonl
+Reads   one or more episode JSONL files (docs/design.md, 'The episode JSONL'), e.g. data/expert.jsonl
 Writes  --out DIR: a save_pretrained policy (safetensors + tokenizer + chat template + config)
         and DIR/args.json; one line per epoch to --metrics.
 
@@ -207,7 +207,7 @@ def field_error(obj, types):
 
 
 def episode_error(ep, step_keys):
-    """What is wrong with one episode (DESIGN section 4), or None when nothing is."""
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None when nothing is."""
     problem = field_error(ep, EPISODE_KEYS)
     if problem or not ep["steps"]:
         return problem or "has no steps"
@@ -219,7 +219,7 @@ def episode_error(ep, step_keys):
 
 
 def read_episodes(paths, step_keys=STEP_KEYS):
-    """Read episode JSONL files (DESIGN section 4); reject a bad line with file and line number."""
+    """Read episode JSONL files (docs/design.md, 'The episode JSONL'); reject a bad line with file and line number."""
     episodes = []
     for path in paths:
         if not os.path.isfile(path):
@@ -328,8 +328,8 @@ def pick_device():
 
 
 def episode_messages(ep):
-    """DESIGN section 6: system = instruction; user = task + o_0; then assistant = step
-    text and user = observation, alternately."""
+    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
+    assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
@@ -339,7 +339,7 @@ def episode_messages(ep):
 
 
 def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (DESIGN section 6).
+    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
 
     Returns a dict of lists:
       input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
@@ -416,7 +416,7 @@ def load_tokenizer(path, kind="policy"):
     except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
         die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
     if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
+        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -1,7 +1,7 @@
 """Stage 02 - collect trajectories (and evaluate): run a policy on many environments at once.
 
 Reads   --policy expert (the environment's own expert) or a policy directory (01 / 05 output)
-Writes  --out FILE.jsonl: one episode per line (DESIGN section 4), every step labeled;
+Writes  --out FILE.jsonl: one episode per line (docs/design.md, 'The episode JSONL'), every step labeled;
         FILE.json beside it: a summary (success rate, labels, speed), also printed as one line.
 
 --num-envs environment slots run in lockstep: at each step the replies of all live episodes
@@ -304,8 +304,8 @@ def pick_device():
     return torch.device("cpu"), torch.float32
 
 def episode_messages(ep):
-    """DESIGN section 6: system = instruction; user = task + o_0; then assistant = step
-    text and user = observation, alternately."""
+    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
+    assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
@@ -314,7 +314,7 @@ def episode_messages(ep):
     return msgs
 
 def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (DESIGN section 6).
+    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
 
     Returns a dict of lists:
       input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
@@ -381,7 +381,7 @@ def load_tokenizer(path, kind="policy"):
     except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
         die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
     if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
+        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -9,7 +9,7 @@ never took - so the values stay in distribution (paper, Key Design 2). With step
 
     w_t = (t/T + d) * 0.5 + 0.5,  t = 1..T,  d = 1 if the trajectory's final env reward != 0
 
-the two regressions are (DESIGN section 1, step 2):
+the two regressions are:
 
     L_V = E[ w_t * L2_tau( Qbar(s_t, a_t) - V(s_t) ) ],   L2_tau(u) = |tau - 1(u < 0)| * u^2
     L_Q = E[ w_t * ( r_t + gamma * (1 - done_t) * V(s_{t+1}) - Q(s_t, a_t) )^2 ],  r_t = r_env + r_aux
@@ -214,7 +214,7 @@ def field_error(obj, types):
 
 
 def episode_error(ep, step_keys):
-    """What is wrong with one episode (DESIGN section 4), or None when nothing is."""
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None when nothing is."""
     problem = field_error(ep, EPISODE_KEYS)
     if problem or not ep["steps"]:
         return problem or "has no steps"
@@ -226,7 +226,7 @@ def episode_error(ep, step_keys):
 
 
 def read_episodes(paths, step_keys=STEP_KEYS):
-    """Read episode JSONL files (DESIGN section 4); reject a bad line with file and line number."""
+    """Read episode JSONL files (docs/design.md, 'The episode JSONL'); reject a bad line with file and line number."""
     episodes = []
     for path in paths:
         if not os.path.isfile(path):
@@ -330,8 +330,8 @@ def pick_device():
     return torch.device("cpu"), torch.float32
 
 def episode_messages(ep):
-    """DESIGN section 6: system = instruction; user = task + o_0; then assistant = step
-    text and user = observation, alternately."""
+    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
+    assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
@@ -340,7 +340,7 @@ def episode_messages(ep):
     return msgs
 
 def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (DESIGN section 6).
+    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
 
     Returns a dict of lists:
       input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
@@ -407,7 +407,7 @@ def load_tokenizer(path, kind="policy"):
     except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
         die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
     if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
+        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

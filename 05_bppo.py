@@ -4,7 +4,7 @@ Reads   the buffer with advantages (04 output), pi_old = --policy (the policy th
         this iteration, pi_{k-1}) and pi_ref = --ref (the behavior-cloning policy pi_0).
 Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json.
 
-The objective (paper, Key Design 4; DESIGN section 1, step 4), per action token:
+The objective (paper, Key Design 4), per action token:
 
     L = - E[ min( eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A ) ] + alpha * KL(pi_theta || pi_ref)
     eta = pi_theta(token) / pi_old(token)
@@ -218,7 +218,7 @@ def field_error(obj, types):
 
 
 def episode_error(ep, step_keys):
-    """What is wrong with one episode (DESIGN section 4), or None when nothing is."""
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None when nothing is."""
     problem = field_error(ep, EPISODE_KEYS)
     if problem or not ep["steps"]:
         return problem or "has no steps"
@@ -230,7 +230,7 @@ def episode_error(ep, step_keys):
 
 
 def read_episodes(paths, step_keys=STEP_KEYS):
-    """Read episode JSONL files (DESIGN section 4); reject a bad line with file and line number."""
+    """Read episode JSONL files (docs/design.md, 'The episode JSONL'); reject a bad line with file and line number."""
     episodes = []
     for path in paths:
         if not os.path.isfile(path):
@@ -320,8 +320,8 @@ def pick_device():
     return torch.device("cpu"), torch.float32
 
 def episode_messages(ep):
-    """DESIGN section 6: system = instruction; user = task + o_0; then assistant = step
-    text and user = observation, alternately."""
+    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
+    assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
@@ -330,7 +330,7 @@ def episode_messages(ep):
     return msgs
 
 def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (DESIGN section 6).
+    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
 
     Returns a dict of lists:
       input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
@@ -404,7 +404,7 @@ def load_tokenizer(path, kind="policy"):
     except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
         die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
     if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (DESIGN section 6)")
+        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

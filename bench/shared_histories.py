@@ -1,6 +1,6 @@
 """Where the expert's and the policy's advantages can be compared: at the same history.
 
-A state here is the whole history (DESIGN section 6), so an expert episode and a self episode
+A state here is the whole history (docs/design.md, 'The chat layout'), so an expert episode and a self episode
 share states only while the policy, on the same task, has repeated the expert's actions turn
 for turn. Everywhere else a critic that is right about the expert's own states gives the
 expert's steps an advantage of about 0 (a policy's advantage averages to 0 under that policy),

@@ -30,7 +30,7 @@ def s0_features(model, tokenizer, episodes):
     out = []
     with torch.no_grad():
         for e in episodes:
-            msgs = [{"role": "system", "content": e["instruction"]},  # DESIGN section 6, as in 03
+            msgs = [{"role": "system", "content": e["instruction"]},  # docs/design.md, 'The chat layout', as in 03
                     {"role": "user", "content": f"Your task is to: {e['task']}\n{e['obs0']}"}]
             ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True,
                                                 return_tensors="pt")

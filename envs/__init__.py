@@ -1,4 +1,4 @@
-"""Text environments behind one Gymnasium-style API (DESIGN section 5).
+"""Text environments behind one Gymnasium-style API (docs/design.md, 'Environments').
 
     env = envs.make("household", seed=0)
     obs, info = env.reset(env.task_ids("train")[0])

@@ -1,4 +1,4 @@
-"""The interface every text environment implements (DESIGN section 5)."""
+"""The interface every text environment implements (docs/design.md, 'Environments')."""
 
 
 class TextEnv:

@@ -1,4 +1,4 @@
-"""Stage 02 end to end, and the stages' handling of bad input (DESIGN section 8)."""
+"""Stage 02 end to end, and the stages' handling of bad input (docs/design.md, 'Conventions')."""
 import argparse
 import json
 import os

@@ -1,4 +1,4 @@
-"""The household environment against its rules (DESIGN section 5, issue: foundation)."""
+"""The household environment against its rules (docs/design.md, 'Environments')."""
 import collections
 import random
 

@@ -1,4 +1,4 @@
-"""DESIGN section 6: which tokens carry loss, and where V and Q are read."""
+"""docs/design.md, 'The chat layout': which tokens carry loss, and where V and Q are read."""
 import pytest
 
 EPISODE = {

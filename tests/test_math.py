@@ -1,4 +1,4 @@
-"""The algorithm's pure functions against hand-computed values (DESIGN section 1)."""
+"""The algorithm's pure functions against hand-computed values (the equations of the stages' docstrings)."""
 import numpy as np
 import pytest
 import torch
