@@ -487,8 +487,10 @@ def build_tiny_model(tokenizer, args):
 # ALGO LOGIC: the behavior-cloning loss.
 # ----------------------------------------------------------------------------------------
 def bc_loss(logp, action_mask):
-    """Masked NLL of action tokens (paper: BC warm start). logp, action_mask (B, L)."""
-    return -(logp * action_mask).sum() / action_mask.sum().clamp(min=1)
+    """Masked NLL of action tokens (paper: BC warm start). logp, action_mask (B, L) -> (loss, info),
+    info: the loss as a number (what the stage prints)."""
+    loss = -(logp * action_mask).sum() / action_mask.sum().clamp(min=1)
+    return loss, {"loss": loss.item()}
 
 
 def lr_at(step, total, peak, warmup_frac):
@@ -514,9 +516,11 @@ def reply_matches(logits, batch):
 
 def evaluate(model, data, pad_id, batch_size, device):
     """Validation: action-token NLL, the fraction of replies greedy decoding reproduces, and the
-    fraction of trajectories it reproduces at every turn. The last is the one to watch: the
-    household expert never errs and a BC policy rarely recovers from a mistake, so it tracks
-    greedy success closely (bench/expert_path.py), while the loss is dominated by easy tokens."""
+    fraction of trajectories it reproduces at every turn. The last is the one to watch: greedy
+    decoding that reproduces a demonstration at every turn replays it in the environment (same
+    task, same actions, same outcome), and a BC policy rarely recovers once it departs from one,
+    so on successful demonstrations it tracks greedy success (bench/expert_path.py), while the
+    loss is dominated by easy tokens."""
     model.eval()
     total, count, turns, replies, episodes = 0.0, 0.0, 0, 0, 0
     with torch.no_grad():
@@ -598,17 +602,17 @@ def main(argv=None):
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
             logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            loss = bc_loss(token_logprobs(logits, b["input_ids"]), (b["action_step"] >= 0).float())
+            loss, info = bc_loss(token_logprobs(logits, b["input_ids"]), (b["action_step"] >= 0).float())
             if not torch.isfinite(loss):
                 die(f"loss became {loss.item()} at step {step}; lower --lr")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
-            epoch_loss += loss.item()
+            epoch_loss += info["loss"]
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{info['loss']:.3f}")
         val_loss, val_replies, val_episodes = evaluate(model, val, tokenizer.pad_token_id, args.batch_size, device)
         record = {"stage": "01_bc", "epoch": epoch + 1, "step": step, "train_loss": epoch_loss / steps_per_epoch,
                   "val_loss": val_loss, "val_reply_match": val_replies, "val_episode_match": val_episodes,

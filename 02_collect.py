@@ -579,7 +579,8 @@ class Critic(torch.nn.Module):
         self.v_head, self.q_head = head(), head()
 
     def forward(self, batch):
-        """-> features (B, L, d), V (B, T+1) at every state, Q (B, T) at every action."""
+        """-> the body's features at the action positions (B, T, d) (03 applies its target Q head
+        to them), V (B, T+1) at every state, Q (B, T) at every action."""
         h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         d = h.shape[-1]
         h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)

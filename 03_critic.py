@@ -452,7 +452,8 @@ class Critic(torch.nn.Module):
         self.v_head, self.q_head = head(), head()
 
     def forward(self, batch):
-        """-> features (B, L, d), V (B, T+1) at every state, Q (B, T) at every action."""
+        """-> the body's features at the action positions (B, T, d) (03 applies its target Q head
+        to them), V (B, T+1) at every state, Q (B, T) at every action."""
         h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         d = h.shape[-1]
         h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
@@ -531,7 +532,9 @@ def batch_weights(episodes, uniform, device):
 
 
 def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux):
-    """One forward pass -> (L_V, L_Q, diagnostics). Shapes: (B, T) per step."""
+    """One forward pass -> (L_V + L_Q, info). Per-step tensors (traj, weights) are (B, T).
+    info holds what the stage prints: L_V, L_Q, and the mean V(s_t) and Q(s_t, a_t) over the
+    batch's real steps."""
     h_action, v_all, q = critic(batch)                 # v_all (B, T+1), q (B, T)
     v, v_next = v_all[:, :-1], v_all[:, 1:].detach()
     with torch.no_grad():
@@ -540,7 +543,11 @@ def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux)
     not_done = 1.0 - traj["done"]
     loss_v = expectile_loss(q_target - v, tau, weights)
     loss_q = weighted_mse(reward + gamma * not_done * v_next - q, weights)
-    return loss_v, loss_q, v, q
+    with torch.no_grad():
+        n = traj["mask"].sum().clamp(min=1)
+        info = {"loss_v": loss_v.item(), "loss_q": loss_q.item(),
+                "v_mean": ((v * traj["mask"]).sum() / n).item(), "q_mean": ((q * traj["mask"]).sum() / n).item()}
+    return loss_v + loss_q, info
 
 
 def discounted_returns(rewards, gamma):
@@ -549,6 +556,33 @@ def discounted_returns(rewards, gamma):
         g = r + gamma * g
         out.append(g)
     return out[::-1]
+
+
+def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device):
+    """What the critic learned, for a student to read: V and Q by data source (mean and std
+    over every step) and how much of the Monte-Carlo return-to-go (with the rewards the critic
+    learned from) V explains: explained variance, 1 = perfectly, 0 = no better than a constant."""
+    stats = {s: {"v": [], "q": [], "ret": []} for s in ("expert", "self")}
+    with torch.no_grad():
+        for i in range(0, len(data), batch_size):
+            eps = [ep for ep, _ in data[i:i + batch_size]]
+            batch = {k: v.to(device) for k, v in collate([x for _, x in data[i:i + batch_size]], pad_id).items()}
+            _, v_all, q = critic(batch)
+            for j, ep in enumerate(eps):
+                n = len(ep["steps"])
+                rewards = [s["r_env"] + (s["r_aux"] if use_aux else 0.0) for s in ep["steps"]]
+                s = stats[ep["source"] if ep["source"] in stats else "self"]
+                s["v"] += v_all[j, :n].tolist()
+                s["q"] += q[j, :n].tolist()
+                s["ret"] += discounted_returns(rewards, gamma)
+    v_all_ = np.array(stats["expert"]["v"] + stats["self"]["v"])
+    ret_all = np.array(stats["expert"]["ret"] + stats["self"]["ret"])
+    report = {"explained_variance": float(1 - np.var(ret_all - v_all_) / max(np.var(ret_all), 1e-8))}
+    for src, s in stats.items():
+        if s["v"]:
+            report[f"{src}_v_mean"], report[f"{src}_v_std"] = float(np.mean(s["v"])), float(np.std(s["v"]))
+            report[f"{src}_q_mean"], report[f"{src}_q_std"] = float(np.mean(s["q"])), float(np.std(s["q"]))
+    return report
 
 
 def main(argv=None):
@@ -589,9 +623,7 @@ def main(argv=None):
             batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
             traj = trajectory_tensors(eps, device)
             weights = batch_weights(eps, args.uniform_weights, device)
-            loss_v, loss_q, _, _ = iql_losses(critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
-                                              not args.no_aux)
-            loss = loss_v + loss_q
+            loss, info = iql_losses(critic, target_q_head, batch, traj, weights, args.tau, args.gamma, not args.no_aux)
             if not torch.isfinite(loss):
                 die(f"critic loss became {loss.item()} at step {step}; lower --lr")
             optimizer.zero_grad(set_to_none=True)
@@ -601,49 +633,28 @@ def main(argv=None):
             with torch.no_grad():  # Polyak-averaged target: Qbar <- (1 - polyak) Qbar + polyak Q
                 for p_t, p in zip(target_q_head.parameters(), critic.q_head.parameters()):
                     p_t.lerp_(p, args.polyak)
-            sums["loss_v"] += loss_v.item()
-            sums["loss_q"] += loss_q.item()
+            sums["loss_v"] += info["loss_v"]
+            sums["loss_q"] += info["loss_q"]
             sums["n"] += 1
             step += 1
             bar.update(1)
-            bar.set_postfix(L_V=f"{loss_v.item():.4f}", L_Q=f"{loss_q.item():.4f}")
+            bar.set_postfix(L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}", V=f"{info['v_mean']:+.3f}",
+                            Q=f"{info['q_mean']:+.3f}")
         record = {"stage": "03_critic", "epoch": epoch + 1, "step": step, "loss_v": sums["loss_v"] / sums["n"],
                   "loss_q": sums["loss_q"] / sums["n"], "elapsed_s": time.time() - t0}
         records.append(record)
         tqdm.write(f"epoch {epoch + 1}: L_V {record['loss_v']:.4f}  L_Q {record['loss_q']:.4f}")
     bar.close()
 
-    # Diagnostics a student can read: V and Q by source, and how much of the Monte-Carlo
-    # return-to-go V explains (1 = perfectly, 0 = no better than a constant).
     critic.eval()
-    stats = {s: {"v": [], "q": [], "ret": []} for s in ("expert", "self")}
-    with torch.no_grad():
-        for i in range(0, len(data), args.batch_size):
-            eps = [ep for ep, _ in data[i:i + args.batch_size]]
-            batch = {k: v.to(device) for k, v in collate([x for _, x in data[i:i + args.batch_size]],
-                                                         tokenizer.pad_token_id).items()}
-            _, v_all, q = critic(batch)
-            for j, ep in enumerate(eps):
-                n = len(ep["steps"])
-                rewards = [s["r_env"] + (0.0 if args.no_aux else s["r_aux"]) for s in ep["steps"]]
-                s = stats[ep["source"] if ep["source"] in stats else "self"]
-                s["v"] += v_all[j, :n].tolist()
-                s["q"] += q[j, :n].tolist()
-                s["ret"] += discounted_returns(rewards, args.gamma)
-    v_all_ = np.array(stats["expert"]["v"] + stats["self"]["v"])
-    ret_all = np.array(stats["expert"]["ret"] + stats["self"]["ret"])
-    explained_var = float(1 - np.var(ret_all - v_all_) / max(np.var(ret_all), 1e-8))
-    summary = {"stage": "03_critic", "step": step, "explained_variance": explained_var}
-    for src, s in stats.items():
-        if s["v"]:
-            summary[f"{src}_v_mean"], summary[f"{src}_v_std"] = float(np.mean(s["v"])), float(np.std(s["v"]))
-            summary[f"{src}_q_mean"], summary[f"{src}_q_std"] = float(np.mean(s["q"])), float(np.std(s["q"]))
+    summary = {"stage": "03_critic", "step": step,
+               **critic_report(critic, data, args.batch_size, tokenizer.pad_token_id, args.gamma, not args.no_aux, device)}
     critic.save(args.out, tokenizer, vars(args))
     log_metrics(args.metrics, *records, summary)
     by_src = "  ".join(f"{src}: V {summary[src + '_v_mean']:+.3f}+-{summary[src + '_v_std']:.3f} "
                        f"Q {summary[src + '_q_mean']:+.3f}+-{summary[src + '_q_std']:.3f}"
                        for src in ("expert", "self") if src + "_v_mean" in summary)
-    print(f"03_critic: explained variance of returns {explained_var:.3f}; {by_src}; "
+    print(f"03_critic: explained variance of returns {summary['explained_variance']:.3f}; {by_src}; "
           f"{time.time() - t0:.0f}s -> {args.out}")
 
 

@@ -15,6 +15,8 @@ critic in 03 but would bias the policy toward the heuristics if they entered A_t
 paper's finding; --with-aux puts them in for the ablation). A true terminal bootstraps 0;
 a trajectory cut by the step limit bootstraps from V(s_T).
 
+The advantages are written as computed: 05's --adv-norm is the one place they are normalised.
+
     python 04_gae.py --critic runs/demo/iter_1/critic --out runs/demo/iter_1/adv.jsonl
         --data runs/demo/data/expert.jsonl runs/demo/iter_1/self.jsonl
 """
@@ -46,7 +48,6 @@ def parse_args(argv=None):
                    help="GAE lambda (1: Monte-Carlo return - V; 0: one-step TD); small keeps the blame on the step where V drops")
     p.add_argument("--advantage", choices=["gae", "qv"], default="gae", help="'qv' = single-step Q - V (ablation 'w/o GAE')")
     p.add_argument("--with-aux", action="store_true", help="ablation: put r_aux inside the advantage too")
-    p.add_argument("--normalize", action="store_true", help="standardise advantages over the buffer (mean 0, std 1)")
     p.add_argument("--batch-size", type=int, default=32, help="trajectories per forward pass")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -434,7 +435,8 @@ class Critic(torch.nn.Module):
         self.v_head, self.q_head = head(), head()
 
     def forward(self, batch):
-        """-> features (B, L, d), V (B, T+1) at every state, Q (B, T) at every action."""
+        """-> the body's features at the action positions (B, T, d) (03 applies its target Q head
+        to them), V (B, T+1) at every state, Q (B, T) at every action."""
         h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         d = h.shape[-1]
         h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
@@ -510,6 +512,39 @@ def auc(scores, labels):
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux):
+    """Episode ep with "v" = V(s_t) and "adv" = A_t on every step. values (T+1,) = V(s_0)..V(s_T),
+    q (T,) = Q(s_t, a_t). A_t is GAE on the environment rewards (with --with-aux, plus r_aux), or
+    with --advantage qv the single-step Q(s_t, a_t) - V(s_t) (the ablation 'w/o GAE')."""
+    rewards = [s["r_env"] + (s["r_aux"] if with_aux else 0.0) for s in ep["steps"]]
+    dones = [float(s["done"]) for s in ep["steps"]]
+    adv = gae(rewards, values, dones, gamma, lam) if advantage == "gae" else q - values[:-1]
+    return dict(ep, steps=[dict(s, v=float(values[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])])
+
+
+def advantage_report(episodes):
+    """What a student should look at: do the process rewards make sense? Mean A_t by data source
+    and by label, and how well V separates the self episodes that succeed from those that fail
+    (AUC: 0.5 = not at all, 1 = perfectly), at s_0 (which sees only the task) and later states."""
+    by_source, by_label = defaultdict(list), defaultdict(list)
+    for ep in episodes:
+        for s in ep["steps"]:
+            by_source[ep["source"]].append(s["adv"])
+            by_label[s["label"]].append(s["adv"])
+    self_eps = [ep for ep in episodes if ep["source"] != "expert"]
+    return {
+        "adv_mean_by_source": {k: float(np.mean(v)) for k, v in sorted(by_source.items())},
+        "adv_mean_by_label": {k: float(np.mean(v)) for k, v in sorted(by_label.items())},
+        "steps_by_label": {k: len(v) for k, v in sorted(by_label.items())},
+        "auc_v0_self": auc([ep["steps"][0]["v"] for ep in self_eps], [ep["success"] for ep in self_eps]),
+        "auc_v0_all": auc([ep["steps"][0]["v"] for ep in episodes], [ep["success"] for ep in episodes]),
+        "auc_v_self_by_step": [auc([ep["steps"][t]["v"] for ep in self_eps if len(ep["steps"]) > t],
+                                   [ep["success"] for ep in self_eps if len(ep["steps"]) > t]) for t in range(4)],
+        "auc_v_self_every_state": auc([s["v"] for ep in self_eps for s in ep["steps"]],
+                                      [ep["success"] for ep in self_eps for s in ep["steps"]]),
+    }
+
+
 def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only once all advantages are in.
@@ -544,42 +579,12 @@ def main(argv=None):
             _, v_all, q = critic(batch)  # (B, T+1), (B, T)
             for j, ep in enumerate(eps):
                 n = len(ep["steps"])
-                values = v_all[j, :n + 1].double().numpy(force=True)
-                r = [s["r_env"] + (s["r_aux"] if args.with_aux else 0.0) for s in ep["steps"]]
-                dones = [float(s["done"]) for s in ep["steps"]]
-                if args.advantage == "gae":
-                    adv = gae(r, values, dones, gamma, args.lam)
-                else:  # single-step advantage Q(s_t, a_t) - V(s_t)
-                    adv = q[j, :n].double().numpy(force=True) - values[:-1]
-                ep = dict(ep, steps=[dict(s, v=float(values[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])])
-                out_eps.append(ep)
-    if args.normalize:
-        all_adv = np.array([s["adv"] for ep in out_eps for s in ep["steps"]])
-        mu, sd = all_adv.mean(), all_adv.std() + 1e-8
-        for ep in out_eps:
-            for s in ep["steps"]:
-                s["adv"] = (s["adv"] - mu) / sd
+                out_eps.append(episode_advantages(ep, v_all[j, :n + 1].double().numpy(force=True),
+                                                  q[j, :n].double().numpy(force=True), gamma, args.lam,
+                                                  args.advantage, args.with_aux))
 
-    # What a student should look at: do the process rewards make sense?
-    by_source, by_label = defaultdict(list), defaultdict(list)
-    for ep in out_eps:
-        for s in ep["steps"]:
-            by_source[ep["source"]].append(s["adv"])
-            by_label[s["label"]].append(s["adv"])
-    self_eps = [ep for ep in out_eps if ep["source"] != "expert"]
-    summary = {
-        "stage": "04_gae", "advantage": args.advantage, "with_aux": args.with_aux, "gamma": gamma, "lam": args.lam,
-        "adv_mean_by_source": {k: float(np.mean(v)) for k, v in sorted(by_source.items())},
-        "adv_mean_by_label": {k: float(np.mean(v)) for k, v in sorted(by_label.items())},
-        "steps_by_label": {k: len(v) for k, v in sorted(by_label.items())},
-        "auc_v0_self": auc([ep["steps"][0]["v"] for ep in self_eps], [ep["success"] for ep in self_eps]),
-        "auc_v0_all": auc([ep["steps"][0]["v"] for ep in out_eps], [ep["success"] for ep in out_eps]),
-        # V(s_0) sees only the task; later states show whether V tracks how the episode is going.
-        "auc_v_self_by_step": [auc([ep["steps"][t]["v"] for ep in self_eps if len(ep["steps"]) > t],
-                                   [ep["success"] for ep in self_eps if len(ep["steps"]) > t]) for t in range(4)],
-        "auc_v_self_every_state": auc([s["v"] for ep in self_eps for s in ep["steps"]],
-                                      [ep["success"] for ep in self_eps for s in ep["steps"]]),
-    }
+    summary = {"stage": "04_gae", "advantage": args.advantage, "with_aux": args.with_aux, "gamma": gamma,
+               "lam": args.lam, **advantage_report(out_eps)}
     write_jsonl(args.out, out_eps)
     write_json(args.out[:-len(".jsonl")] + ".json", {**summary, "args": vars(args)})
     log_metrics(args.metrics, summary)

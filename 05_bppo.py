@@ -461,6 +461,34 @@ def kl_to_ref(logits, ref_logits, mask):
     return masked_mean(kl, mask[:, 1:])
 
 
+def policy_loss(logits, ref_logits, batch, logp_old, args):
+    """The stage's objective on one batch, L = L_pi + alpha * KL(pi_theta || pi_ref), with L_pi the
+    BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
+    logits (B, L, V) of pi_theta, ref_logits of pi_ref (None when alpha = 0), logp_old (B, L).
+    info holds what the stage prints: the loss, the fraction of action tokens each clip holds
+    (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
+    pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
+    logp = token_logprobs(logits, batch["input_ids"])
+    adv, mask = batch["adv"], batch["mask"]
+    if args.objective == "bppo":
+        loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high)
+    else:
+        loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
+    kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else kl_to_ref(logits, ref_logits, mask)
+    loss = loss_pi + args.kl_coef * kl_ref
+    with torch.no_grad():
+        log_ratio = logp - logp_old
+        eta = log_ratio.exp()
+        info = {"loss": loss.item(),
+                "clip_low": masked_mean(((eta < 1 - args.eps_low) & (adv < 0)).float(), mask).item(),
+                "clip_high": masked_mean(((eta > 1 + args.eps_high) & (adv > 0)).float(), mask).item(),
+                # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
+                "approx_kl_old": masked_mean((eta - 1) - log_ratio, mask).item(),
+                "kl_ref": kl_ref.item(),
+                "ratio": masked_mean(eta, mask).item()}
+    return loss, info
+
+
 def token_advantages(batch, step_adv):
     """Broadcast each step's A_t to every token of its action: (B, L) from (B, T)."""
     idx = batch["action_step"].clamp(min=0)
@@ -536,38 +564,23 @@ def main(argv=None):
             for r, j in enumerate(idx):
                 old[r, :len(logp_old[j])] = logp_old[j].to(device)
             logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            logp = token_logprobs(logits, b["input_ids"])
-            if args.objective == "bppo":
-                loss_pi = bppo_loss(logp, old, b["adv"], b["mask"], args.eps_low, args.eps_high)
-            else:
-                loss_pi = awr_loss(logp, b["adv"], b["mask"], args.awr_beta, args.awr_max_weight)
-            kl_ref = torch.zeros((), device=device)
+            ref_logits = None
             if args.kl_coef > 0:
                 with torch.no_grad():
                     ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                kl_ref = kl_to_ref(logits, ref_logits, b["mask"])
-            loss = loss_pi + args.kl_coef * kl_ref
+            loss, info = policy_loss(logits, ref_logits, b, old, args)
             if not torch.isfinite(loss):
                 die(f"loss became {loss.item()} at step {step}; lower --lr")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             optimizer.step()
-            with torch.no_grad():  # diagnostics on action tokens
-                log_ratio = logp - old
-                eta = log_ratio.exp()
-                m, adv = b["mask"], b["adv"]
-                sums["clip_low"] += masked_mean(((eta < 1 - args.eps_low) & (adv < 0)).float(), m).item()
-                sums["clip_high"] += masked_mean(((eta > 1 + args.eps_high) & (adv > 0)).float(), m).item()
-                # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
-                sums["approx_kl_old"] += masked_mean((eta - 1) - log_ratio, m).item()
-                sums["ratio"] += masked_mean(eta, m).item()
-            sums["loss"] += loss.item()
-            sums["kl_ref"] += kl_ref.item()
+            for k in sums:
+                sums[k] += info[k]
             n_batches += 1
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", kl_ref=f"{kl_ref.item():.4f}")
+            bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
         record = {"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
                   **{k: v / n_batches for k, v in sums.items()}}
         records.append(record)

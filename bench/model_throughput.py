@@ -94,7 +94,7 @@ def worker(a):
 
             def step(b):
                 logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                loss = bc.bc_loss(bc.token_logprobs(logits, b["input_ids"]), (b["action_step"] >= 0).float())
+                loss, _ = bc.bc_loss(bc.token_logprobs(logits, b["input_ids"]), (b["action_step"] >= 0).float())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -114,10 +114,10 @@ def worker(a):
                     with torch.no_grad():
                         critic(b)
                     return
-                lv, lq, _, _ = cr.iql_losses(critic, target, b, cr.trajectory_tensors(e, "cpu"),
-                                             cr.batch_weights(e, False, "cpu"), 0.7, 0.95, True)
+                loss, _ = cr.iql_losses(critic, target, b, cr.trajectory_tensors(e, "cpu"),
+                                        cr.batch_weights(e, False, "cpu"), 0.7, 0.95, True)
                 opt.zero_grad(set_to_none=True)
-                (lv + lq).backward()
+                loss.backward()
                 opt.step()
             out["tokens"], out["wall_s"], out["cpu_s"] = timed_steps(1, a.steps, batches, step)
         elif a.stage == "bppo":

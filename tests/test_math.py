@@ -221,3 +221,25 @@ def test_reply_matches_by_hand(stages):
     wrong_obs[0, 3, :] = 0
     wrong_obs[0, 3, 3] = 1  # position 3 predicts token 4, an observation token: not part of any turn
     assert reply_matches(wrong_obs, b).tolist() == [[True, True], [True, False]]
+
+
+def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
+    """05's policy_loss: the BPPO loss plus alpha * KL, and the diagnostics the stage prints, by hand."""
+    pp = stages["05_bppo"]
+    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o"])  # eps 0.4 / 0.2, alpha 0.05
+    torch.manual_seed(0)
+    logits = torch.randn(1, 5, 3)
+    batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "mask": torch.tensor([[0.0, 1, 1, 1, 1]]),
+             "adv": torch.tensor([[0.0, 1.0, -1.0, 1.0, -1.0]])}
+    eta = torch.tensor([[1.0, 1.5, 0.5, 1.1, 0.7]])  # token 1 is held by the upper clip, token 2 by the lower
+    logp = pp.token_logprobs(logits, batch["input_ids"])
+    logp_old = logp - eta.log()
+    loss, info = pp.policy_loss(logits, logits.clone(), batch, logp_old, args)
+    assert info["clip_high"] == pytest.approx(0.25) and info["clip_low"] == pytest.approx(0.25)
+    assert info["ratio"] == pytest.approx((1.5 + 0.5 + 1.1 + 0.7) / 4)
+    e = eta[0, 1:]
+    assert info["approx_kl_old"] == pytest.approx(((e - 1) - e.log()).mean().item(), abs=1e-6)
+    assert abs(info["kl_ref"]) < 1e-6  # pi_ref = pi_theta
+    # min(eta A, clip(eta) A): 1.2 * 1, 0.6 * -1, 1.1 * 1, 0.7 * -1
+    assert loss.item() == pytest.approx(-(1.2 - 0.6 + 1.1 - 0.7) / 4, abs=1e-6)
+    assert info["loss"] == pytest.approx(loss.item())
