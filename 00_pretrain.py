@@ -153,217 +153,6 @@ def build_corpus(env, n, rng, p_random, qa):
 
 
 # ----------------------------------------------------------------------------------------
-# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
-# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
-# ----------------------------------------------------------------------------------------
-def die(msg):
-    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_flags(args, **rules):
-    """Numeric flags, checked before any work: each rule says what the flag must be."""
-    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
-             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
-    for name, rule in rules.items():
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and tests[rule](value)):
-            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
-
-
-ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
-             "critic": "a critic directory written by 03_critic.py",
-             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
-             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
-             "log": "a metrics JSONL"}
-
-
-def replaceable(path, kind):
-    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
-    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
-    A run directory, a checkout, '.' or another stage's output never is one."""
-    if kind in ("policy", "critic"):
-        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
-        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
-                and all(os.path.isfile(os.path.join(path, n)) for n in names))
-    if not os.path.isfile(path):
-        return False
-    try:
-        with open(path) as f:
-            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
-        obj = json.loads(text) if text.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    if not isinstance(obj, dict) or not obj:
-        return obj == {}  # an empty file holds nothing to lose
-    if kind == "log":
-        return "stage" in obj
-    if path.endswith(".json"):
-        return obj.get("stage") == kind
-    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
-    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
-
-
-def check_out(path, kind, inputs=()):
-    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
-    never an input (or a directory holding one) nor anything else; its parent must be writable.
-    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
-    real = os.path.realpath(path)
-    for p in inputs:
-        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
-            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
-    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
-        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
-    for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if os.path.lexists(p) and not replaceable(p, kind):
-            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    try:  # a real file, not os.access: that says yes to root on a read-only or special file system
-        probe = os.path.join(parent, f".write_test{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
-
-
-def stale(pid):
-    """Whether no process has this id any more (its temporary files are leftovers)."""
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def remove(path):
-    """Delete a file or a directory tree, if it is there."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-def write_atomic(path, write_fn):
-    """Write a file or directory via a temporary sibling and one rename: a killed stage
-    leaves the previous state or nothing, never half an artifact. The temporaries of a
-    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    for entry in os.listdir(parent):
-        pid = entry[len(name) + 4:]
-        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
-            remove(os.path.join(parent, entry))
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        write_fn(tmp)
-    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
-        remove(tmp)
-        if isinstance(e, OSError):
-            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
-        raise
-    if os.path.isdir(path) and not os.path.islink(path):
-        old = f"{path}.old{os.getpid()}"
-        os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, path)
-
-
-def log_metrics(path, *records):
-    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
-    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "a") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def pick_device():
-    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
-
-
-def token_logprobs(logits, input_ids):
-    """log pi(token_i | tokens_<i) for every position i >= 1; position 0 gets 0.
-    logits (B, L, V), input_ids (B, L) -> (B, L)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
-
-
-def length_batches(lengths, batch_size, rng):
-    """Batches of indices with similar lengths (little padding), in random order."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
-def lr_at(step, total, peak, warmup_frac):
-    """Linear warmup then cosine decay to 10% of the peak."""
-    warm = max(1, int(total * warmup_frac))
-    if step < warm:
-        return peak * (step + 1) / warm
-    progress = (step - warm) / max(1, total - warm)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-# ----------------------------------------------------------------------------------------
-# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
-# ----------------------------------------------------------------------------------------
-SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
-           "assistant": "<|assistant|>"}
-# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
-# so the action tokens of turn t are its content tokens plus <|end|>, and the state
-# position s_t is the <|assistant|> token of the generation prompt.
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def train_tiny_tokenizer(texts, vocab_size):
-    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
-    does not dominate the merges)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
-                                   padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
-
-
-def build_tiny_model(tokenizer, args):
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
-        max_position_embeddings=args.max_len, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config)
-
-
-# ----------------------------------------------------------------------------------------
 # ALGO LOGIC: next-token prediction after the system prompt.
 # ----------------------------------------------------------------------------------------
 def tokenize_transcript(tokenizer, msgs):
@@ -373,6 +162,14 @@ def tokenize_transcript(tokenizer, msgs):
     if ids[:len(system)] != system:
         raise ValueError("the system turn does not tokenize as a prefix of the chat")
     return ids, [0] * len(system) + [1] * (len(ids) - len(system))
+
+
+def token_logprobs(logits, input_ids):
+    """log pi(token_i | tokens_<i) for every position i >= 1; position 0 gets 0.
+    logits (B, L, V), input_ids (B, L) -> (B, L)."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
+    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
 
 def lm_loss(logp, mask):
@@ -466,6 +263,212 @@ def main(argv=None):
             f.write(tokenizer.apply_chat_template(corpus[0], tokenize=False))
     write_atomic(args.out, save)
     print(f"00_pretrain: wrote {args.out} (train loss {record['train_loss']:.4f}, {time.time() - t0:.0f}s)")
+
+
+# ----------------------------------------------------------------------------------------
+# Plumbing identical in every stage; skip on a first reading. Copied on purpose (CleanRL style)
+# so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
+# checks), and a stage carries only the helpers it calls.
+# ----------------------------------------------------------------------------------------
+def die(msg):
+    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_flags(args, **rules):
+    """Numeric flags, checked before any work: each rule says what the flag must be."""
+    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
+             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
+    for name, rule in rules.items():
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and tests[rule](value)):
+            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
+
+
+ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
+             "critic": "a critic directory written by 03_critic.py",
+             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
+             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
+             "log": "a metrics JSONL"}
+
+
+def replaceable(path, kind):
+    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
+    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
+    A run directory, a checkout, '.' or another stage's output never is one."""
+    if kind in ("policy", "critic"):
+        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
+        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
+                and all(os.path.isfile(os.path.join(path, n)) for n in names))
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
+        obj = json.loads(text) if text.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(obj, dict) or not obj:
+        return obj == {}  # an empty file holds nothing to lose
+    if kind == "log":
+        return "stage" in obj
+    if path.endswith(".json"):
+        return obj.get("stage") == kind
+    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
+    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
+
+
+def check_out(path, kind, inputs=()):
+    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
+    never an input (or a directory holding one) nor anything else; its parent must be writable.
+    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
+    real = os.path.realpath(path)
+    for p in inputs:
+        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
+            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
+    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
+        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
+    for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
+        if os.path.lexists(p) and not replaceable(p, kind):
+            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:  # a real file, not os.access: that says yes to root on a read-only or special file system
+        probe = os.path.join(parent, f".write_test{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
+
+
+def length_batches(lengths, batch_size, rng):
+    """Batches of indices with similar lengths (little padding), in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def lr_at(step, total, peak, warmup_frac):
+    """Linear warmup then cosine decay to 10% of the peak."""
+    warm = max(1, int(total * warmup_frac))
+    if step < warm:
+        return peak * (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def stale(pid):
+    """Whether no process has this id any more (its temporary files are leftovers)."""
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove(path):
+    """Delete a file or a directory tree, if it is there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def write_atomic(path, write_fn):
+    """Write a file or directory via a temporary sibling and one rename: a killed stage
+    leaves the previous state or nothing, never half an artifact. The temporaries of a
+    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    for entry in os.listdir(parent):
+        pid = entry[len(name) + 4:]
+        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
+            remove(os.path.join(parent, entry))
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        write_fn(tmp)
+    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
+        remove(tmp)
+        if isinstance(e, OSError):
+            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
+        raise
+    if os.path.isdir(path) and not os.path.islink(path):
+        old = f"{path}.old{os.getpid()}"
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+
+def log_metrics(path, *records):
+    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
+    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
+# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
+# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
+# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
+SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
+           "assistant": "<|assistant|>"}
+
+
+# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
+# so the action tokens of turn t are its content tokens plus <|end|>, and the state
+# position s_t is the <|assistant|> token of the generation prompt.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_tiny_tokenizer(texts, vocab_size):
+    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
+    does not dominate the merges)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
+                                   padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
+
+
+def build_tiny_model(tokenizer, args):
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
+        max_position_embeddings=args.max_len, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
 
 
 if __name__ == "__main__":

@@ -58,275 +58,9 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
-# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
-# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
+# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens,
+# and where V, Q and the loss are read. Copied byte-identical into the stages that read episodes.
 # ----------------------------------------------------------------------------------------
-def die(msg):
-    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_flags(args, **rules):
-    """Numeric flags, checked before any work: each rule says what the flag must be."""
-    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
-             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
-    for name, rule in rules.items():
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and tests[rule](value)):
-            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
-
-
-ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
-             "critic": "a critic directory written by 03_critic.py",
-             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
-             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
-             "log": "a metrics JSONL"}
-
-
-def replaceable(path, kind):
-    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
-    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
-    A run directory, a checkout, '.' or another stage's output never is one."""
-    if kind in ("policy", "critic"):
-        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
-        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
-                and all(os.path.isfile(os.path.join(path, n)) for n in names))
-    if not os.path.isfile(path):
-        return False
-    try:
-        with open(path) as f:
-            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
-        obj = json.loads(text) if text.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    if not isinstance(obj, dict) or not obj:
-        return obj == {}  # an empty file holds nothing to lose
-    if kind == "log":
-        return "stage" in obj
-    if path.endswith(".json"):
-        return obj.get("stage") == kind
-    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
-    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
-
-
-def check_out(path, kind, inputs=()):
-    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
-    never an input (or a directory holding one) nor anything else; its parent must be writable.
-    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
-    real = os.path.realpath(path)
-    for p in inputs:
-        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
-            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
-    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
-        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
-    for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if os.path.lexists(p) and not replaceable(p, kind):
-            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    try:  # a real file, not os.access: that says yes to root on a read-only or special file system
-        probe = os.path.join(parent, f".write_test{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
-
-
-def check_model_dir(path, kind):
-    """Before any work: path is a 'policy' (01 / 05 output, or a local Hugging Face causal LM)
-    or a 'critic' (03 output) directory with the files that kind needs, its JSON readable."""
-    what = "a model directory from 01_bc.py / 05_bppo.py (or a local Hugging Face model)" \
-        if kind == "policy" else "a critic directory from 03_critic.py"
-    if not os.path.isdir(path):
-        die(f"{path}: no such directory; pass {what}")
-    need = ["config.json", "tokenizer_config.json"] + (["heads.safetensors", "args.json"] if kind == "critic" else [])
-    missing = [name for name in need if not os.path.isfile(os.path.join(path, name))]
-    if missing:
-        die(f"{path} is not {what} (no {', '.join(missing)})")
-    if kind == "policy" and os.path.exists(os.path.join(path, "heads.safetensors")):
-        die(f"{path} is a critic directory (03_critic.py output), not a policy")
-    for name in ("config.json", "args.json"):
-        if os.path.isfile(os.path.join(path, name)):
-            try:
-                with open(os.path.join(path, name)) as f:
-                    assert isinstance(json.load(f), dict)
-            except (UnicodeDecodeError, json.JSONDecodeError, AssertionError):
-                die(f"{os.path.join(path, name)}: not a valid JSON object")
-    with open(os.path.join(path, "config.json")) as f:
-        if "model_type" not in json.load(f):
-            die(f"{os.path.join(path, 'config.json')}: no model_type; this is not a Hugging Face model config")
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors") and not complete_safetensors(os.path.join(path, name)):
-            die(f"{os.path.join(path, name)}: truncated, or not a safetensors file")
-
-
-def complete_safetensors(path):
-    """Whether a .safetensors file is whole: an 8-byte header size, a JSON header, and the
-    bytes of every tensor it lists (read before loading anything, so nothing is half loaded)."""
-    size = os.path.getsize(path)
-    try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n)) if 8 + n <= size else None
-        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
-        return 8 + n + max(ends, default=0) <= size
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
-        return False
-
-
-def load_pretrained(auto_class, path, dtype):
-    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run); a
-    broken directory (truncated weights, a config it cannot use) is one error line."""
-    try:
-        return auto_class.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
-        die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
-
-
-EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
-                "reward": float, "success": bool, "source": str}
-STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
-
-
-def field_error(obj, types):
-    """What is wrong with a JSON object given the types of its keys (float: a finite number,
-    at most 1e6 in size, so that no loss overflows), or None when nothing is."""
-    if not isinstance(obj, dict):
-        return f"not a JSON object but {json.dumps(obj)[:40]}"
-    for key, t in types.items():
-        if key not in obj:
-            return f"lacks {key}"
-        value = obj[key]
-        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= 1e6):
-            return f"{key} must be a finite number (at most 1e6 in size), got {json.dumps(value)[:40]}"
-        if t is not float and not isinstance(value, t):
-            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
-    return None
-
-
-def episode_error(ep, step_keys):
-    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None when nothing is."""
-    problem = field_error(ep, EPISODE_KEYS)
-    if problem or not ep["steps"]:
-        return problem or "has no steps"
-    for t, step in enumerate(ep["steps"]):
-        problem = field_error(step, step_keys)
-        if problem:
-            return f"{problem} at step {t}"
-    return None
-
-
-def read_episodes(paths, step_keys=STEP_KEYS):
-    """Read episode JSONL files (docs/design.md, 'The episode JSONL'); reject a bad line with file and line number."""
-    episodes = []
-    for path in paths:
-        if not os.path.isfile(path):
-            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    ep = json.loads(line)
-                except json.JSONDecodeError as e:
-                    die(f"{path}:{lineno}: not valid JSON ({e.msg})")
-                problem = episode_error(ep, step_keys)
-                if problem:
-                    die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
-                episodes.append(ep)
-    if not episodes:
-        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
-    return episodes
-
-
-def stale(pid):
-    """Whether no process has this id any more (its temporary files are leftovers)."""
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def remove(path):
-    """Delete a file or a directory tree, if it is there."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-def write_atomic(path, write_fn):
-    """Write a file or directory via a temporary sibling and one rename: a killed stage
-    leaves the previous state or nothing, never half an artifact. The temporaries of a
-    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    for entry in os.listdir(parent):
-        pid = entry[len(name) + 4:]
-        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
-            remove(os.path.join(parent, entry))
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        write_fn(tmp)
-    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
-        remove(tmp)
-        if isinstance(e, OSError):
-            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
-        raise
-    if os.path.isdir(path) and not os.path.islink(path):
-        old = f"{path}.old{os.getpid()}"
-        os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, path)
-
-
-def write_jsonl(path, rows):
-    def write(tmp):
-        with open(tmp, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-    write_atomic(path, write)
-
-
-def write_json(path, obj):
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-    write_atomic(path, write)
-
-
-def log_metrics(path, *records):
-    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
-    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "a") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def pick_device():
-    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
-
-
 def episode_messages(ep):
     """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
     assistant = step text and user = observation, alternately."""
@@ -408,98 +142,14 @@ def token_logprobs(logits, input_ids):
     return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
 
-def load_tokenizer(path, kind="policy"):
-    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    check_model_dir(path, kind)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
-        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
-    if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def tokenize_all(tokenizer, episodes, max_len):
-    """Tokenize every episode; drop (and count) those longer than the model's context."""
-    kept, dropped = [], 0
-    for ep in episodes:
-        x = tokenize_episode(tokenizer, ep)
-        if len(x["input_ids"]) > max_len:
-            dropped += 1
-            continue
-        kept.append((ep, x))
-    if dropped:
-        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
-    return kept
-
-
-def length_batches(lengths, batch_size, rng):
-    """Batches of indices with similar lengths (little padding), in random order."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
 # ----------------------------------------------------------------------------------------
-# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
-# ----------------------------------------------------------------------------------------
-SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
-           "assistant": "<|assistant|>"}
-# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
-# so the action tokens of turn t are its content tokens plus <|end|>, and the state
-# position s_t is the <|assistant|> token of the generation prompt.
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def train_tiny_tokenizer(texts, vocab_size):
-    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
-    does not dominate the merges)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
-                                   padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
-
-
-def build_tiny_model(tokenizer, args):
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
-        max_position_embeddings=args.max_len, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config)
-
-
-# ----------------------------------------------------------------------------------------
-# ALGO LOGIC: the behavior-cloning loss.
+# ALGO LOGIC: the behavior-cloning loss, and what to watch while it trains.
 # ----------------------------------------------------------------------------------------
 def bc_loss(logp, action_mask):
     """Masked NLL of action tokens (paper: BC warm start). logp, action_mask (B, L) -> (loss, info),
     info: the loss as a number (what the stage prints)."""
     loss = -(logp * action_mask).sum() / action_mask.sum().clamp(min=1)
     return loss, {"loss": loss.item()}
-
-
-def lr_at(step, total, peak, warmup_frac):
-    """Linear warmup then cosine decay to 10% of the peak."""
-    warm = max(1, int(total * warmup_frac))
-    if step < warm:
-        return peak * (step + 1) / warm
-    progress = (step - warm) / max(1, total - warm)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def reply_matches(logits, batch):
@@ -631,6 +281,349 @@ def main(argv=None):
     log_metrics(args.metrics, *records)
     print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
           f"{time.time() - t0:.0f}s)")
+
+
+# ----------------------------------------------------------------------------------------
+# Plumbing identical in every stage; skip on a first reading. Copied on purpose (CleanRL style)
+# so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
+# checks), and a stage carries only the helpers it calls.
+# ----------------------------------------------------------------------------------------
+def die(msg):
+    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_flags(args, **rules):
+    """Numeric flags, checked before any work: each rule says what the flag must be."""
+    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
+             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
+    for name, rule in rules.items():
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and tests[rule](value)):
+            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
+
+
+ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
+             "critic": "a critic directory written by 03_critic.py",
+             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
+             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
+             "log": "a metrics JSONL"}
+
+
+def replaceable(path, kind):
+    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
+    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
+    A run directory, a checkout, '.' or another stage's output never is one."""
+    if kind in ("policy", "critic"):
+        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
+        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
+                and all(os.path.isfile(os.path.join(path, n)) for n in names))
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
+        obj = json.loads(text) if text.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(obj, dict) or not obj:
+        return obj == {}  # an empty file holds nothing to lose
+    if kind == "log":
+        return "stage" in obj
+    if path.endswith(".json"):
+        return obj.get("stage") == kind
+    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
+    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
+
+
+def check_out(path, kind, inputs=()):
+    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
+    never an input (or a directory holding one) nor anything else; its parent must be writable.
+    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
+    real = os.path.realpath(path)
+    for p in inputs:
+        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
+            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
+    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
+        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
+    for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
+        if os.path.lexists(p) and not replaceable(p, kind):
+            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:  # a real file, not os.access: that says yes to root on a read-only or special file system
+        probe = os.path.join(parent, f".write_test{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
+
+
+def check_model_dir(path, kind):
+    """Before any work: path is a 'policy' (01 / 05 output, or a local Hugging Face causal LM)
+    or a 'critic' (03 output) directory with the files that kind needs, its JSON readable."""
+    what = "a model directory from 01_bc.py / 05_bppo.py (or a local Hugging Face model)" \
+        if kind == "policy" else "a critic directory from 03_critic.py"
+    if not os.path.isdir(path):
+        die(f"{path}: no such directory; pass {what}")
+    need = ["config.json", "tokenizer_config.json"] + (["heads.safetensors", "args.json"] if kind == "critic" else [])
+    missing = [name for name in need if not os.path.isfile(os.path.join(path, name))]
+    if missing:
+        die(f"{path} is not {what} (no {', '.join(missing)})")
+    if kind == "policy" and os.path.exists(os.path.join(path, "heads.safetensors")):
+        die(f"{path} is a critic directory (03_critic.py output), not a policy")
+    for name in ("config.json", "args.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            try:
+                with open(os.path.join(path, name)) as f:
+                    assert isinstance(json.load(f), dict)
+            except (UnicodeDecodeError, json.JSONDecodeError, AssertionError):
+                die(f"{os.path.join(path, name)}: not a valid JSON object")
+    with open(os.path.join(path, "config.json")) as f:
+        if "model_type" not in json.load(f):
+            die(f"{os.path.join(path, 'config.json')}: no model_type; this is not a Hugging Face model config")
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors") and not complete_safetensors(os.path.join(path, name)):
+            die(f"{os.path.join(path, name)}: truncated, or not a safetensors file")
+
+
+def complete_safetensors(path):
+    """Whether a .safetensors file is whole: an 8-byte header size, a JSON header, and the
+    bytes of every tensor it lists (read before loading anything, so nothing is half loaded)."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 8 + n <= size else None
+        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+        return 8 + n + max(ends, default=0) <= size
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+        return False
+
+
+def load_pretrained(auto_class, path, dtype):
+    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run); a
+    broken directory (truncated weights, a config it cannot use) is one error line."""
+    try:
+        return auto_class.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
+        die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
+
+
+def load_tokenizer(path, kind="policy"):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    check_model_dir(path, kind)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
+        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
+                "reward": float, "success": bool, "source": str}
+
+
+STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
+
+
+def field_error(obj, types):
+    """What is wrong with a JSON object given the types of its keys (float: a finite number,
+    at most 1e6 in size, so that no loss overflows), or None when nothing is."""
+    if not isinstance(obj, dict):
+        return f"not a JSON object but {json.dumps(obj)[:40]}"
+    for key, t in types.items():
+        if key not in obj:
+            return f"lacks {key}"
+        value = obj[key]
+        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= 1e6):
+            return f"{key} must be a finite number (at most 1e6 in size), got {json.dumps(value)[:40]}"
+        if t is not float and not isinstance(value, t):
+            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
+    return None
+
+
+def episode_error(ep, step_keys):
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None when nothing is."""
+    problem = field_error(ep, EPISODE_KEYS)
+    if problem or not ep["steps"]:
+        return problem or "has no steps"
+    for t, step in enumerate(ep["steps"]):
+        problem = field_error(step, step_keys)
+        if problem:
+            return f"{problem} at step {t}"
+    return None
+
+
+def read_episodes(paths, step_keys=STEP_KEYS):
+    """Read episode JSONL files (docs/design.md, 'The episode JSONL'); reject a bad line with file and line number."""
+    episodes = []
+    for path in paths:
+        if not os.path.isfile(path):
+            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    ep = json.loads(line)
+                except json.JSONDecodeError as e:
+                    die(f"{path}:{lineno}: not valid JSON ({e.msg})")
+                problem = episode_error(ep, step_keys)
+                if problem:
+                    die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
+                episodes.append(ep)
+    if not episodes:
+        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
+    return episodes
+
+
+def tokenize_all(tokenizer, episodes, max_len):
+    """Tokenize every episode; drop (and count) those longer than the model's context."""
+    kept, dropped = [], 0
+    for ep in episodes:
+        x = tokenize_episode(tokenizer, ep)
+        if len(x["input_ids"]) > max_len:
+            dropped += 1
+            continue
+        kept.append((ep, x))
+    if dropped:
+        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
+    return kept
+
+
+def length_batches(lengths, batch_size, rng):
+    """Batches of indices with similar lengths (little padding), in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def lr_at(step, total, peak, warmup_frac):
+    """Linear warmup then cosine decay to 10% of the peak."""
+    warm = max(1, int(total * warmup_frac))
+    if step < warm:
+        return peak * (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def stale(pid):
+    """Whether no process has this id any more (its temporary files are leftovers)."""
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove(path):
+    """Delete a file or a directory tree, if it is there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def write_atomic(path, write_fn):
+    """Write a file or directory via a temporary sibling and one rename: a killed stage
+    leaves the previous state or nothing, never half an artifact. The temporaries of a
+    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    for entry in os.listdir(parent):
+        pid = entry[len(name) + 4:]
+        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
+            remove(os.path.join(parent, entry))
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        write_fn(tmp)
+    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
+        remove(tmp)
+        if isinstance(e, OSError):
+            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
+        raise
+    if os.path.isdir(path) and not os.path.islink(path):
+        old = f"{path}.old{os.getpid()}"
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+
+def log_metrics(path, *records):
+    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
+    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
+# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
+# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
+# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
+SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
+           "assistant": "<|assistant|>"}
+
+
+# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
+# so the action tokens of turn t are its content tokens plus <|end|>, and the state
+# position s_t is the <|assistant|> token of the generation prompt.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_tiny_tokenizer(texts, vocab_size):
+    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
+    does not dominate the merges)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
+                                   padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
+
+
+def build_tiny_model(tokenizer, args):
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
+        max_position_embeddings=args.max_len, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
 
 
 if __name__ == "__main__":

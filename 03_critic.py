@@ -65,8 +65,308 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
-# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
-# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
+# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens,
+# and where V, Q and the loss are read. Copied byte-identical into the stages that read episodes.
+# ----------------------------------------------------------------------------------------
+def episode_messages(ep):
+    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
+    assistant = step text and user = observation, alternately."""
+    msgs = [{"role": "system", "content": ep["instruction"]},
+            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
+    for step in ep["steps"]:
+        msgs.append({"role": "assistant", "content": step["text"]})
+        msgs.append({"role": "user", "content": step["obs"]})
+    return msgs
+
+
+def tokenize_episode(tokenizer, ep):
+    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
+
+    Returns a dict of lists:
+      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
+      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
+      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
+      action_pos   (T,)   last token of turn t
+    The chat template is rendered as text for growing prefixes of the conversation, and
+    the full text is tokenized once; character offsets locate each turn."""
+    msgs = episode_messages(ep)
+
+    def render(m, gen):
+        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
+
+    full = render(msgs, True)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
+    action_step = [-1] * len(ids)
+    state_pos, action_pos = [], []
+    for t in range(len(ep["steps"])):
+        k = 2 + 2 * t  # index of assistant message t
+        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        if not (full.startswith(prompt) and full.startswith(after)):
+            raise ValueError("the chat template does not render a conversation as a prefix of its "
+                             "continuation; this model's template is not supported")
+        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
+        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
+        state_pos.append(first - 1)
+        action_pos.append(last)
+        for i in range(first, last + 1):
+            action_step[i] = t
+    state_pos.append(len(ids) - 1)
+    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
+
+
+def collate(tokenized, pad_id):
+    """Right-pad a list of tokenize_episode() dicts into tensors.
+    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
+    padded with 0, step_mask (B, T) is 1 on real steps."""
+    B = len(tokenized)
+    L = max(len(x["input_ids"]) for x in tokenized)
+    T = max(len(x["action_pos"]) for x in tokenized)
+    batch = {
+        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((B, L), dtype=torch.long),
+        "action_step": torch.full((B, L), -1, dtype=torch.long),
+        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
+        "action_pos": torch.zeros((B, T), dtype=torch.long),
+        "step_mask": torch.zeros((B, T), dtype=torch.float),
+    }
+    for i, x in enumerate(tokenized):
+        n, t = len(x["input_ids"]), len(x["action_pos"])
+        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
+        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
+        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
+        batch["step_mask"][i, :t] = 1.0
+    return batch
+
+
+def trajectory_tensors(episodes, device):
+    """Per-step tensors (B, T), zero-padded: r_env, r_aux, done, and the step mask."""
+    T = max(len(ep["steps"]) for ep in episodes)
+    out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
+    for i, ep in enumerate(episodes):
+        n = len(ep["steps"])
+        out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
+        out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
+        out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
+        out["mask"][i, :n] = 1.0
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: weighted IQL, and the critic it trains: the policy's transformer body
+# with a V head and a Q head (the Critic class is copied in 02 and 04).
+# ----------------------------------------------------------------------------------------
+def step_weights(T, d):
+    """Paper eq. (W-IQL step weight): w_t = (t/T + d) * 0.5 + 0.5 for t = 1..T -> (T,)."""
+    t = torch.arange(1, T + 1, dtype=torch.float)
+    return (t / T + float(d)) * 0.5 + 0.5
+
+
+def expectile_loss(u, tau, weight=None):
+    """Paper eq. (IQL value loss): weighted mean of |tau - 1(u < 0)| * u^2.
+    weight None means uniform; zero weights drop entries (padding)."""
+    loss = torch.abs(tau - (u < 0).float()) * u ** 2
+    if weight is None:
+        return loss.mean()
+    return (weight * loss).sum() / weight.sum().clamp(min=1e-8)
+
+
+def weighted_mse(u, weight):
+    """Paper eq. (IQL Q loss), weighted like expectile_loss."""
+    return (weight * u ** 2).sum() / weight.sum().clamp(min=1e-8)
+
+
+def batch_weights(episodes, uniform, device):
+    """(B, T) step weights, 0 on padding; d = 1 if the last env reward is non-zero."""
+    T = max(len(ep["steps"]) for ep in episodes)
+    w = torch.zeros((len(episodes), T), device=device)
+    for i, ep in enumerate(episodes):
+        n = len(ep["steps"])
+        w[i, :n] = 1.0 if uniform else step_weights(n, ep["steps"][-1]["r_env"] != 0)
+    return w
+
+
+def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux):
+    """One forward pass -> (L_V + L_Q, info). Per-step tensors (traj, weights) are (B, T).
+    info holds what the stage prints: L_V, L_Q, and the mean V(s_t) and Q(s_t, a_t) over the
+    batch's real steps."""
+    h_action, v_all, q = critic(batch)                 # v_all (B, T+1), q (B, T)
+    v, v_next = v_all[:, :-1], v_all[:, 1:].detach()
+    with torch.no_grad():
+        q_target = target_q_head(h_action.detach().float()).squeeze(-1)  # Qbar(s_t, a_t)
+    reward = traj["r_env"] + (traj["r_aux"] if use_aux else 0.0)
+    not_done = 1.0 - traj["done"]
+    loss_v = expectile_loss(q_target - v, tau, weights)
+    loss_q = weighted_mse(reward + gamma * not_done * v_next - q, weights)
+    with torch.no_grad():
+        n = traj["mask"].sum().clamp(min=1)
+        info = {"loss_v": loss_v.item(), "loss_q": loss_q.item(),
+                "v_mean": ((v * traj["mask"]).sum() / n).item(), "q_mean": ((q * traj["mask"]).sum() / n).item()}
+    return loss_v + loss_q, info
+
+
+class Critic(torch.nn.Module):
+    """One forward pass over a trajectory gives every V(s_t) (read at state positions,
+    the last token of each generation prompt) and every Q(s_t, a_t) (read at action
+    positions, the last token of each reply)."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+        d = backbone.config.hidden_size
+
+        def head():
+            return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1))
+        self.v_head, self.q_head = head(), head()
+
+    def forward(self, batch):
+        """-> the body's features at the action positions (B, T, d) (03 applies its target Q head
+        to them), V (B, T+1) at every state, Q (B, T) at every action."""
+        h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        d = h.shape[-1]
+        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
+        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
+        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
+
+    def save(self, out_dir, tokenizer, args):
+        def write(tmp):
+            self.backbone.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            heads = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
+            heads.update({f"q_head.{k}": v for k, v in self.q_head.state_dict().items()})
+            save_file({k: v.contiguous().cpu() for k, v in heads.items()}, os.path.join(tmp, "heads.safetensors"))
+            with open(os.path.join(tmp, "args.json"), "w") as f:
+                json.dump(args, f, indent=2)
+        write_atomic(out_dir, write)
+
+    @classmethod
+    def load(cls, path, device, dtype):
+        """A critic directory written by 03_critic.py (backbone + heads.safetensors)."""
+        check_model_dir(path, "critic")
+        critic = cls(load_pretrained(AutoModel, path, dtype))
+        try:
+            heads = load_file(os.path.join(path, "heads.safetensors"))
+            critic.v_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("v_head.")})
+            critic.q_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("q_head.")})
+        except Exception as e:  # a truncated file, or heads of another size than the backbone's
+            die(f"{path}: cannot load heads.safetensors ({' '.join(str(e).split())[:300]})")
+        return critic.to(device)
+
+
+def discounted_returns(rewards, gamma):
+    out, g = [], 0.0
+    for r in reversed(rewards):
+        g = r + gamma * g
+        out.append(g)
+    return out[::-1]
+
+
+def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device):
+    """What the critic learned, for a student to read: V and Q by data source (mean and std
+    over every step) and how much of the Monte-Carlo return-to-go (with the rewards the critic
+    learned from) V explains: explained variance, 1 = perfectly, 0 = no better than a constant."""
+    stats = {s: {"v": [], "q": [], "ret": []} for s in ("expert", "self")}
+    with torch.no_grad():
+        for i in range(0, len(data), batch_size):
+            eps = [ep for ep, _ in data[i:i + batch_size]]
+            batch = {k: v.to(device) for k, v in collate([x for _, x in data[i:i + batch_size]], pad_id).items()}
+            _, v_all, q = critic(batch)
+            for j, ep in enumerate(eps):
+                n = len(ep["steps"])
+                rewards = [s["r_env"] + (s["r_aux"] if use_aux else 0.0) for s in ep["steps"]]
+                s = stats[ep["source"] if ep["source"] in stats else "self"]
+                s["v"] += v_all[j, :n].tolist()
+                s["q"] += q[j, :n].tolist()
+                s["ret"] += discounted_returns(rewards, gamma)
+    v_all_ = np.array(stats["expert"]["v"] + stats["self"]["v"])
+    ret_all = np.array(stats["expert"]["ret"] + stats["self"]["ret"])
+    report = {"explained_variance": float(1 - np.var(ret_all - v_all_) / max(np.var(ret_all), 1e-8))}
+    for src, s in stats.items():
+        if s["v"]:
+            report[f"{src}_v_mean"], report[f"{src}_v_std"] = float(np.mean(s["v"])), float(np.std(s["v"]))
+            report[f"{src}_q_mean"], report[f"{src}_q_std"] = float(np.mean(s["q"])), float(np.std(s["q"]))
+    return report
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # Every input is checked before any work, and --out is replaced only by a finished critic.
+    check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
+                batch_size="at least 1", lr="positive", grad_clip="positive", threads="non-negative")
+    check_out(args.out, "critic", args.data + [args.policy])
+    if args.metrics:
+        check_out(args.metrics, "log", args.data + [args.policy, args.out])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # TRY NOT TO MODIFY: seeding
+    seed_everything(args.seed)
+    device, dtype = pick_device()
+    episodes = read_episodes(args.data)
+    tokenizer = load_tokenizer(args.policy)
+    critic = Critic(load_pretrained(AutoModel, args.policy, dtype)).to(device)
+    data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
+    if not data:
+        die("no trajectory fits the model's context")
+    target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
+    n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
+    print(f"03_critic: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), "
+          f"{sum(len(ep['steps']) for ep, _ in data)} steps; tau {args.tau}, gamma {args.gamma}, "
+          f"weights {'uniform' if args.uniform_weights else 'W-IQL'}, aux rewards {'off' if args.no_aux else 'on'}")
+
+    rng = random.Random(args.seed)
+    lengths = [len(x["input_ids"]) for _, x in data]
+    steps_total = args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size)
+    bar = tqdm(total=steps_total, desc="03_critic", unit="step")
+    step, t0, records = 0, time.time(), []
+    for epoch in range(args.epochs):
+        sums = {"loss_v": 0.0, "loss_q": 0.0, "n": 0}
+        for idx in length_batches(lengths, args.batch_size, rng):
+            eps = [data[j][0] for j in idx]
+            batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
+            traj = trajectory_tensors(eps, device)
+            weights = batch_weights(eps, args.uniform_weights, device)
+            loss, info = iql_losses(critic, target_q_head, batch, traj, weights, args.tau, args.gamma, not args.no_aux)
+            if not torch.isfinite(loss):
+                die(f"critic loss became {loss.item()} at step {step}; lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(critic.parameters(), args.grad_clip)
+            optimizer.step()
+            with torch.no_grad():  # Polyak-averaged target: Qbar <- (1 - polyak) Qbar + polyak Q
+                for p_t, p in zip(target_q_head.parameters(), critic.q_head.parameters()):
+                    p_t.lerp_(p, args.polyak)
+            sums["loss_v"] += info["loss_v"]
+            sums["loss_q"] += info["loss_q"]
+            sums["n"] += 1
+            step += 1
+            bar.update(1)
+            bar.set_postfix(L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}", V=f"{info['v_mean']:+.3f}",
+                            Q=f"{info['q_mean']:+.3f}")
+        record = {"stage": "03_critic", "epoch": epoch + 1, "step": step, "loss_v": sums["loss_v"] / sums["n"],
+                  "loss_q": sums["loss_q"] / sums["n"], "elapsed_s": time.time() - t0}
+        records.append(record)
+        tqdm.write(f"epoch {epoch + 1}: L_V {record['loss_v']:.4f}  L_Q {record['loss_q']:.4f}")
+    bar.close()
+
+    critic.eval()
+    summary = {"stage": "03_critic", "step": step,
+               **critic_report(critic, data, args.batch_size, tokenizer.pad_token_id, args.gamma, not args.no_aux, device)}
+    critic.save(args.out, tokenizer, vars(args))
+    log_metrics(args.metrics, *records, summary)
+    by_src = "  ".join(f"{src}: V {summary[src + '_v_mean']:+.3f}+-{summary[src + '_v_std']:.3f} "
+                       f"Q {summary[src + '_q_mean']:+.3f}+-{summary[src + '_q_std']:.3f}"
+                       for src in ("expert", "self") if src + "_v_mean" in summary)
+    print(f"03_critic: explained variance of returns {summary['explained_variance']:.3f}; {by_src}; "
+          f"{time.time() - t0:.0f}s -> {args.out}")
+
+
+# ----------------------------------------------------------------------------------------
+# Plumbing identical in every stage; skip on a first reading. Copied on purpose (CleanRL style)
+# so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
+# checks), and a stage carries only the helpers it calls.
 # ----------------------------------------------------------------------------------------
 def die(msg):
     """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
@@ -192,8 +492,24 @@ def load_pretrained(auto_class, path, dtype):
         die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
 
 
+def load_tokenizer(path, kind="policy"):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    check_model_dir(path, kind)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
+        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
                 "reward": float, "success": bool, "source": str}
+
+
 STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
 
 
@@ -248,6 +564,28 @@ def read_episodes(paths, step_keys=STEP_KEYS):
     return episodes
 
 
+def tokenize_all(tokenizer, episodes, max_len):
+    """Tokenize every episode; drop (and count) those longer than the model's context."""
+    kept, dropped = [], 0
+    for ep in episodes:
+        x = tokenize_episode(tokenizer, ep)
+        if len(x["input_ids"]) > max_len:
+            dropped += 1
+            continue
+        kept.append((ep, x))
+    if dropped:
+        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
+    return kept
+
+
+def length_batches(lengths, batch_size, rng):
+    """Batches of indices with similar lengths (little padding), in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
 def stale(pid):
     """Whether no process has this id any more (its temporary files are leftovers)."""
     try:
@@ -295,20 +633,6 @@ def write_atomic(path, write_fn):
         os.replace(tmp, path)
 
 
-def write_jsonl(path, rows):
-    def write(tmp):
-        with open(tmp, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-    write_atomic(path, write)
-
-def write_json(path, obj):
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-    write_atomic(path, write)
-
 def log_metrics(path, *records):
     """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
     its artifact is written, so a killed and rerun stage leaves no duplicate records."""
@@ -318,344 +642,18 @@ def log_metrics(path, *records):
             for record in records:
                 f.write(json.dumps(record) + "\n")
 
+
 def seed_everything(seed):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
 
 def pick_device():
     """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
     if torch.cuda.is_available():
         return torch.device("cuda"), torch.bfloat16
     return torch.device("cpu"), torch.float32
-
-def episode_messages(ep):
-    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
-    assistant = step text and user = observation, alternately."""
-    msgs = [{"role": "system", "content": ep["instruction"]},
-            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
-    for step in ep["steps"]:
-        msgs.append({"role": "assistant", "content": step["text"]})
-        msgs.append({"role": "user", "content": step["obs"]})
-    return msgs
-
-def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
-
-    Returns a dict of lists:
-      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
-      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
-      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
-      action_pos   (T,)   last token of turn t
-    The chat template is rendered as text for growing prefixes of the conversation, and
-    the full text is tokenized once; character offsets locate each turn."""
-    msgs = episode_messages(ep)
-
-    def render(m, gen):
-        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
-
-    full = render(msgs, True)
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
-    action_step = [-1] * len(ids)
-    state_pos, action_pos = [], []
-    for t in range(len(ep["steps"])):
-        k = 2 + 2 * t  # index of assistant message t
-        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
-        if not (full.startswith(prompt) and full.startswith(after)):
-            raise ValueError("the chat template does not render a conversation as a prefix of its "
-                             "continuation; this model's template is not supported")
-        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
-        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
-        state_pos.append(first - 1)
-        action_pos.append(last)
-        for i in range(first, last + 1):
-            action_step[i] = t
-    state_pos.append(len(ids) - 1)
-    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
-
-def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors.
-    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
-    padded with 0, step_mask (B, T) is 1 on real steps."""
-    B = len(tokenized)
-    L = max(len(x["input_ids"]) for x in tokenized)
-    T = max(len(x["action_pos"]) for x in tokenized)
-    batch = {
-        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros((B, L), dtype=torch.long),
-        "action_step": torch.full((B, L), -1, dtype=torch.long),
-        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
-        "action_pos": torch.zeros((B, T), dtype=torch.long),
-        "step_mask": torch.zeros((B, T), dtype=torch.float),
-    }
-    for i, x in enumerate(tokenized):
-        n, t = len(x["input_ids"]), len(x["action_pos"])
-        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
-        batch["attention_mask"][i, :n] = 1
-        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
-        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
-        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
-        batch["step_mask"][i, :t] = 1.0
-    return batch
-
-def load_tokenizer(path, kind="policy"):
-    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    check_model_dir(path, kind)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
-        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
-    if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-def tokenize_all(tokenizer, episodes, max_len):
-    """Tokenize every episode; drop (and count) those longer than the model's context."""
-    kept, dropped = [], 0
-    for ep in episodes:
-        x = tokenize_episode(tokenizer, ep)
-        if len(x["input_ids"]) > max_len:
-            dropped += 1
-            continue
-        kept.append((ep, x))
-    if dropped:
-        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
-    return kept
-
-
-def length_batches(lengths, batch_size, rng):
-    """Batches of indices with similar lengths (little padding), in random order."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
-# ----------------------------------------------------------------------------------------
-# The critic: the policy's transformer body with a V head and a Q head (copied in 03, 04).
-# ----------------------------------------------------------------------------------------
-class Critic(torch.nn.Module):
-    """One forward pass over a trajectory gives every V(s_t) (read at state positions,
-    the last token of each generation prompt) and every Q(s_t, a_t) (read at action
-    positions, the last token of each reply)."""
-
-    def __init__(self, backbone):
-        super().__init__()
-        self.backbone = backbone
-        d = backbone.config.hidden_size
-
-        def head():
-            return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1))
-        self.v_head, self.q_head = head(), head()
-
-    def forward(self, batch):
-        """-> the body's features at the action positions (B, T, d) (03 applies its target Q head
-        to them), V (B, T+1) at every state, Q (B, T) at every action."""
-        h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-        d = h.shape[-1]
-        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
-        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
-        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
-
-    def save(self, out_dir, tokenizer, args):
-        def write(tmp):
-            self.backbone.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            heads = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
-            heads.update({f"q_head.{k}": v for k, v in self.q_head.state_dict().items()})
-            save_file({k: v.contiguous().cpu() for k, v in heads.items()}, os.path.join(tmp, "heads.safetensors"))
-            with open(os.path.join(tmp, "args.json"), "w") as f:
-                json.dump(args, f, indent=2)
-        write_atomic(out_dir, write)
-
-    @classmethod
-    def load(cls, path, device, dtype):
-        """A critic directory written by 03_critic.py (backbone + heads.safetensors)."""
-        check_model_dir(path, "critic")
-        critic = cls(load_pretrained(AutoModel, path, dtype))
-        try:
-            heads = load_file(os.path.join(path, "heads.safetensors"))
-            critic.v_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("v_head.")})
-            critic.q_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("q_head.")})
-        except Exception as e:  # a truncated file, or heads of another size than the backbone's
-            die(f"{path}: cannot load heads.safetensors ({' '.join(str(e).split())[:300]})")
-        return critic.to(device)
-
-
-def trajectory_tensors(episodes, device):
-    """Per-step tensors (B, T), zero-padded: r_env, r_aux, done, and the step mask."""
-    T = max(len(ep["steps"]) for ep in episodes)
-    out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
-    for i, ep in enumerate(episodes):
-        n = len(ep["steps"])
-        out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
-        out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
-        out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
-        out["mask"][i, :n] = 1.0
-    return out
-
-
-# ----------------------------------------------------------------------------------------
-# ALGO LOGIC: weighted IQL.
-# ----------------------------------------------------------------------------------------
-def step_weights(T, d):
-    """Paper eq. (W-IQL step weight): w_t = (t/T + d) * 0.5 + 0.5 for t = 1..T -> (T,)."""
-    t = torch.arange(1, T + 1, dtype=torch.float)
-    return (t / T + float(d)) * 0.5 + 0.5
-
-
-def expectile_loss(u, tau, weight=None):
-    """Paper eq. (IQL value loss): weighted mean of |tau - 1(u < 0)| * u^2.
-    weight None means uniform; zero weights drop entries (padding)."""
-    loss = torch.abs(tau - (u < 0).float()) * u ** 2
-    if weight is None:
-        return loss.mean()
-    return (weight * loss).sum() / weight.sum().clamp(min=1e-8)
-
-
-def weighted_mse(u, weight):
-    """Paper eq. (IQL Q loss), weighted like expectile_loss."""
-    return (weight * u ** 2).sum() / weight.sum().clamp(min=1e-8)
-
-
-def batch_weights(episodes, uniform, device):
-    """(B, T) step weights, 0 on padding; d = 1 if the last env reward is non-zero."""
-    T = max(len(ep["steps"]) for ep in episodes)
-    w = torch.zeros((len(episodes), T), device=device)
-    for i, ep in enumerate(episodes):
-        n = len(ep["steps"])
-        w[i, :n] = 1.0 if uniform else step_weights(n, ep["steps"][-1]["r_env"] != 0)
-    return w
-
-
-def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux):
-    """One forward pass -> (L_V + L_Q, info). Per-step tensors (traj, weights) are (B, T).
-    info holds what the stage prints: L_V, L_Q, and the mean V(s_t) and Q(s_t, a_t) over the
-    batch's real steps."""
-    h_action, v_all, q = critic(batch)                 # v_all (B, T+1), q (B, T)
-    v, v_next = v_all[:, :-1], v_all[:, 1:].detach()
-    with torch.no_grad():
-        q_target = target_q_head(h_action.detach().float()).squeeze(-1)  # Qbar(s_t, a_t)
-    reward = traj["r_env"] + (traj["r_aux"] if use_aux else 0.0)
-    not_done = 1.0 - traj["done"]
-    loss_v = expectile_loss(q_target - v, tau, weights)
-    loss_q = weighted_mse(reward + gamma * not_done * v_next - q, weights)
-    with torch.no_grad():
-        n = traj["mask"].sum().clamp(min=1)
-        info = {"loss_v": loss_v.item(), "loss_q": loss_q.item(),
-                "v_mean": ((v * traj["mask"]).sum() / n).item(), "q_mean": ((q * traj["mask"]).sum() / n).item()}
-    return loss_v + loss_q, info
-
-
-def discounted_returns(rewards, gamma):
-    out, g = [], 0.0
-    for r in reversed(rewards):
-        g = r + gamma * g
-        out.append(g)
-    return out[::-1]
-
-
-def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device):
-    """What the critic learned, for a student to read: V and Q by data source (mean and std
-    over every step) and how much of the Monte-Carlo return-to-go (with the rewards the critic
-    learned from) V explains: explained variance, 1 = perfectly, 0 = no better than a constant."""
-    stats = {s: {"v": [], "q": [], "ret": []} for s in ("expert", "self")}
-    with torch.no_grad():
-        for i in range(0, len(data), batch_size):
-            eps = [ep for ep, _ in data[i:i + batch_size]]
-            batch = {k: v.to(device) for k, v in collate([x for _, x in data[i:i + batch_size]], pad_id).items()}
-            _, v_all, q = critic(batch)
-            for j, ep in enumerate(eps):
-                n = len(ep["steps"])
-                rewards = [s["r_env"] + (s["r_aux"] if use_aux else 0.0) for s in ep["steps"]]
-                s = stats[ep["source"] if ep["source"] in stats else "self"]
-                s["v"] += v_all[j, :n].tolist()
-                s["q"] += q[j, :n].tolist()
-                s["ret"] += discounted_returns(rewards, gamma)
-    v_all_ = np.array(stats["expert"]["v"] + stats["self"]["v"])
-    ret_all = np.array(stats["expert"]["ret"] + stats["self"]["ret"])
-    report = {"explained_variance": float(1 - np.var(ret_all - v_all_) / max(np.var(ret_all), 1e-8))}
-    for src, s in stats.items():
-        if s["v"]:
-            report[f"{src}_v_mean"], report[f"{src}_v_std"] = float(np.mean(s["v"])), float(np.std(s["v"]))
-            report[f"{src}_q_mean"], report[f"{src}_q_std"] = float(np.mean(s["q"])), float(np.std(s["q"]))
-    return report
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    # Every input is checked before any work, and --out is replaced only by a finished critic.
-    check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
-                batch_size="at least 1", lr="positive", grad_clip="positive", threads="non-negative")
-    check_out(args.out, "critic", args.data + [args.policy])
-    if args.metrics:
-        check_out(args.metrics, "log", args.data + [args.policy, args.out])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    # TRY NOT TO MODIFY: seeding
-    seed_everything(args.seed)
-    device, dtype = pick_device()
-    episodes = read_episodes(args.data)
-    tokenizer = load_tokenizer(args.policy)
-    critic = Critic(load_pretrained(AutoModel, args.policy, dtype)).to(device)
-    data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
-    if not data:
-        die("no trajectory fits the model's context")
-    target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)
-    optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
-    n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
-    print(f"03_critic: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), "
-          f"{sum(len(ep['steps']) for ep, _ in data)} steps; tau {args.tau}, gamma {args.gamma}, "
-          f"weights {'uniform' if args.uniform_weights else 'W-IQL'}, aux rewards {'off' if args.no_aux else 'on'}")
-
-    rng = random.Random(args.seed)
-    lengths = [len(x["input_ids"]) for _, x in data]
-    steps_total = args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size)
-    bar = tqdm(total=steps_total, desc="03_critic", unit="step")
-    step, t0, records = 0, time.time(), []
-    for epoch in range(args.epochs):
-        sums = {"loss_v": 0.0, "loss_q": 0.0, "n": 0}
-        for idx in length_batches(lengths, args.batch_size, rng):
-            eps = [data[j][0] for j in idx]
-            batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
-            traj = trajectory_tensors(eps, device)
-            weights = batch_weights(eps, args.uniform_weights, device)
-            loss, info = iql_losses(critic, target_q_head, batch, traj, weights, args.tau, args.gamma, not args.no_aux)
-            if not torch.isfinite(loss):
-                die(f"critic loss became {loss.item()} at step {step}; lower --lr")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(critic.parameters(), args.grad_clip)
-            optimizer.step()
-            with torch.no_grad():  # Polyak-averaged target: Qbar <- (1 - polyak) Qbar + polyak Q
-                for p_t, p in zip(target_q_head.parameters(), critic.q_head.parameters()):
-                    p_t.lerp_(p, args.polyak)
-            sums["loss_v"] += info["loss_v"]
-            sums["loss_q"] += info["loss_q"]
-            sums["n"] += 1
-            step += 1
-            bar.update(1)
-            bar.set_postfix(L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}", V=f"{info['v_mean']:+.3f}",
-                            Q=f"{info['q_mean']:+.3f}")
-        record = {"stage": "03_critic", "epoch": epoch + 1, "step": step, "loss_v": sums["loss_v"] / sums["n"],
-                  "loss_q": sums["loss_q"] / sums["n"], "elapsed_s": time.time() - t0}
-        records.append(record)
-        tqdm.write(f"epoch {epoch + 1}: L_V {record['loss_v']:.4f}  L_Q {record['loss_q']:.4f}")
-    bar.close()
-
-    critic.eval()
-    summary = {"stage": "03_critic", "step": step,
-               **critic_report(critic, data, args.batch_size, tokenizer.pad_token_id, args.gamma, not args.no_aux, device)}
-    critic.save(args.out, tokenizer, vars(args))
-    log_metrics(args.metrics, *records, summary)
-    by_src = "  ".join(f"{src}: V {summary[src + '_v_mean']:+.3f}+-{summary[src + '_v_std']:.3f} "
-                       f"Q {summary[src + '_q_mean']:+.3f}+-{summary[src + '_q_std']:.3f}"
-                       for src in ("expert", "self") if src + "_v_mean" in summary)
-    print(f"03_critic: explained variance of returns {summary['explained_variance']:.3f}; {by_src}; "
-          f"{time.time() - t0:.0f}s -> {args.out}")
 
 
 if __name__ == "__main__":

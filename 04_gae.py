@@ -56,8 +56,204 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
-# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
-# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
+# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens,
+# and where V, Q and the loss are read. Copied byte-identical into the stages that read episodes.
+# ----------------------------------------------------------------------------------------
+def episode_messages(ep):
+    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
+    assistant = step text and user = observation, alternately."""
+    msgs = [{"role": "system", "content": ep["instruction"]},
+            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
+    for step in ep["steps"]:
+        msgs.append({"role": "assistant", "content": step["text"]})
+        msgs.append({"role": "user", "content": step["obs"]})
+    return msgs
+
+
+def tokenize_episode(tokenizer, ep):
+    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
+
+    Returns a dict of lists:
+      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
+      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
+      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
+      action_pos   (T,)   last token of turn t
+    The chat template is rendered as text for growing prefixes of the conversation, and
+    the full text is tokenized once; character offsets locate each turn."""
+    msgs = episode_messages(ep)
+
+    def render(m, gen):
+        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
+
+    full = render(msgs, True)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
+    action_step = [-1] * len(ids)
+    state_pos, action_pos = [], []
+    for t in range(len(ep["steps"])):
+        k = 2 + 2 * t  # index of assistant message t
+        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        if not (full.startswith(prompt) and full.startswith(after)):
+            raise ValueError("the chat template does not render a conversation as a prefix of its "
+                             "continuation; this model's template is not supported")
+        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
+        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
+        state_pos.append(first - 1)
+        action_pos.append(last)
+        for i in range(first, last + 1):
+            action_step[i] = t
+    state_pos.append(len(ids) - 1)
+    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
+
+
+def collate(tokenized, pad_id):
+    """Right-pad a list of tokenize_episode() dicts into tensors.
+    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
+    padded with 0, step_mask (B, T) is 1 on real steps."""
+    B = len(tokenized)
+    L = max(len(x["input_ids"]) for x in tokenized)
+    T = max(len(x["action_pos"]) for x in tokenized)
+    batch = {
+        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((B, L), dtype=torch.long),
+        "action_step": torch.full((B, L), -1, dtype=torch.long),
+        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
+        "action_pos": torch.zeros((B, T), dtype=torch.long),
+        "step_mask": torch.zeros((B, T), dtype=torch.float),
+    }
+    for i, x in enumerate(tokenized):
+        n, t = len(x["input_ids"]), len(x["action_pos"])
+        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
+        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
+        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
+        batch["step_mask"][i, :t] = 1.0
+    return batch
+
+
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: generalized advantage estimation.
+# ----------------------------------------------------------------------------------------
+def gae(rewards, values, dones, gamma, lam):
+    """Paper eq. (GAE process reward). rewards (T,), values (T+1,) = V(s_0)..V(s_T),
+    dones (T,) with 1 where step t reached a true terminal state -> advantages (T,).
+    The backward recursion over steps is the one loop the design allows."""
+    rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
+    not_done = 1.0 - dones
+    deltas = rewards + gamma * not_done * values[1:] - values[:-1]
+    adv = np.zeros_like(deltas)
+    running = 0.0
+    for t in reversed(range(len(deltas))):
+        running = deltas[t] + gamma * lam * not_done[t] * running
+        adv[t] = running
+    return adv
+
+
+def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux):
+    """Episode ep with "v" = V(s_t) and "adv" = A_t on every step. values (T+1,) = V(s_0)..V(s_T),
+    q (T,) = Q(s_t, a_t). A_t is GAE on the environment rewards (with --with-aux, plus r_aux), or
+    with --advantage qv the single-step Q(s_t, a_t) - V(s_t) (the ablation 'w/o GAE')."""
+    rewards = [s["r_env"] + (s["r_aux"] if with_aux else 0.0) for s in ep["steps"]]
+    dones = [float(s["done"]) for s in ep["steps"]]
+    adv = gae(rewards, values, dones, gamma, lam) if advantage == "gae" else q - values[:-1]
+    return dict(ep, steps=[dict(s, v=float(values[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])])
+
+
+def auc(scores, labels):
+    """Probability that a random positive scores above a random negative, ties counting 1/2
+    (the Mann-Whitney statistic, from the average ranks of the scores)."""
+    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
+    n_pos, n_neg = labels.sum(), (~labels).sum()
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    avg_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based rank, averaged over ties
+    rank_sum = avg_rank[inverse][labels].sum()
+    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def advantage_report(episodes):
+    """What a student should look at: do the process rewards make sense? Mean A_t by data source
+    and by label, and how well V separates the self episodes that succeed from those that fail
+    (AUC: 0.5 = not at all, 1 = perfectly), at s_0 (which sees only the task) and later states."""
+    by_source, by_label = defaultdict(list), defaultdict(list)
+    for ep in episodes:
+        for s in ep["steps"]:
+            by_source[ep["source"]].append(s["adv"])
+            by_label[s["label"]].append(s["adv"])
+    self_eps = [ep for ep in episodes if ep["source"] != "expert"]
+    return {
+        "adv_mean_by_source": {k: float(np.mean(v)) for k, v in sorted(by_source.items())},
+        "adv_mean_by_label": {k: float(np.mean(v)) for k, v in sorted(by_label.items())},
+        "steps_by_label": {k: len(v) for k, v in sorted(by_label.items())},
+        "auc_v0_self": auc([ep["steps"][0]["v"] for ep in self_eps], [ep["success"] for ep in self_eps]),
+        "auc_v0_all": auc([ep["steps"][0]["v"] for ep in episodes], [ep["success"] for ep in episodes]),
+        "auc_v_self_by_step": [auc([ep["steps"][t]["v"] for ep in self_eps if len(ep["steps"]) > t],
+                                   [ep["success"] for ep in self_eps if len(ep["steps"]) > t]) for t in range(4)],
+        "auc_v_self_every_state": auc([s["v"] for ep in self_eps for s in ep["steps"]],
+                                      [ep["success"] for ep in self_eps for s in ep["steps"]]),
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # Every input is checked before any work, and --out is replaced only once all advantages are in.
+    check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", threads="non-negative")
+    check_out(args.out, "04_gae", args.data + [args.critic])
+    if args.metrics:
+        check_out(args.metrics, "log", args.data + [args.critic, args.out])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # TRY NOT TO MODIFY: seeding
+    seed_everything(args.seed)
+    device, dtype = pick_device()
+    episodes = read_episodes(args.data)
+    tokenizer = load_tokenizer(args.critic, "critic")
+    with open(os.path.join(args.critic, "args.json")) as f:
+        critic_args = json.load(f)
+    gamma = critic_args.get("gamma") if args.gamma is None else args.gamma
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
+        die(f"{args.critic}/args.json: gamma must be a number in [0, 1], got {gamma!r}; or pass --gamma")
+    critic = Critic.load(args.critic, device, dtype).eval()
+    data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
+    if not data:
+        die("no trajectory fits the model's context")
+
+    # One batched forward pass per group of trajectories gives V at every state and Q at every action.
+    out_eps = []
+    with torch.no_grad():
+        for i in tqdm(range(0, len(data), args.batch_size), desc="04_gae", unit="batch"):
+            eps = [ep for ep, _ in data[i:i + args.batch_size]]
+            batch = {k: v.to(device) for k, v in collate([x for _, x in data[i:i + args.batch_size]],
+                                                         tokenizer.pad_token_id).items()}
+            _, v_all, q = critic(batch)  # (B, T+1), (B, T)
+            for j, ep in enumerate(eps):
+                n = len(ep["steps"])
+                out_eps.append(episode_advantages(ep, v_all[j, :n + 1].double().numpy(force=True),
+                                                  q[j, :n].double().numpy(force=True), gamma, args.lam,
+                                                  args.advantage, args.with_aux))
+
+    summary = {"stage": "04_gae", "advantage": args.advantage, "with_aux": args.with_aux, "gamma": gamma,
+               "lam": args.lam, **advantage_report(out_eps)}
+    write_jsonl(args.out, out_eps)
+    write_json(args.out[:-len(".jsonl")] + ".json", {**summary, "args": vars(args)})
+    log_metrics(args.metrics, summary)
+    src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
+    lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
+    print(f"04_gae: mean advantage by source: {src}\n"
+          f"04_gae: mean advantage by label:  {lab}\n"
+          f"04_gae: AUC of V(s_0) for success vs failure: self {summary['auc_v0_self']:.3f}, "
+          f"all {summary['auc_v0_all']:.3f}\n"
+          f"04_gae: AUC of V(s_t) for the episode's success (self): "
+          + ", ".join(f"s_{t} {a:.3f}" for t, a in enumerate(summary["auc_v_self_by_step"]))
+          + f", every state {summary['auc_v_self_every_state']:.3f} -> {args.out}")
+
+
+# ----------------------------------------------------------------------------------------
+# Plumbing identical in every stage; skip on a first reading. Copied on purpose (CleanRL style)
+# so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
+# checks), and a stage carries only the helpers it calls.
 # ----------------------------------------------------------------------------------------
 def die(msg):
     """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
@@ -183,8 +379,24 @@ def load_pretrained(auto_class, path, dtype):
         die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
 
 
+def load_tokenizer(path, kind="policy"):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    check_model_dir(path, kind)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
+        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
                 "reward": float, "success": bool, "source": str}
+
+
 STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
 
 
@@ -237,6 +449,20 @@ def read_episodes(paths, step_keys=STEP_KEYS):
     if not episodes:
         die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
     return episodes
+
+
+def tokenize_all(tokenizer, episodes, max_len):
+    """Tokenize every episode; drop (and count) those longer than the model's context."""
+    kept, dropped = [], 0
+    for ep in episodes:
+        x = tokenize_episode(tokenizer, ep)
+        if len(x["input_ids"]) > max_len:
+            dropped += 1
+            continue
+        kept.append((ep, x))
+    if dropped:
+        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
+    return kept
 
 
 def stale(pid):
@@ -293,12 +519,14 @@ def write_jsonl(path, rows):
                 f.write(json.dumps(row) + "\n")
     write_atomic(path, write)
 
+
 def write_json(path, obj):
     def write(tmp):
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=2)
             f.write("\n")
     write_atomic(path, write)
+
 
 def log_metrics(path, *records):
     """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
@@ -309,10 +537,12 @@ def log_metrics(path, *records):
             for record in records:
                 f.write(json.dumps(record) + "\n")
 
+
 def seed_everything(seed):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
 
 def pick_device():
     """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
@@ -320,106 +550,7 @@ def pick_device():
         return torch.device("cuda"), torch.bfloat16
     return torch.device("cpu"), torch.float32
 
-def episode_messages(ep):
-    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
-    assistant = step text and user = observation, alternately."""
-    msgs = [{"role": "system", "content": ep["instruction"]},
-            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
-    for step in ep["steps"]:
-        msgs.append({"role": "assistant", "content": step["text"]})
-        msgs.append({"role": "user", "content": step["obs"]})
-    return msgs
 
-def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
-
-    Returns a dict of lists:
-      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
-      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
-      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
-      action_pos   (T,)   last token of turn t
-    The chat template is rendered as text for growing prefixes of the conversation, and
-    the full text is tokenized once; character offsets locate each turn."""
-    msgs = episode_messages(ep)
-
-    def render(m, gen):
-        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
-
-    full = render(msgs, True)
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
-    action_step = [-1] * len(ids)
-    state_pos, action_pos = [], []
-    for t in range(len(ep["steps"])):
-        k = 2 + 2 * t  # index of assistant message t
-        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
-        if not (full.startswith(prompt) and full.startswith(after)):
-            raise ValueError("the chat template does not render a conversation as a prefix of its "
-                             "continuation; this model's template is not supported")
-        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
-        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
-        state_pos.append(first - 1)
-        action_pos.append(last)
-        for i in range(first, last + 1):
-            action_step[i] = t
-    state_pos.append(len(ids) - 1)
-    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
-
-def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors.
-    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
-    padded with 0, step_mask (B, T) is 1 on real steps."""
-    B = len(tokenized)
-    L = max(len(x["input_ids"]) for x in tokenized)
-    T = max(len(x["action_pos"]) for x in tokenized)
-    batch = {
-        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros((B, L), dtype=torch.long),
-        "action_step": torch.full((B, L), -1, dtype=torch.long),
-        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
-        "action_pos": torch.zeros((B, T), dtype=torch.long),
-        "step_mask": torch.zeros((B, T), dtype=torch.float),
-    }
-    for i, x in enumerate(tokenized):
-        n, t = len(x["input_ids"]), len(x["action_pos"])
-        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
-        batch["attention_mask"][i, :n] = 1
-        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
-        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
-        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
-        batch["step_mask"][i, :t] = 1.0
-    return batch
-
-def load_tokenizer(path, kind="policy"):
-    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    check_model_dir(path, kind)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
-        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
-    if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-def tokenize_all(tokenizer, episodes, max_len):
-    """Tokenize every episode; drop (and count) those longer than the model's context."""
-    kept, dropped = [], 0
-    for ep in episodes:
-        x = tokenize_episode(tokenizer, ep)
-        if len(x["input_ids"]) > max_len:
-            dropped += 1
-            continue
-        kept.append((ep, x))
-    if dropped:
-        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
-    return kept
-
-
-# ----------------------------------------------------------------------------------------
-# The critic: the policy's transformer body with a V head and a Q head (copied in 03, 04).
-# ----------------------------------------------------------------------------------------
 class Critic(torch.nn.Module):
     """One forward pass over a trajectory gives every V(s_t) (read at state positions,
     the last token of each generation prompt) and every Q(s_t, a_t) (read at action
@@ -466,137 +597,6 @@ class Critic(torch.nn.Module):
         except Exception as e:  # a truncated file, or heads of another size than the backbone's
             die(f"{path}: cannot load heads.safetensors ({' '.join(str(e).split())[:300]})")
         return critic.to(device)
-
-
-def trajectory_tensors(episodes, device):
-    """Per-step tensors (B, T), zero-padded: r_env, r_aux, done, and the step mask."""
-    T = max(len(ep["steps"]) for ep in episodes)
-    out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
-    for i, ep in enumerate(episodes):
-        n = len(ep["steps"])
-        out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
-        out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
-        out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
-        out["mask"][i, :n] = 1.0
-    return out
-
-
-# ----------------------------------------------------------------------------------------
-# ALGO LOGIC: generalized advantage estimation.
-# ----------------------------------------------------------------------------------------
-def gae(rewards, values, dones, gamma, lam):
-    """Paper eq. (GAE process reward). rewards (T,), values (T+1,) = V(s_0)..V(s_T),
-    dones (T,) with 1 where step t reached a true terminal state -> advantages (T,).
-    The backward recursion over steps is the one loop the design allows."""
-    rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
-    not_done = 1.0 - dones
-    deltas = rewards + gamma * not_done * values[1:] - values[:-1]
-    adv = np.zeros_like(deltas)
-    running = 0.0
-    for t in reversed(range(len(deltas))):
-        running = deltas[t] + gamma * lam * not_done[t] * running
-        adv[t] = running
-    return adv
-
-
-def auc(scores, labels):
-    """Probability that a random positive scores above a random negative, ties counting 1/2
-    (the Mann-Whitney statistic, from the average ranks of the scores)."""
-    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
-    n_pos, n_neg = labels.sum(), (~labels).sum()
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    avg_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based rank, averaged over ties
-    rank_sum = avg_rank[inverse][labels].sum()
-    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux):
-    """Episode ep with "v" = V(s_t) and "adv" = A_t on every step. values (T+1,) = V(s_0)..V(s_T),
-    q (T,) = Q(s_t, a_t). A_t is GAE on the environment rewards (with --with-aux, plus r_aux), or
-    with --advantage qv the single-step Q(s_t, a_t) - V(s_t) (the ablation 'w/o GAE')."""
-    rewards = [s["r_env"] + (s["r_aux"] if with_aux else 0.0) for s in ep["steps"]]
-    dones = [float(s["done"]) for s in ep["steps"]]
-    adv = gae(rewards, values, dones, gamma, lam) if advantage == "gae" else q - values[:-1]
-    return dict(ep, steps=[dict(s, v=float(values[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])])
-
-
-def advantage_report(episodes):
-    """What a student should look at: do the process rewards make sense? Mean A_t by data source
-    and by label, and how well V separates the self episodes that succeed from those that fail
-    (AUC: 0.5 = not at all, 1 = perfectly), at s_0 (which sees only the task) and later states."""
-    by_source, by_label = defaultdict(list), defaultdict(list)
-    for ep in episodes:
-        for s in ep["steps"]:
-            by_source[ep["source"]].append(s["adv"])
-            by_label[s["label"]].append(s["adv"])
-    self_eps = [ep for ep in episodes if ep["source"] != "expert"]
-    return {
-        "adv_mean_by_source": {k: float(np.mean(v)) for k, v in sorted(by_source.items())},
-        "adv_mean_by_label": {k: float(np.mean(v)) for k, v in sorted(by_label.items())},
-        "steps_by_label": {k: len(v) for k, v in sorted(by_label.items())},
-        "auc_v0_self": auc([ep["steps"][0]["v"] for ep in self_eps], [ep["success"] for ep in self_eps]),
-        "auc_v0_all": auc([ep["steps"][0]["v"] for ep in episodes], [ep["success"] for ep in episodes]),
-        "auc_v_self_by_step": [auc([ep["steps"][t]["v"] for ep in self_eps if len(ep["steps"]) > t],
-                                   [ep["success"] for ep in self_eps if len(ep["steps"]) > t]) for t in range(4)],
-        "auc_v_self_every_state": auc([s["v"] for ep in self_eps for s in ep["steps"]],
-                                      [ep["success"] for ep in self_eps for s in ep["steps"]]),
-    }
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    # Every input is checked before any work, and --out is replaced only once all advantages are in.
-    check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", threads="non-negative")
-    check_out(args.out, "04_gae", args.data + [args.critic])
-    if args.metrics:
-        check_out(args.metrics, "log", args.data + [args.critic, args.out])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    # TRY NOT TO MODIFY: seeding
-    seed_everything(args.seed)
-    device, dtype = pick_device()
-    episodes = read_episodes(args.data)
-    tokenizer = load_tokenizer(args.critic, "critic")
-    with open(os.path.join(args.critic, "args.json")) as f:
-        critic_args = json.load(f)
-    gamma = critic_args.get("gamma") if args.gamma is None else args.gamma
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
-        die(f"{args.critic}/args.json: gamma must be a number in [0, 1], got {gamma!r}; or pass --gamma")
-    critic = Critic.load(args.critic, device, dtype).eval()
-    data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
-    if not data:
-        die("no trajectory fits the model's context")
-
-    # One batched forward pass per group of trajectories gives V at every state and Q at every action.
-    out_eps = []
-    with torch.no_grad():
-        for i in tqdm(range(0, len(data), args.batch_size), desc="04_gae", unit="batch"):
-            eps = [ep for ep, _ in data[i:i + args.batch_size]]
-            batch = {k: v.to(device) for k, v in collate([x for _, x in data[i:i + args.batch_size]],
-                                                         tokenizer.pad_token_id).items()}
-            _, v_all, q = critic(batch)  # (B, T+1), (B, T)
-            for j, ep in enumerate(eps):
-                n = len(ep["steps"])
-                out_eps.append(episode_advantages(ep, v_all[j, :n + 1].double().numpy(force=True),
-                                                  q[j, :n].double().numpy(force=True), gamma, args.lam,
-                                                  args.advantage, args.with_aux))
-
-    summary = {"stage": "04_gae", "advantage": args.advantage, "with_aux": args.with_aux, "gamma": gamma,
-               "lam": args.lam, **advantage_report(out_eps)}
-    write_jsonl(args.out, out_eps)
-    write_json(args.out[:-len(".jsonl")] + ".json", {**summary, "args": vars(args)})
-    log_metrics(args.metrics, summary)
-    src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
-    lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
-    print(f"04_gae: mean advantage by source: {src}\n"
-          f"04_gae: mean advantage by label:  {lab}\n"
-          f"04_gae: AUC of V(s_0) for success vs failure: self {summary['auc_v0_self']:.3f}, "
-          f"all {summary['auc_v0_all']:.3f}\n"
-          f"04_gae: AUC of V(s_t) for the episode's success (self): "
-          + ", ".join(f"s_{t} {a:.3f}" for t, a in enumerate(summary["auc_v_self_by_step"]))
-          + f", every state {summary['auc_v_self_every_state']:.3f} -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -69,8 +69,262 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
-# Helpers shared by the stages. Copied on purpose (CleanRL style) so each stage reads top
-# to bottom; every copy must stay byte-identical - tests/test_stage_copies.py checks.
+# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens,
+# and where V, Q and the loss are read. Copied byte-identical into the stages that read episodes.
+# ----------------------------------------------------------------------------------------
+def episode_messages(ep):
+    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
+    assistant = step text and user = observation, alternately."""
+    msgs = [{"role": "system", "content": ep["instruction"]},
+            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
+    for step in ep["steps"]:
+        msgs.append({"role": "assistant", "content": step["text"]})
+        msgs.append({"role": "user", "content": step["obs"]})
+    return msgs
+
+
+def tokenize_episode(tokenizer, ep):
+    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
+
+    Returns a dict of lists:
+      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
+      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
+      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
+      action_pos   (T,)   last token of turn t
+    The chat template is rendered as text for growing prefixes of the conversation, and
+    the full text is tokenized once; character offsets locate each turn."""
+    msgs = episode_messages(ep)
+
+    def render(m, gen):
+        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
+
+    full = render(msgs, True)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
+    action_step = [-1] * len(ids)
+    state_pos, action_pos = [], []
+    for t in range(len(ep["steps"])):
+        k = 2 + 2 * t  # index of assistant message t
+        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        if not (full.startswith(prompt) and full.startswith(after)):
+            raise ValueError("the chat template does not render a conversation as a prefix of its "
+                             "continuation; this model's template is not supported")
+        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
+        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
+        state_pos.append(first - 1)
+        action_pos.append(last)
+        for i in range(first, last + 1):
+            action_step[i] = t
+    state_pos.append(len(ids) - 1)
+    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
+
+
+def collate(tokenized, pad_id):
+    """Right-pad a list of tokenize_episode() dicts into tensors.
+    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
+    padded with 0, step_mask (B, T) is 1 on real steps."""
+    B = len(tokenized)
+    L = max(len(x["input_ids"]) for x in tokenized)
+    T = max(len(x["action_pos"]) for x in tokenized)
+    batch = {
+        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((B, L), dtype=torch.long),
+        "action_step": torch.full((B, L), -1, dtype=torch.long),
+        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
+        "action_pos": torch.zeros((B, T), dtype=torch.long),
+        "step_mask": torch.zeros((B, T), dtype=torch.float),
+    }
+    for i, x in enumerate(tokenized):
+        n, t = len(x["input_ids"]), len(x["action_pos"])
+        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
+        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
+        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
+        batch["step_mask"][i, :t] = 1.0
+    return batch
+
+
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: the BPPO and AWR objectives, and the KL anchor, on every action token.
+# ----------------------------------------------------------------------------------------
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high):
+    """Paper eq. (BPPO, asymmetric clipping): -masked_mean(min(eta*A, clip(eta, 1-eps_low, 1+eps_high)*A)),
+    eta = exp(logp - logp_old). All arguments are per-token tensors of one shape."""
+    eta = torch.exp(logp - logp_old)
+    surrogate = torch.minimum(eta * adv, torch.clamp(eta, 1.0 - eps_low, 1.0 + eps_high) * adv)
+    return -masked_mean(surrogate, mask)
+
+
+def awr_loss(logp, adv, mask, beta, max_weight):
+    """Advantage-weighted regression (the paper's weaker alternative): weights exp(A/beta), clipped."""
+    weight = torch.clamp(torch.exp(adv / beta), max=max_weight)
+    return -masked_mean(weight * logp, mask)
+
+
+def kl_to_ref(logits, ref_logits, mask):
+    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over masked
+    positions. logits (B, L, V) predict token i+1 at position i; mask (B, L) marks tokens."""
+    logq = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logr = torch.log_softmax(ref_logits[:, :-1].float(), dim=-1)
+    kl = (logq.exp() * (logq - logr)).sum(-1)  # (B, L-1)
+    return masked_mean(kl, mask[:, 1:])
+
+
+def token_logprobs(logits, input_ids):
+    """log pi(token_i | tokens_<i) for every position i >= 1; position 0 gets 0.
+    logits (B, L, V), input_ids (B, L) -> (B, L)."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
+    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+
+
+def token_advantages(batch, step_adv):
+    """Broadcast each step's A_t to every token of its action: (B, L) from (B, T)."""
+    idx = batch["action_step"].clamp(min=0)
+    return step_adv.gather(1, idx) * (batch["action_step"] >= 0)
+
+
+def policy_loss(logits, ref_logits, batch, logp_old, args):
+    """The stage's objective on one batch, L = L_pi + alpha * KL(pi_theta || pi_ref), with L_pi the
+    BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
+    logits (B, L, V) of pi_theta, ref_logits of pi_ref (None when alpha = 0), logp_old (B, L).
+    info holds what the stage prints: the loss, the fraction of action tokens each clip holds
+    (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
+    pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
+    logp = token_logprobs(logits, batch["input_ids"])
+    adv, mask = batch["adv"], batch["mask"]
+    if args.objective == "bppo":
+        loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high)
+    else:
+        loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
+    kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else kl_to_ref(logits, ref_logits, mask)
+    loss = loss_pi + args.kl_coef * kl_ref
+    with torch.no_grad():
+        log_ratio = logp - logp_old
+        eta = log_ratio.exp()
+        info = {"loss": loss.item(),
+                "clip_low": masked_mean(((eta < 1 - args.eps_low) & (adv < 0)).float(), mask).item(),
+                "clip_high": masked_mean(((eta > 1 + args.eps_high) & (adv > 0)).float(), mask).item(),
+                # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
+                "approx_kl_old": masked_mean((eta - 1) - log_ratio, mask).item(),
+                "kl_ref": kl_ref.item(),
+                "ratio": masked_mean(eta, mask).item()}
+    return loss, info
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # Every input is checked before any work, and --out is replaced only by a finished policy.
+    check_flags(args, eps_low="in (0, 1]", eps_high="positive", kl_coef="non-negative", awr_beta="positive",
+                awr_max_weight="positive", epochs="at least 1", batch_size="at least 1", lr="positive",
+                grad_clip="positive", threads="non-negative")
+    check_out(args.out, "policy", args.data + [args.policy, args.ref])
+    if args.metrics:
+        check_out(args.metrics, "log", args.data + [args.policy, args.ref, args.out])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # TRY NOT TO MODIFY: seeding
+    seed_everything(args.seed)
+    device, dtype = pick_device()
+    episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
+    tokenizer = load_tokenizer(args.policy)
+    ref_tokenizer = load_tokenizer(args.ref)
+    if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
+        die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
+            "their next-token distributions token by token, so both must share one (pass the BC policy)")
+    policy = load_pretrained(AutoModelForCausalLM, args.policy, dtype).to(device)
+    ref = load_pretrained(AutoModelForCausalLM, args.ref, dtype).to(device).eval()
+    ref.requires_grad_(False)
+    data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
+    if not data:
+        die("no trajectory fits the model's context")
+
+    all_adv = [s["adv"] for ep, _ in data for s in ep["steps"]]
+    adv_shift = float(np.mean(all_adv)) if args.adv_norm == "center" else 0.0
+    adv_scale = float(np.std(all_adv)) + 1e-8 if args.adv_norm != "none" else 1.0
+
+    def make_batch(items):
+        batch = {k: v.to(device) for k, v in collate([x for _, x in items], tokenizer.pad_token_id).items()}
+        T = batch["action_pos"].shape[1]
+        step_adv = torch.zeros((len(items), T), device=device)
+        for i, (ep, _) in enumerate(items):
+            step_adv[i, :len(ep["steps"])] = (torch.tensor([s["adv"] for s in ep["steps"]]) - adv_shift) / adv_scale
+        batch["adv"] = token_advantages(batch, step_adv)              # (B, L)
+        batch["mask"] = (batch["action_step"] >= 0).float()            # (B, L) action tokens
+        return batch
+
+    # log pi_old of every token, once: pi_old is the policy as it entered the stage.
+    policy.eval()
+    logp_old = []
+    with torch.no_grad():
+        for i in range(0, len(data), args.batch_size):
+            b = make_batch(data[i:i + args.batch_size])
+            logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            for row, x in zip(token_logprobs(logits, b["input_ids"]), data[i:i + args.batch_size]):
+                logp_old.append(row[:len(x[1]["input_ids"])].cpu())
+    policy.train()
+
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
+    n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
+    print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
+          f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}, adv scale {adv_scale:.3f}")
+    rng = random.Random(args.seed)
+    lengths = [len(x["input_ids"]) for _, x in data]
+    bar = tqdm(total=args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size), desc="05_bppo", unit="step")
+    step, t0, records = 0, time.time(), []
+    for epoch in range(args.epochs):
+        sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "ratio")}
+        n_batches = 0
+        for idx in length_batches(lengths, args.batch_size, rng):
+            b = make_batch([data[j] for j in idx])
+            old = torch.zeros_like(b["mask"])
+            for r, j in enumerate(idx):
+                old[r, :len(logp_old[j])] = logp_old[j].to(device)
+            logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            ref_logits = None
+            if args.kl_coef > 0:
+                with torch.no_grad():
+                    ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            loss, info = policy_loss(logits, ref_logits, b, old, args)
+            if not torch.isfinite(loss):
+                die(f"loss became {loss.item()} at step {step}; lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+            optimizer.step()
+            for k in sums:
+                sums[k] += info[k]
+            n_batches += 1
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
+        record = {"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
+                  **{k: v / n_batches for k, v in sums.items()}}
+        records.append(record)
+        tqdm.write(f"epoch {epoch + 1}: loss {record['loss']:+.4f}  clip low {record['clip_low']:.3f} high "
+                   f"{record['clip_high']:.3f}  approx KL(old) {record['approx_kl_old']:.4f}  KL(ref) "
+                   f"{record['kl_ref']:.4f}  mean ratio {record['ratio']:.3f}")
+    bar.close()
+
+    def save(tmp):
+        policy.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, "args.json"), "w") as f:
+            json.dump(vars(args), f, indent=2)
+    write_atomic(args.out, save)
+    log_metrics(args.metrics, *records)
+    print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s)")
+
+
+# ----------------------------------------------------------------------------------------
+# Plumbing identical in every stage; skip on a first reading. Copied on purpose (CleanRL style)
+# so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
+# checks), and a stage carries only the helpers it calls.
 # ----------------------------------------------------------------------------------------
 def die(msg):
     """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
@@ -196,8 +450,24 @@ def load_pretrained(auto_class, path, dtype):
         die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
 
 
+def load_tokenizer(path, kind="policy"):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    check_model_dir(path, kind)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
+        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
                 "reward": float, "success": bool, "source": str}
+
+
 STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
 
 
@@ -250,6 +520,28 @@ def read_episodes(paths, step_keys=STEP_KEYS):
     if not episodes:
         die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
     return episodes
+
+
+def tokenize_all(tokenizer, episodes, max_len):
+    """Tokenize every episode; drop (and count) those longer than the model's context."""
+    kept, dropped = [], 0
+    for ep in episodes:
+        x = tokenize_episode(tokenizer, ep)
+        if len(x["input_ids"]) > max_len:
+            dropped += 1
+            continue
+        kept.append((ep, x))
+    if dropped:
+        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
+    return kept
+
+
+def length_batches(lengths, batch_size, rng):
+    """Batches of indices with similar lengths (little padding), in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
 
 
 def stale(pid):
@@ -308,295 +600,18 @@ def log_metrics(path, *records):
             for record in records:
                 f.write(json.dumps(record) + "\n")
 
+
 def seed_everything(seed):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
 
 def pick_device():
     """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
     if torch.cuda.is_available():
         return torch.device("cuda"), torch.bfloat16
     return torch.device("cpu"), torch.float32
-
-def episode_messages(ep):
-    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
-    assistant = step text and user = observation, alternately."""
-    msgs = [{"role": "system", "content": ep["instruction"]},
-            {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
-    for step in ep["steps"]:
-        msgs.append({"role": "assistant", "content": step["text"]})
-        msgs.append({"role": "user", "content": step["obs"]})
-    return msgs
-
-def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
-
-    Returns a dict of lists:
-      input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
-      action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
-      state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
-      action_pos   (T,)   last token of turn t
-    The chat template is rendered as text for growing prefixes of the conversation, and
-    the full text is tokenized once; character offsets locate each turn."""
-    msgs = episode_messages(ep)
-
-    def render(m, gen):
-        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
-
-    full = render(msgs, True)
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
-    action_step = [-1] * len(ids)
-    state_pos, action_pos = [], []
-    for t in range(len(ep["steps"])):
-        k = 2 + 2 * t  # index of assistant message t
-        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
-        if not (full.startswith(prompt) and full.startswith(after)):
-            raise ValueError("the chat template does not render a conversation as a prefix of its "
-                             "continuation; this model's template is not supported")
-        first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
-        last = bisect.bisect_left(ends, len(after))      # token that ends turn t
-        state_pos.append(first - 1)
-        action_pos.append(last)
-        for i in range(first, last + 1):
-            action_step[i] = t
-    state_pos.append(len(ids) - 1)
-    return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
-
-def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors.
-    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
-    padded with 0, step_mask (B, T) is 1 on real steps."""
-    B = len(tokenized)
-    L = max(len(x["input_ids"]) for x in tokenized)
-    T = max(len(x["action_pos"]) for x in tokenized)
-    batch = {
-        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros((B, L), dtype=torch.long),
-        "action_step": torch.full((B, L), -1, dtype=torch.long),
-        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
-        "action_pos": torch.zeros((B, T), dtype=torch.long),
-        "step_mask": torch.zeros((B, T), dtype=torch.float),
-    }
-    for i, x in enumerate(tokenized):
-        n, t = len(x["input_ids"]), len(x["action_pos"])
-        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
-        batch["attention_mask"][i, :n] = 1
-        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
-        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
-        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
-        batch["step_mask"][i, :t] = 1.0
-    return batch
-
-def token_logprobs(logits, input_ids):
-    """log pi(token_i | tokens_<i) for every position i >= 1; position 0 gets 0.
-    logits (B, L, V), input_ids (B, L) -> (B, L)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
-
-def load_tokenizer(path, kind="policy"):
-    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    check_model_dir(path, kind)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
-        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
-    if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-def tokenize_all(tokenizer, episodes, max_len):
-    """Tokenize every episode; drop (and count) those longer than the model's context."""
-    kept, dropped = [], 0
-    for ep in episodes:
-        x = tokenize_episode(tokenizer, ep)
-        if len(x["input_ids"]) > max_len:
-            dropped += 1
-            continue
-        kept.append((ep, x))
-    if dropped:
-        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
-    return kept
-
-
-def length_batches(lengths, batch_size, rng):
-    """Batches of indices with similar lengths (little padding), in random order."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
-# ----------------------------------------------------------------------------------------
-# ALGO LOGIC: the BPPO and AWR objectives, and the KL anchor.
-# ----------------------------------------------------------------------------------------
-def masked_mean(x, mask):
-    return (x * mask).sum() / mask.sum().clamp(min=1)
-
-
-def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high):
-    """Paper eq. (BPPO, asymmetric clipping): -masked_mean(min(eta*A, clip(eta, 1-eps_low, 1+eps_high)*A)),
-    eta = exp(logp - logp_old). All arguments are per-token tensors of one shape."""
-    eta = torch.exp(logp - logp_old)
-    surrogate = torch.minimum(eta * adv, torch.clamp(eta, 1.0 - eps_low, 1.0 + eps_high) * adv)
-    return -masked_mean(surrogate, mask)
-
-
-def awr_loss(logp, adv, mask, beta, max_weight):
-    """Advantage-weighted regression (the paper's weaker alternative): weights exp(A/beta), clipped."""
-    weight = torch.clamp(torch.exp(adv / beta), max=max_weight)
-    return -masked_mean(weight * logp, mask)
-
-
-def kl_to_ref(logits, ref_logits, mask):
-    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over masked
-    positions. logits (B, L, V) predict token i+1 at position i; mask (B, L) marks tokens."""
-    logq = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    logr = torch.log_softmax(ref_logits[:, :-1].float(), dim=-1)
-    kl = (logq.exp() * (logq - logr)).sum(-1)  # (B, L-1)
-    return masked_mean(kl, mask[:, 1:])
-
-
-def policy_loss(logits, ref_logits, batch, logp_old, args):
-    """The stage's objective on one batch, L = L_pi + alpha * KL(pi_theta || pi_ref), with L_pi the
-    BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
-    logits (B, L, V) of pi_theta, ref_logits of pi_ref (None when alpha = 0), logp_old (B, L).
-    info holds what the stage prints: the loss, the fraction of action tokens each clip holds
-    (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
-    pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
-    logp = token_logprobs(logits, batch["input_ids"])
-    adv, mask = batch["adv"], batch["mask"]
-    if args.objective == "bppo":
-        loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high)
-    else:
-        loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
-    kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else kl_to_ref(logits, ref_logits, mask)
-    loss = loss_pi + args.kl_coef * kl_ref
-    with torch.no_grad():
-        log_ratio = logp - logp_old
-        eta = log_ratio.exp()
-        info = {"loss": loss.item(),
-                "clip_low": masked_mean(((eta < 1 - args.eps_low) & (adv < 0)).float(), mask).item(),
-                "clip_high": masked_mean(((eta > 1 + args.eps_high) & (adv > 0)).float(), mask).item(),
-                # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
-                "approx_kl_old": masked_mean((eta - 1) - log_ratio, mask).item(),
-                "kl_ref": kl_ref.item(),
-                "ratio": masked_mean(eta, mask).item()}
-    return loss, info
-
-
-def token_advantages(batch, step_adv):
-    """Broadcast each step's A_t to every token of its action: (B, L) from (B, T)."""
-    idx = batch["action_step"].clamp(min=0)
-    return step_adv.gather(1, idx) * (batch["action_step"] >= 0)
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    # Every input is checked before any work, and --out is replaced only by a finished policy.
-    check_flags(args, eps_low="in (0, 1]", eps_high="positive", kl_coef="non-negative", awr_beta="positive",
-                awr_max_weight="positive", epochs="at least 1", batch_size="at least 1", lr="positive",
-                grad_clip="positive", threads="non-negative")
-    check_out(args.out, "policy", args.data + [args.policy, args.ref])
-    if args.metrics:
-        check_out(args.metrics, "log", args.data + [args.policy, args.ref, args.out])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    # TRY NOT TO MODIFY: seeding
-    seed_everything(args.seed)
-    device, dtype = pick_device()
-    episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
-    tokenizer = load_tokenizer(args.policy)
-    ref_tokenizer = load_tokenizer(args.ref)
-    if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
-        die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
-            "their next-token distributions token by token, so both must share one (pass the BC policy)")
-    policy = load_pretrained(AutoModelForCausalLM, args.policy, dtype).to(device)
-    ref = load_pretrained(AutoModelForCausalLM, args.ref, dtype).to(device).eval()
-    ref.requires_grad_(False)
-    data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
-    if not data:
-        die("no trajectory fits the model's context")
-
-    all_adv = [s["adv"] for ep, _ in data for s in ep["steps"]]
-    adv_shift = float(np.mean(all_adv)) if args.adv_norm == "center" else 0.0
-    adv_scale = float(np.std(all_adv)) + 1e-8 if args.adv_norm != "none" else 1.0
-
-    def make_batch(items):
-        batch = {k: v.to(device) for k, v in collate([x for _, x in items], tokenizer.pad_token_id).items()}
-        T = batch["action_pos"].shape[1]
-        step_adv = torch.zeros((len(items), T), device=device)
-        for i, (ep, _) in enumerate(items):
-            step_adv[i, :len(ep["steps"])] = (torch.tensor([s["adv"] for s in ep["steps"]]) - adv_shift) / adv_scale
-        batch["adv"] = token_advantages(batch, step_adv)              # (B, L)
-        batch["mask"] = (batch["action_step"] >= 0).float()            # (B, L) action tokens
-        return batch
-
-    # log pi_old of every token, once: pi_old is the policy as it entered the stage.
-    policy.eval()
-    logp_old = []
-    with torch.no_grad():
-        for i in range(0, len(data), args.batch_size):
-            b = make_batch(data[i:i + args.batch_size])
-            logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            for row, x in zip(token_logprobs(logits, b["input_ids"]), data[i:i + args.batch_size]):
-                logp_old.append(row[:len(x[1]["input_ids"])].cpu())
-    policy.train()
-
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
-    n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
-    print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
-          f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}, adv scale {adv_scale:.3f}")
-    rng = random.Random(args.seed)
-    lengths = [len(x["input_ids"]) for _, x in data]
-    bar = tqdm(total=args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size), desc="05_bppo", unit="step")
-    step, t0, records = 0, time.time(), []
-    for epoch in range(args.epochs):
-        sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "ratio")}
-        n_batches = 0
-        for idx in length_batches(lengths, args.batch_size, rng):
-            b = make_batch([data[j] for j in idx])
-            old = torch.zeros_like(b["mask"])
-            for r, j in enumerate(idx):
-                old[r, :len(logp_old[j])] = logp_old[j].to(device)
-            logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            ref_logits = None
-            if args.kl_coef > 0:
-                with torch.no_grad():
-                    ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            loss, info = policy_loss(logits, ref_logits, b, old, args)
-            if not torch.isfinite(loss):
-                die(f"loss became {loss.item()} at step {step}; lower --lr")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
-            optimizer.step()
-            for k in sums:
-                sums[k] += info[k]
-            n_batches += 1
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
-        record = {"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
-                  **{k: v / n_batches for k, v in sums.items()}}
-        records.append(record)
-        tqdm.write(f"epoch {epoch + 1}: loss {record['loss']:+.4f}  clip low {record['clip_low']:.3f} high "
-                   f"{record['clip_high']:.3f}  approx KL(old) {record['approx_kl_old']:.4f}  KL(ref) "
-                   f"{record['kl_ref']:.4f}  mean ratio {record['ratio']:.3f}")
-    bar.close()
-
-    def save(tmp):
-        policy.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "args.json"), "w") as f:
-            json.dump(vars(args), f, indent=2)
-    write_atomic(args.out, save)
-    log_metrics(args.metrics, *records)
-    print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s)")
 
 
 if __name__ == "__main__":

@@ -42,3 +42,43 @@ def test_stages_import_no_other_stage():
                 continue
             for m in mods:
                 assert m.split(".")[0] in allowed, f"{name} imports {m}"
+
+
+def test_stages_carry_only_the_helpers_they_call():
+    """Every top-level function, class and constant of a stage is reachable from its main()."""
+    for name in STAGES:
+        tree = ast.parse(open(os.path.join(ROOT, f"{name}.py")).read())
+        defs = {}
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defs[node.name] = node
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                defs[node.targets[0].id] = node
+        reached, todo = set(), ["main"]
+        while todo:
+            d = todo.pop()
+            if d in reached or d not in defs:
+                continue
+            reached.add(d)
+            todo += [n.id for n in ast.walk(defs[d]) if isinstance(n, ast.Name) and n.id in defs]
+        assert not set(defs) - reached, f"{name} defines what it never calls: {sorted(set(defs) - reached)}"
+
+
+def test_the_algorithm_comes_before_the_plumbing():
+    """main() comes before the plumbing banner, and every copied helper other than the data
+    contract (and the Critic, which 03 trains) comes after it."""
+    copies = {k for k, v in top_level_sources().items() if len(v) > 1}
+    above = {"episode_messages", "tokenize_episode", "collate", "token_logprobs", "Critic"}
+    for name in STAGES:
+        src = open(os.path.join(ROOT, f"{name}.py")).read()
+        banner = [i for i, line in enumerate(src.splitlines(), 1)
+                  if line.startswith("# Plumbing identical in every stage")]
+        assert len(banner) == 1, name
+        for node in ast.parse(src).body:
+            names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+                [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            for n in names:
+                if n == "main":
+                    assert node.lineno < banner[0], name
+                elif n in copies and n not in above:
+                    assert node.lineno > banner[0], f"{name}: {n} is copied plumbing, above the banner"
