@@ -169,7 +169,7 @@ def evaluate(model, data, pad_id, batch_size, device):
     fraction of trajectories it reproduces at every turn. The last is the one to watch: greedy
     decoding that reproduces a demonstration at every turn replays it in the environment (same
     task, same actions, same outcome), and a BC policy rarely recovers once it departs from one,
-    so on successful demonstrations it tracks greedy success (bench/expert_path.py), while the
+    so on successful demonstrations it tracks greedy success (research/expert_path.py), while the
     loss is dominated by easy tokens."""
     model.eval()
     total, count, turns, replies, episodes = 0.0, 0.0, 0, 0, 0

@@ -17,7 +17,6 @@ per episode.
 """
 import argparse
 import copy
-import importlib.util
 import json
 import os
 import platform
@@ -28,18 +27,12 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # the stages import envs
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from bench._stages import ROOT, load_stage  # noqa: E402
+
 STAGES = ["bc", "collect", "critic", "gae", "bppo"]
 NAMES = {"bc": "01 BC step", "collect": "02 collection", "critic": "03 critic step", "gae": "04 critic forward",
          "bppo": "05 BPPO step"}
-
-
-def load_stage(name):
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", os.path.join(ROOT, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def timed_steps(n_warm, n_steps, batches, step_fn):

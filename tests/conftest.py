@@ -11,11 +11,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ["00_pretrain", "01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"]
 
 
-def load_stage(name):
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", os.path.join(ROOT, f"{name}.py"))
+def load_module(path, name):
+    """A Python file of the repo (path from the root) as a module named `name`."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_stage(name):
+    return load_module(f"{name}.py", f"stage_{name}")
 
 
 def run_stage(name, *args, check=True):

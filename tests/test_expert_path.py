@@ -1,17 +1,12 @@
-"""bench/expert_path.py: which expert turns greedy decoding reproduces, overall and per verb."""
+"""research/expert_path.py: which expert turns greedy decoding reproduces, overall and per verb."""
 import collections
-import importlib.util
-import os
 import types
 
 import torch
 
-from conftest import load_stage
+from conftest import load_module, load_stage
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("expert_path", os.path.join(ROOT, "bench", "expert_path.py"))
-ep_bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ep_bench)
+expert_path = load_module("research/expert_path.py", "expert_path")
 
 
 class NextToken(torch.nn.Module):
@@ -38,9 +33,9 @@ def test_by_verb_counts_every_turn_once_in_any_batch_size(tiny_run):
     vocab, pad = len(tokenizer), tokenizer.pad_token_id
 
     def hits(model, batch_size):
-        return ep_bench.turn_hits(bc, model, data, pad, batch_size)
+        return expert_path.turn_hits(bc, model, data, pad, batch_size)
 
-    perfect = ep_bench.by_verb(episodes, hits(NextToken(vocab), 7))
+    perfect = expert_path.by_verb(episodes, hits(NextToken(vocab), 7))
     assert perfect == {v: [n, n] for v, n in verbs.items()}
     assert hits(NextToken(vocab), 1) == hits(NextToken(vocab), 7)
-    assert ep_bench.by_verb(episodes, hits(NextToken(vocab, wrong=True), 7)) == {v: [0, n] for v, n in verbs.items()}
+    assert expert_path.by_verb(episodes, hits(NextToken(vocab, wrong=True), 7)) == {v: [0, n] for v, n in verbs.items()}

@@ -1,14 +1,12 @@
-"""bench/failure_modes.py classifies the first mistake of an episode; checked on hand-made episodes."""
-import importlib.util
+"""research/failure_modes.py classifies the first mistake of an episode; checked on hand-made episodes."""
 import json
 import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("failure_modes", os.path.join(ROOT, "bench", "failure_modes.py"))
-fm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fm)
+from conftest import ROOT, load_module
+
+fm = load_module("research/failure_modes.py", "failure_modes")
 
 OBS0 = "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, and a fridge 1."
 
@@ -49,9 +47,7 @@ def test_summary_counts_recoveries():
     assert s["first_mistake"] == {"take: object not in last obs": 3}
 
 
-spec_td = importlib.util.spec_from_file_location("take_decision", os.path.join(ROOT, "bench", "take_decision.py"))
-td = importlib.util.module_from_spec(spec_td)
-spec_td.loader.exec_module(td)
+td = load_module("research/take_decision.py", "take_decision")
 
 
 def test_take_decisions_are_read_only_after_a_contents_listing_with_empty_hands():
@@ -76,7 +72,7 @@ def test_take_decisions_are_read_only_after_a_contents_listing_with_empty_hands(
 
 
 def test_oracle_decision_advantages_mark_only_the_self_take_decisions(tmp_path):
-    """bench/oracle_adv.py --kind decision: +1 on a right take decision, -1 on a wrong one, 0 on
+    """research/oracle_adv.py --kind decision: +1 on a right take decision, -1 on a wrong one, 0 on
     every other step and on every expert step."""
     nothing = "Nothing happens."
     steps = [
@@ -90,16 +86,14 @@ def test_oracle_decision_advantages_mark_only_the_self_take_decisions(tmp_path):
     expert_ep = dict(episode([dict(s) for s in steps[2:]]), task="put a mug in shelf 1.", source="expert")
     buf, out = tmp_path / "adv.jsonl", tmp_path / "oracle.jsonl"
     buf.write_text(json.dumps(self_ep) + "\n" + json.dumps(expert_ep) + "\n")
-    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "oracle_adv.py"), "--data", str(buf),
+    subprocess.run([sys.executable, os.path.join(ROOT, "research", "oracle_adv.py"), "--data", str(buf),
                     "--kind", "decision", "--out", str(out)], check=True, capture_output=True)
     got = [[s["adv"] for s in json.loads(line)["steps"]] for line in out.read_text().splitlines()]
     assert got == [[0.0, -1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
 
 
 def test_auc_ceiling_leave_one_out_and_task_kind():
-    spec = importlib.util.spec_from_file_location("auc_ceiling", os.path.join(ROOT, "bench", "auc_ceiling.py"))
-    ac = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ac)
+    ac = load_module("research/auc_ceiling.py", "auc_ceiling")
     eps = [{"task_id": "a", "success": s} for s in (True, True, False)] + \
           [{"task_id": "b", "success": s} for s in (False, True)]
     # each episode is predicted by the other episodes of its task only
@@ -111,12 +105,10 @@ def test_auc_ceiling_leave_one_out_and_task_kind():
 
 
 def test_shared_histories_stop_where_the_policy_leaves_the_expert():
-    """bench/shared_histories.py: the comparison runs while the self episode repeats the expert's
+    """research/shared_histories.py: the comparison runs while the self episode repeats the expert's
     actions on the same task, takes the first other action, and stops there; a self episode on
     a task without an expert episode, and --self-only style data, give nothing."""
-    spec = importlib.util.spec_from_file_location("shared_histories", os.path.join(ROOT, "bench", "shared_histories.py"))
-    sh = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sh)
+    sh = load_module("research/shared_histories.py", "shared_histories")
 
     def ep(task_id, source, actions, advs):
         return {"task_id": task_id, "source": source,

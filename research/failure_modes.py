@@ -11,7 +11,7 @@ First-mistake categories (household; other envs fall back to the command's first
     format                         no parsable "Action:" line
     <verb>                         any other invalid / repeated command, by its first word
 
-    python bench/failure_modes.py runs/seed0/eval/policy_0_seen.jsonl runs/seed0/iter_1/self.jsonl
+    python research/failure_modes.py runs/seed0/eval/policy_0_seen.jsonl runs/seed0/iter_1/self.jsonl
 """
 import argparse
 import collections

@@ -4,21 +4,25 @@ generation prompt, where 03_critic.py reads V(s_0)).
 
 It fits ridge regressions, on standardised features, from s_0 to the success of the episodes
 of a training buffer (e.g. the self data 03 learned from) and reports their AUC on other
-episodes (e.g. bench/auc_ceiling.py's samples on `seen`), for a few ridge strengths - all are
+episodes (e.g. research/auc_ceiling.py's samples on `seen`), for a few ridge strengths - all are
 printed, since picking the best one on the held-out episodes would flatter the probe. It also
 checks that the task type (household's six kinds) can be read linearly from the same features.
 
-    python bench/v0_probe.py --policy runs/seed0/policy_0 --train runs/seed0/iter_1/self.jsonl \\
+    python research/v0_probe.py --policy runs/seed0/policy_0 --train runs/seed0/iter_1/self.jsonl \\
         --test runs/seed0/auc_ceiling/sample_*.jsonl
 """
 import argparse
 import json
+import os
+import sys
 
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import auc_ceiling  # bench/ is on the path when this script runs
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+import auc_ceiling  # noqa: E402  (research/ is on the path when this script runs)
+from bench._stages import load_stage  # noqa: E402
 
 
 def read(paths):
@@ -27,11 +31,10 @@ def read(paths):
 
 def s0_features(model, tokenizer, episodes):
     """Last hidden state at the last token of each episode's first generation prompt."""
-    out = []
+    episode_messages, out = load_stage("01_bc").episode_messages, []
     with torch.no_grad():
         for e in episodes:
-            msgs = [{"role": "system", "content": e["instruction"]},  # docs/design.md, 'The chat layout', as in 03
-                    {"role": "user", "content": f"Your task is to: {e['task']}\n{e['obs0']}"}]
+            msgs = episode_messages(dict(e, steps=[]))  # the chat up to s_0, as 03 lays it out
             ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True,
                                                 return_tensors="pt")
             out.append(model(**ids, output_hidden_states=True).hidden_states[-1][0, -1].numpy())
@@ -50,7 +53,7 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    auc = auc_ceiling.load_stage("04_gae").auc  # the AUC 04_gae.py prints
+    auc = load_stage("04_gae").auc  # the AUC 04_gae.py prints
     task_kind = auc_ceiling.task_kind
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
     model = AutoModelForCausalLM.from_pretrained(args.policy).eval()

@@ -2,8 +2,8 @@
 type and split, how many commands the gold path needs to complete the task and whether
 it always reaches score 100. Backs the DEFAULT_TASKS table in envs/sciworld.py.
 
-    python bench/sciworld_gold_lengths.py                     # the default tasks (~10 min)
-    python bench/sciworld_gold_lengths.py --tasks power-component --limit 5
+    python research/sciworld_gold_lengths.py                     # the default tasks (~10 min)
+    python research/sciworld_gold_lengths.py --tasks power-component --limit 5
 """
 import argparse
 import json

@@ -10,8 +10,8 @@ and, where the file has advantages, the mean advantage of each (source, listed?,
 raw and in standard deviations of all the file's advantages (what 05_bppo.py's
 --adv-norm center turns them into). The expert's rates are 1 and 0 by construction.
 
-    python bench/take_decision.py runs/seed0/eval/policy_0_seen.jsonl runs/seed0/eval/policy_1_seen.jsonl
-    python bench/take_decision.py runs/seed0/iter_1/adv.jsonl
+    python research/take_decision.py runs/seed0/eval/policy_0_seen.jsonl runs/seed0/eval/policy_1_seen.jsonl
+    python research/take_decision.py runs/seed0/iter_1/adv.jsonl
 """
 import argparse
 import collections

@@ -7,13 +7,13 @@ exactly right?" A diagnostic, not part of the algorithm.
     --kind contrast  A = +1 on every expert step, -1 on every bad self step, else 0
     --kind first     A = -1 on the first mistake of each episode only, else 0 (what GAE blames most)
     --kind decision  only at self steps right after a contents listing with empty hands
-                     (bench/take_decision.py): +1 for taking the goal object when it is listed
+                     (research/take_decision.py): +1 for taking the goal object when it is listed
                      or not taking it when it is not, -1 for the opposite, else 0
     --self-only      drop the expert episodes; with --kind success and 05's --adv-norm center
                      this is REINFORCE with a mean baseline on the self data (the
                      Monte-Carlo outcome in place of the critic)
 
-    python bench/oracle_adv.py --data runs/seed0/iter_1/adv.jsonl --kind unlike --out /tmp/adv_unlike.jsonl
+    python research/oracle_adv.py --data runs/seed0/iter_1/adv.jsonl --kind unlike --out /tmp/adv_unlike.jsonl
     python 05_bppo.py --data /tmp/adv_unlike.jsonl --policy runs/seed0/policy_0 --ref runs/seed0/policy_0 \
         --adv-norm none --out /tmp/unlike_policy
     python 02_collect.py --policy /tmp/unlike_policy --split seen --greedy --out /tmp/unlike_seen.jsonl
@@ -21,7 +21,7 @@ exactly right?" A diagnostic, not part of the algorithm.
 import argparse
 import json
 
-from take_decision import take_decisions  # bench/ is on sys.path when this script runs
+from take_decision import take_decisions  # research/ is on sys.path when this script runs
 
 
 def oracle_advantage(kind, episode, step):

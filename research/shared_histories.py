@@ -13,7 +13,7 @@ a 04_gae.py output (expert + self episodes, "adv" on every step):
     self, other action   the policy's step where it first did something else (then the
                          histories part, and the comparison ends)
 
-    python bench/shared_histories.py runs/seed0/iter_1/adv.jsonl runs/seed1/iter_1/adv.jsonl
+    python research/shared_histories.py runs/seed0/iter_1/adv.jsonl runs/seed1/iter_1/adv.jsonl
 """
 import argparse
 import json

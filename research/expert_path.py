@@ -4,13 +4,13 @@ token equals the expert's token at every position of the reply (Thought, Action 
 end-of-turn token). A turn where that holds is exactly a turn in which greedy decoding would
 write the expert's reply. An episode in which it holds at every turn is one the greedy policy
 solves along the expert's path; since the household expert never errs and the BC policy
-almost never recovers from a mistake (bench/failure_modes.py), this fraction should track the
+almost never recovers from a mistake (research/failure_modes.py), this fraction should track the
 greedy success rate of 02_collect.py - at the cost of one forward pass per episode instead of
 a generation per step, and without the noise of sampling.
 
     python 02_collect.py --policy expert --split seen --out /tmp/expert_seen.jsonl
-    python bench/expert_path.py --policy runs/seed0/policy_0 --data /tmp/expert_seen.jsonl
-    python bench/expert_path.py --policy runs/seed0/policy_0 --data /tmp/expert_seen.jsonl --by-verb
+    python research/expert_path.py --policy runs/seed0/policy_0 --data /tmp/expert_seen.jsonl
+    python research/expert_path.py --policy runs/seed0/policy_0 --data /tmp/expert_seen.jsonl --by-verb
 
 --by-verb adds, per verb of the expert's action (go, open, take, ...), how many of its turns
 greedy decoding reproduces: where the policy departs from the expert.
@@ -19,24 +19,17 @@ To compare policy updates without touching the evaluation splits, score them on 
 tasks that none of their data came from (--exclude drops the tasks of the given files):
 
     python 02_collect.py --policy expert --split train --out /tmp/expert_train.jsonl
-    python bench/expert_path.py --policy runs/seed0/policy_1 --data /tmp/expert_train.jsonl \
+    python research/expert_path.py --policy runs/seed0/policy_1 --data /tmp/expert_train.jsonl \
         --exclude runs/seed0/data/expert.jsonl runs/seed0/iter_1/self.jsonl
 """
 import argparse
-import importlib.util
 import os
 import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_bc():
-    spec = importlib.util.spec_from_file_location("stage_01_bc", os.path.join(ROOT, "01_bc.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from bench._stages import load_stage  # noqa: E402
 
 
 def main():
@@ -49,7 +42,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
-    bc = load_bc()
+    bc = load_stage("01_bc")
     torch.set_num_threads(args.threads)
     tokenizer = bc.load_tokenizer(args.policy)
     model = bc.AutoModelForCausalLM.from_pretrained(args.policy).eval()

@@ -9,29 +9,21 @@ does not predict itself), and prints the AUC of that estimate for success vs fai
 --critic it also runs 04_gae.py over the same episodes and prints the AUC of the critic's
 V(s_0) next to it (V(s_0) is the same for every sample of a task: the prompt is the same).
 
-    python bench/auc_ceiling.py --policy runs/seed0/policy_0 --critic runs/seed0/iter_1/critic \\
+    python research/auc_ceiling.py --policy runs/seed0/policy_0 --critic runs/seed0/iter_1/critic \\
         --out-dir runs/seed0/auc_ceiling
 
 Collections already in --out-dir are reused (the script resumes).
 """
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_stage(name):
-    """A stage file as a module (its names start with digits, so no plain import)."""
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", os.path.join(ROOT, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from bench._stages import ROOT, load_stage  # noqa: E402
 
 
 def leave_one_out_rates(episodes):

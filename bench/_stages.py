@@ -1,0 +1,23 @@
+"""The one stage loader of bench/ and research/: a numbered stage file (00_pretrain.py ...
+05_bppo.py) as a module. Its name starts with a digit, so `import` cannot name it; loading it
+runs no main() (every stage guards it with `if __name__ == "__main__"`).
+
+    sys.path.insert(0, ROOT)  # in a script of bench/ or research/: the repo root
+    from bench._stages import load_stage
+    gae = load_stage("04_gae").gae
+"""
+import importlib.util
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # the stages import envs
+
+
+def load_stage(name):
+    """The module of ROOT/<name>.py, e.g. load_stage("01_bc")."""
+    spec = importlib.util.spec_from_file_location(f"stage_{name}", os.path.join(ROOT, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
