@@ -138,7 +138,7 @@ def collate(tokenized, pad_id):
 def gae(rewards, values, dones, gamma, lam):
     """Paper eq. (GAE process reward). rewards (T,), values (T+1,) = V(s_0)..V(s_T),
     dones (T,) with 1 where step t reached a true terminal state -> advantages (T,).
-    The backward recursion over steps is the one loop the design allows."""
+    The backward recursion is the algorithm's one loop over steps (docs/design.md, 'Conventions')."""
     rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
     not_done = 1.0 - dones
     deltas = rewards + gamma * not_done * values[1:] - values[:-1]
@@ -175,8 +175,9 @@ def auc(scores, labels):
 
 def advantage_report(episodes):
     """What a student should look at: do the process rewards make sense? Mean A_t by data source
-    and by label, and how well V separates the self episodes that succeed from those that fail
-    (AUC: 0.5 = not at all, 1 = perfectly), at s_0 (which sees only the task) and later states."""
+    and by label, and how well V separates episodes that succeed from those that fail (AUC:
+    0.5 = not at all, 1 = perfectly): V(s_0), which sees only the task, on self and on all
+    episodes; V(s_t) of the self episodes at s_0..s_3 and at every state."""
     by_source, by_label = defaultdict(list), defaultdict(list)
     for ep in episodes:
         for s in ep["steps"]:
