@@ -24,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# SMOKE=1: the budgets of tests/test_chain.py (a tiny base model, 16 demos, 6 self episodes,
+# SMOKE=1: toy budgets, the run tests/test_chain.py checks (a tiny base model, 16 demos, 6 self episodes,
 # 4 evaluation tasks per split, one epoch per stage, episodes of at most 5 steps). These are
 # only defaults: a variable you set still wins. The numbers it prints mean nothing.
 if [ "${SMOKE:-0}" = 1 ]; then
