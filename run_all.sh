@@ -20,8 +20,20 @@
 #
 #   bash run_all.sh                      # the default run (14.6 min measured on 2 quiet CPU cores)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
+#   SMOKE=1 bash run_all.sh              # a one-minute check of the whole chain (runs/smoke)
 set -euo pipefail
 cd "$(dirname "$0")"
+
+# SMOKE=1: toy budgets, the run tests/test_chain.py checks (a tiny base model, 16 demos, 6 self episodes,
+# 4 evaluation tasks per split, one epoch per stage, episodes of at most 5 steps). These are
+# only defaults: a variable you set still wins. The numbers it prints mean nothing.
+if [ "${SMOKE:-0}" = 1 ]; then
+  RUN=${RUN:-runs/smoke} N_EXPERT=${N_EXPERT:-16} N_SELF=${N_SELF:-6} N_EVAL=${N_EVAL:-4} THREADS=${THREADS:-1}
+  ENV_KWARGS=${ENV_KWARGS:-'{"max_steps": 5}'}
+  PRETRAIN_ARGS=${PRETRAIN_ARGS:-"--episodes 16 --epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}
+  BC_ARGS=${BC_ARGS:-"--epochs 1"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 1"} BPPO_ARGS=${BPPO_ARGS:-"--epochs 1"}
+  COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 16 --num-envs 6"}
+fi
 
 RUN=${RUN:-runs/default}
 K=${K:-1}

@@ -6,22 +6,32 @@ import sys
 
 from conftest import ROOT
 
-TINY = {
-    "K": "1", "N_EXPERT": "16", "N_SELF": "6", "N_EVAL": "4", "THREADS": "1",
-    "ENV_KWARGS": '{"max_steps": 5}',
-    "PRETRAIN_ARGS": "--episodes 16 --epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400",
-    "BC_ARGS": "--epochs 1",
-    "COLLECT_ARGS": "--max-new-tokens 16 --num-envs 6",
-    "CRITIC_ARGS": "--epochs 1", "BPPO_ARGS": "--epochs 1",
-}
+# SMOKE=1 sets these budgets' defaults in run_all.sh (the README's one-minute run); a value set
+# in the caller's shell would win, so the test clears them.
+SMOKE_VARS = ["RUN", "K", "N_EXPERT", "N_SELF", "N_EVAL", "THREADS", "ENV", "ENV_KWARGS", "EVAL_SPLITS", "BASE",
+              "KEEP_OLD", "PRETRAIN_ARGS", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
 
 
-def run_all(run_dir):
-    env = {**os.environ, **TINY, "RUN": str(run_dir), "BASE_CACHE": str(run_dir.parent / "base"),
-           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+def run_all(run_dir, python=sys.executable, **settings):
+    env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS}
+    env.update(SMOKE="1", RUN=str(run_dir), BASE_CACHE=str(run_dir.parent / "base"), PYTHON=python,
+               OMP_NUM_THREADS="1", **settings)
     proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+def test_smoke_sets_only_defaults(tmp_path):
+    """PYTHON=echo prints each stage's command instead of running it: the smoke budgets, and a
+    variable set by the caller winning over them."""
+    out = run_all(tmp_path / "run", python="echo", N_EXPERT="99", BC_ARGS="--epochs 3")
+    commands = [line for line in out.splitlines() if line.startswith("== echo")]
+    expert = next(c for c in commands if "--policy expert" in c)
+    assert "--episodes 99" in expert and "\"max_steps\": 5" in expert
+    assert any("01_bc.py" in c and c.endswith("--epochs 3") for c in commands)
+    assert any("00_pretrain.py" in c and "--d-model 32" in c for c in commands)
+    assert any("--split train --episodes 6 " in c for c in commands)
+    assert any("05_bppo.py" in c and c.endswith("--epochs 1") for c in commands)
 
 
 def test_run_all_end_to_end_then_resume(tmp_path):

@@ -1,0 +1,225 @@
+"""Credit assignment, made visible: one episode of a 04_gae.py buffer, step by step.
+
+Reads   the JSONL that 04_gae.py writes (every step carries "v" = V(s_t) and "adv" = A_t,
+        next to 02's "label", "r_env" and "r_aux"; "q" = Q(s_t, a_t) is shown when a step has it).
+Writes  a text table on stdout and, with --png FILE, a plot (needs matplotlib:
+        pip install -r requirements-plot.txt).
+
+What to look for: V(s_t) is the critic's estimate of success before reply t. When a reply is
+`invalid` ("Nothing happens."), V usually drops at the next state, and GAE puts that drop on
+the step that caused it:
+
+    delta_t = r_env_t + gamma * (1 - done_t) * V(s_{t+1}) - V(s_t)
+    A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
+
+so the bars of A_t are the per-step process rewards that 05_bppo.py trains on.
+
+    python show_credit.py runs/default/iter_1/adv.jsonl --pick failure
+    python show_credit.py runs/default/iter_1/adv.jsonl --task-id train/00421 --png credit.png
+    python show_credit.py runs/default/iter_1/adv.jsonl --index 0          # the first line (an expert demo)
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+STEP_KEYS = ("action", "text", "obs", "label", "r_env", "r_aux", "v", "adv")
+EPISODE_KEYS = ("task_id", "task", "steps", "success", "source")
+MARKED = {"invalid": "tab:red", "format": "tab:orange", "repeat": "tab:purple"}  # labels other than "ok"
+
+
+def die(msg):
+    """Bad input: one line on stderr, exit code 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: one line too
+        die(f"{message} (see python show_credit.py --help)")
+
+
+def parse_args(argv=None):
+    p = Parser(description="Show one episode of a 04_gae.py buffer: each step's label, rewards, V(s_t), "
+                           "Q(s_t, a_t) (when the buffer has it) and advantage A_t, as a table and optionally a plot.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("buffer", help="the JSONL written by 04_gae.py (e.g. runs/default/iter_1/adv.jsonl)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--index", type=int, help="the episode on line N of the file (0 = the first)")
+    which.add_argument("--task-id", help="the first episode of this task id (and of --source)")
+    which.add_argument("--pick", choices=["success", "failure"], help="the first successful / failed episode of --source")
+    p.add_argument("--source", choices=["self", "expert", "any"], default="self",
+                   help="which episodes --task-id and --pick look at (self: the policy's own)")
+    p.add_argument("--png", metavar="FILE", help="also plot the episode to this PNG (needs matplotlib)")
+    p.add_argument("--dpi", type=int, default=80, help="resolution of the PNG")
+    p.add_argument("--width", type=int, default=60, help="characters of each reply and observation in the table")
+    return p.parse_args(argv)
+
+
+def is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def read_buffer(path):
+    """Every episode of a 04 buffer; a line that is not one is a one-line error."""
+    if not os.path.isfile(path):
+        die(f"{path}: no such file; pass the JSONL that 04_gae.py wrote (e.g. runs/default/iter_1/adv.jsonl)")
+    episodes = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ep = json.loads(line)
+            except json.JSONDecodeError as e:
+                die(f"{path}:{lineno}: not valid JSON ({e.msg})")
+            where = f"{path}:{lineno}"
+            if not isinstance(ep, dict) or any(k not in ep for k in EPISODE_KEYS) or not isinstance(ep["steps"], list) \
+                    or not ep["steps"]:
+                die(f"{where}: not an episode with {', '.join(EPISODE_KEYS)}; pass the JSONL that 04_gae.py wrote")
+            for t, s in enumerate(ep["steps"]):
+                missing = [k for k in STEP_KEYS if not isinstance(s, dict) or k not in s]
+                if missing:
+                    hint = " (an episode buffer before 04_gae.py?)" if set(missing) <= {"v", "adv"} else ""
+                    die(f"{where}: step {t} lacks {', '.join(missing)}{hint}; pass the JSONL that 04_gae.py wrote")
+                bad = [k for k in ("r_env", "r_aux", "v", "adv") + (("q",) if "q" in s else ()) if not is_number(s[k])]
+                if bad:
+                    die(f"{where}: step {t}: {bad[0]} is not a finite number")
+            episodes.append(ep)
+    if not episodes:
+        die(f"{path}: no episodes")
+    return episodes
+
+
+def choose(episodes, args):
+    """(line index, episode) chosen by --index, --task-id or --pick."""
+    if args.index is not None:
+        if not 0 <= args.index < len(episodes):
+            die(f"no episode {args.index}: {args.buffer} has {len(episodes)} (0 to {len(episodes) - 1})")
+        return args.index, episodes[args.index]
+    of_source = [(i, ep) for i, ep in enumerate(episodes) if args.source == "any" or ep["source"] == args.source]
+    if args.task_id is not None:
+        found = [(i, ep) for i, ep in of_source if str(ep["task_id"]) == args.task_id]
+        what = f"task id {args.task_id!r}"
+    else:
+        found = [(i, ep) for i, ep in of_source if bool(ep["success"]) == (args.pick == "success")]
+        what = f"{'successful' if args.pick == 'success' else 'failed'} episode"
+    if not found:
+        die(f"no {args.source + ' ' if args.source != 'any' else ''}{what} in {args.buffer}")
+    return found[0]
+
+
+def shorten(text, n):
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[:max(n - 3, 0)] + "..."
+
+
+def reply_of(step):
+    """The executed command, or the raw reply in quotes when it had none (a format error)."""
+    return step["action"] if step["action"] else repr(" ".join(step["text"].split()))
+
+
+def outcome(ep):
+    if ep["success"]:
+        return "success"
+    return "failure (cut by the step limit)" if ep.get("truncated") else "failure"
+
+
+def table(ep, index, args):
+    """The text table: one row per step, numbers first, then the reply and what it got back."""
+    steps = ep["steps"]
+    has_q = all("q" in s for s in steps)
+    lines = [f"episode {index} of {args.buffer}: task {ep['task_id']} ({ep['source']}), {outcome(ep)}, "
+             f"reward {ep.get('reward', 0.0):g}, {len(steps)} steps",
+             f"task:  {shorten(ep['task'], 2 * args.width)}",
+             f"start: {shorten(ep.get('obs0', ''), 2 * args.width)}", ""]
+    replies = [shorten(reply_of(s), args.width) for s in steps]
+    w = max(len(r) for r in replies + ["reply"])
+    head = f"{'t':>3}  {'label':<7} {'r_env':>6} {'r_aux':>6} {'V(s_t)':>8} " + \
+        (f"{'Q(s_t,a_t)':>10} " if has_q else "") + f"{'A_t':>8}  {'reply':<{w}}  observation"
+    lines += [head, "-" * len(head)]
+    for t, (s, reply) in enumerate(zip(steps, replies)):
+        lines.append(f"{t:>3}  {s['label']:<7} {s['r_env']:>6.3f} {s['r_aux']:>6.3f} {s['v']:>8.4f} "
+                     + (f"{s['q']:>10.4f} " if has_q else "")
+                     + f"{s['adv']:>+8.4f}  {reply:<{w}}  {shorten(s['obs'], args.width)}")
+    lines.append("")
+    lines.append("V(s_t): the critic's value before reply t; A_t: the GAE advantage 05_bppo.py trains on"
+                 + ("; Q(s_t,a_t): the critic's value of reply t." if has_q else
+                    ". No Q column: this buffer has no 'q' on its steps."))
+    return "\n".join(lines)
+
+
+def plot(ep, index, args):
+    """V(s_t) as a line (Q as dots when present), A_t as bars; non-ok steps marked by colour."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    steps = ep["steps"]
+    t = list(range(len(steps)))
+    colours = [MARKED.get(s["label"], "tab:gray") for s in steps]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 4.2), gridspec_kw={"height_ratios": [3, 2]})
+    top.plot(t, [s["v"] for s in steps], "-o", color="tab:blue", markersize=4, label="V(s_t)")
+    if all("q" in s for s in steps):
+        top.plot(t, [s["q"] for s in steps], "s", color="tab:green", markersize=4, label="Q(s_t, a_t)")
+    paid = [x for x, s in zip(t, steps) if s["r_env"] != 0]
+    if paid:
+        top.plot(paid, [steps[x]["v"] for x in paid], "*", color="gold", markeredgecolor="black", markersize=14,
+                 label="r_env > 0 at this step" if all(steps[x]["r_env"] > 0 for x in paid) else "r_env != 0 at this step")
+    for x, s in zip(t, steps):
+        if s["label"] in MARKED:
+            for ax in (top, bottom):
+                ax.axvspan(x - 0.5, x + 0.5, color=MARKED[s["label"]], alpha=0.15, linewidth=0)
+    top.set_ylabel("value")
+    top.grid(alpha=0.3)
+    bottom.bar(t, [s["adv"] for s in steps], color=colours)
+    bottom.axhline(0, color="black", linewidth=0.8)
+    bottom.set_ylabel("A_t")
+    bottom.set_xlabel("step t")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.grid(alpha=0.3)
+    labels_here = [lab for lab in MARKED if any(s["label"] == lab for s in steps)]
+    handles, names = top.get_legend_handles_labels()
+    handles += [Patch(color=MARKED[lab], alpha=0.5) for lab in labels_here]
+    names += [f"{lab} step" for lab in labels_here]
+    top.legend(handles, names, fontsize=8, loc="best")
+    title = f"{ep['source']} episode {ep['task_id']}: {outcome(ep).upper()} - {shorten(ep['task'], 50)}"
+    top.set_title(title, fontsize=10, color="tab:green" if ep["success"] else "tab:red")
+    fig.tight_layout()
+    # Written next to FILE, then renamed: a failed write leaves no half PNG.
+    tmp = f"{args.png}.tmp{os.getpid()}.png"
+    try:
+        fig.savefig(tmp, dpi=args.dpi)
+        os.replace(tmp, args.png)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        die(f"{args.png}: cannot write the plot ({e.strerror})")
+    finally:
+        plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.dpi < 10 or args.width < 10:
+        die("--dpi and --width must be at least 10")
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            die("--png needs matplotlib: pip install -r requirements-plot.txt")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
+            die(f"{args.png}: its directory does not exist")
+    episodes = read_buffer(args.buffer)
+    index, ep = choose(episodes, args)
+    print(table(ep, index, args))
+    if args.png:
+        plot(ep, index, args)
+        print(f"plot -> {args.png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""show_credit.py: the table shows the buffer's own numbers, the plot is written, bad input exits 2."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def step(action, obs, label, r_env, r_aux, v, adv, done=False, **extra):
+    return {"text": f"Action: {action}" if action else "take it", "action": action, "obs": obs, "r_env": r_env,
+            "label": label, "r_aux": r_aux, "done": done, "v": v, "adv": adv, **extra}
+
+
+EPISODES = [
+    {"env": "household", "task_id": "train/00001", "source": "self", "instruction": "Rules.",
+     "task": "put a mug in shelf 1.", "obs0": "You are in the middle of a room.", "reward": 0.0, "success": False,
+     "truncated": True, "steps": [
+         step("go to cabinet 1", "You arrive at cabinet 1. The cabinet 1 is closed.", "ok", 0.0, 0.0, 0.8125, -0.0625),
+         step("take mug 1 from cabinet 1", "Nothing happens.", "invalid", 0.0, -0.1, 0.7031, -0.3047),
+         step("", "Invalid reply. End your reply with one line: Action: <command>", "format", 0.0, -0.2, 0.4219, 0.0156),
+         step("look", "Nothing happens.", "repeat", 0.0, -0.05, 0.3984, -0.0234)]},
+    {"env": "household", "task_id": "train/00002", "source": "self", "instruction": "Rules.",
+     "task": "put a cup in desk 1.", "obs0": "You are in the middle of a room.", "reward": 1.0, "success": True,
+     "truncated": False, "steps": [
+         step("go to desk 1", "You arrive at desk 1. On it, you see a cup 1.", "ok", 0.0, 0.0, 0.6875, 0.1250, q=0.7500),
+         step("take cup 1 from desk 1", "You pick up the cup 1.", "ok", 0.0, 0.0, 0.8125, 0.0938, q=0.9062),
+         step("put cup 1 in/on desk 1", "You put the cup 1 in/on the desk 1.", "ok", 1.0, 0.0, 0.9375, 0.0625,
+              done=True, q=1.0)]},
+]
+
+
+def show(*args, env=None):
+    return subprocess.run([sys.executable, "show_credit.py", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+@pytest.fixture
+def buffer(tmp_path):
+    path = tmp_path / "adv.jsonl"
+    path.write_text("".join(json.dumps(ep) + "\n" for ep in EPISODES))
+    return path
+
+
+def rows(stdout, n_steps):
+    """The table's step rows, split into cells (numbers first, then reply and observation)."""
+    lines = stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("t "))
+    return lines[head], [line.split() for line in lines[head + 2:head + 2 + n_steps]]
+
+
+@pytest.mark.parametrize("how, index", [(["--index", 0], 0), (["--pick", "failure"], 0), (["--pick", "success"], 1),
+                                        (["--task-id", "train/00002"], 1)])
+def test_table_shows_the_buffers_values(buffer, how, index):
+    proc = show(buffer, *how)
+    assert proc.returncode == 0, proc.stderr
+    ep = EPISODES[index]
+    assert f"task {ep['task_id']}" in proc.stdout and ("success" if ep["success"] else "failure") in proc.stdout
+    head, cells = rows(proc.stdout, len(ep["steps"]))
+    has_q = "q" in ep["steps"][0]
+    assert ("Q(s_t,a_t)" in head) == has_q
+    for t, (s, row) in enumerate(zip(ep["steps"], cells)):
+        assert int(row[0]) == t and row[1] == s["label"]
+        numbers = [float(x) for x in row[2:7 if has_q else 6]]
+        expected = [s["r_env"], s["r_aux"], s["v"]] + ([s["q"]] if has_q else []) + [s["adv"]]
+        assert numbers == pytest.approx(expected, abs=5e-5)
+        reply = s["action"] or repr(s["text"])
+        assert reply in " ".join(row)
+    if not has_q:
+        assert "no 'q'" in proc.stdout
+
+
+def test_png_is_written(buffer, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install -r requirements-plot.txt)")
+    for pick in ("failure", "success"):
+        png = tmp_path / f"{pick}.png"
+        proc = show(buffer, "--pick", pick, "--png", png)
+        assert proc.returncode == 0, proc.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adv.jsonl", "failure.png", "success.png"]
+
+
+def test_png_without_matplotlib_is_one_line_and_exit_2(buffer, tmp_path):
+    """A sitecustomize that hides matplotlib, whether or not it is installed."""
+    (tmp_path / "hide").mkdir()
+    (tmp_path / "hide" / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    png = tmp_path / "x.png"
+    proc = show(buffer, "--index", 0, "--png", png, env={"PYTHONPATH": str(tmp_path / "hide")})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "requirements-plot.txt" in proc.stderr
+    assert not png.exists()
+
+
+def test_bad_input_exits_2_with_one_line(buffer, tmp_path):
+    not_04 = tmp_path / "self.jsonl"  # an 02 buffer: no v / adv
+    not_04.write_text(json.dumps({**EPISODES[0], "steps": [{k: v for k, v in s.items() if k not in ("v", "adv")}
+                                                           for s in EPISODES[0]["steps"]]}) + "\n")
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("{not json\n")
+    only_failures = tmp_path / "failures.jsonl"
+    only_failures.write_text(json.dumps(EPISODES[0]) + "\n")
+    png = tmp_path / "out.png"
+    cases = [
+        [tmp_path / "missing.jsonl", "--index", 0],
+        [buffer, "--index", 2],
+        [buffer, "--index", -1],
+        [buffer, "--task-id", "train/99999"],
+        [buffer, "--task-id", "train/00001", "--source", "expert"],
+        [only_failures, "--pick", "success"],
+        [not_04, "--index", 0],
+        [garbage, "--index", 0],
+        [buffer],  # no episode chosen
+        [buffer, "--index", 0, "--pick", "success"],
+        [buffer, "--index", 0, "--png", tmp_path / "no_dir" / "x.png"],
+    ]
+    before = sorted(os.listdir(tmp_path))
+    for args in cases:
+        proc = show(*args, "--png", png) if "--png" not in args else show(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, (args, proc.stderr)
+        assert proc.stdout == "", args
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_help():
+    proc = show("--help")
+    assert proc.returncode == 0
+    for flag in ("--index", "--task-id", "--pick", "--source", "--png"):
+        assert flag in proc.stdout
