@@ -1,7 +1,8 @@
 """Stage 04 - process rewards: GAE advantages from the critic's V, with environment rewards only.
 
 Reads   the buffer (the same episode JSONL files as 03) and the critic directory from 03.
-Writes  --out FILE.jsonl: the buffer with "v" (V(s_t)) and "adv" (A_t) on every step,
+Writes  --out FILE.jsonl: the buffer with "v" (V(s_t)), "q" (Q(s_t, a_t), for inspection:
+        show_credit.py) and "adv" (A_t) on every step,
         and FILE.json: the diagnostics printed at the end.
 
 A single-step advantage Q - V is too noisy over long horizons, so the paper fills the
@@ -151,13 +152,13 @@ def gae(rewards, values, dones, gamma, lam):
 
 
 def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux):
-    """Episode ep with "v" = V(s_t) and "adv" = A_t on every step. values (T+1,) = V(s_0)..V(s_T),
+    """Episode ep with "v" = V(s_t), "q" = Q(s_t, a_t) and "adv" = A_t on every step. values (T+1,) = V(s_0)..V(s_T),
     q (T,) = Q(s_t, a_t). A_t is GAE on the environment rewards (with --with-aux, plus r_aux), or
     with --advantage qv the single-step Q(s_t, a_t) - V(s_t) (the ablation 'w/o GAE')."""
     rewards = [s["r_env"] + (s["r_aux"] if with_aux else 0.0) for s in ep["steps"]]
     dones = [float(s["done"]) for s in ep["steps"]]
     adv = gae(rewards, values, dones, gamma, lam) if advantage == "gae" else q - values[:-1]
-    return dict(ep, steps=[dict(s, v=float(values[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])])
+    return dict(ep, steps=[dict(s, v=float(values[t]), q=float(q[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])])
 
 
 def auc(scores, labels):
