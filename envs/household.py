@@ -42,7 +42,10 @@ more steps. Each writes ReAct text: a short `Thought:` line where its plan chang
 bare `Action:` elsewhere. With `thoughts="plan"` the thought that opens a search also lists
 the receptacles still to check, in the order the search will visit them ("I check drawer 1,
 countertop 1, ... in turn, starting with drawer 1."), as the ReAct prompts for ALFWorld do;
-the actions are the same.
+the actions are the same. `thoughts="ground"` writes the plan and, at every receptacle the
+search has looked into, restates the listing against the goal: "I look for a mug: not here."
+or "I look for a mug: mug 2 is here. Next, I take it." (the word that decides comes right
+after the object's name, so matching the name with the listing is a short, local lookup).
 """
 import random
 import zlib
@@ -170,8 +173,8 @@ class HouseholdEnv(TextEnv):
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
         if expert not in ("search", "privileged", "random"):
             raise ValueError(f"expert must be 'search', 'privileged' or 'random', got {expert!r}")
-        if thoughts not in ("short", "plan"):
-            raise ValueError(f"thoughts must be 'short' or 'plan', got {thoughts!r}")
+        if thoughts not in ("short", "plan", "ground"):
+            raise ValueError(f"thoughts must be 'short', 'plan' or 'ground', got {thoughts!r}")
         self.expert = expert
         self.thoughts = thoughts
         self.seed = seed
@@ -525,10 +528,16 @@ class HouseholdEnv(TextEnv):
         if slip is not None:
             return f"Action: {slip}"
         phase, cmd = self._plan()
-        if phase == self._last_phase:
-            return f"Action: {cmd}"
         g = self._task
         obj = g["object"]
+        want = "desklamp" if phase in ("find lamp", "use lamp") else obj
+        looked = self.location is not None and self._visible(self.location)
+        if phase == self._last_phase:
+            if self.thoughts == "ground" and phase in ("search", "find lamp") and looked:
+                # Restate the observation against the goal: the word after "a {want}:" is the
+                # decision, one token after the name it must be matched with.
+                return f"Thought: I look for a {want}: not here.\nAction: {cmd}"
+            return f"Action: {cmd}"
         thoughts = {
             "search": f"I need to find a {obj}.",
             "take": f"I found a {obj}. Next, I take it.",
@@ -544,7 +553,11 @@ class HouseholdEnv(TextEnv):
             thoughts["search"] = f"To solve the task, I need to find a {obj}."
         if phase == "search" and g["task_type"] == "pick_two_obj_and_place" and self._last_phase == "place":
             thoughts["search"] = f"Now I need to find the second {obj}."
-        if self.thoughts == "plan" and phase in ("search", "find lamp"):
+        if self.thoughts == "ground" and looked and cmd.startswith(("take ", "use ")) \
+                and self._last_phase in ("search", "find lamp"):
+            thoughts[phase] = f"I look for a {want}: {cmd.split()[1]} 1 is here. Next, I {cmd.split()[0]} it." \
+                if phase == "use lamp" else f"I look for a {want}: {cmd.split()[1]} {cmd.split()[2]} is here. Next, I take it."
+        if self.thoughts in ("plan", "ground") and phase in ("search", "find lamp"):
             # ReAct's ALFWorld prompts write the search plan out; the policy can then copy the
             # next receptacle from its own thought instead of recalling the room and the prior.
             kinds, want = (OBJECT_LOCATIONS[obj], obj) if phase == "search" else (LAMP_LOCATIONS, "desklamp")

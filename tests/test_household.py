@@ -1,6 +1,7 @@
 """The household environment against its rules (docs/design.md, 'Environments')."""
 import collections
 import random
+import re
 
 import pytest
 
@@ -288,3 +289,33 @@ def test_plan_thoughts_list_the_receptacles_the_search_visits():
     assert n_plans >= 100  # every task opens with a search
     with pytest.raises(ValueError, match="thoughts must be"):
         envs.make("household", thoughts="long")
+
+
+def test_ground_thoughts_restate_the_listing_against_the_goal():
+    """thoughts="ground" adds, at every receptacle the search has looked into, a thought that
+    names the goal object and says whether the last observation holds one - "I look for a mug:
+    not here." or "... mug 2 is here. Next, I take it." - on top of the plan; the actions are
+    the default expert's."""
+    short, ground = envs.make("household", seed=0), envs.make("household", seed=0, thoughts="ground")
+    n_not, n_here = 0, 0
+    for tid in ground.task_ids("dev"):
+        obs, info = ground.reset(tid)
+        default = run_expert(short, tid)[3]
+        texts, done = [], False
+        while not done:
+            text = ground.expert_text()
+            texts.append(text)
+            if ": not here." in text or " is here. Next, I " in text:
+                want = text.split("I look for a ")[1].split(":")[0]
+                listed = [o.rsplit(" ", 1)[0] for o in re.findall(r"\ban? ([a-z]+ \d+)", obs)]
+                if ": not here." in text:
+                    assert want not in listed, (tid, obs, text)
+                    n_not += 1
+                else:
+                    name = text.split(f"a {want}: ")[1].split(" is here")[0]
+                    assert name.rsplit(" ", 1)[0] == want and name in obs, (tid, obs, text)
+                    n_here += 1
+            obs, _, terminated, truncated, _ = ground.step(text.split("Action: ")[-1])
+            done = terminated or truncated
+        assert [t.split("Action: ")[-1] for t in texts] == [t.split("Action: ")[-1] for t in default]
+    assert n_not >= 50 and n_here >= 80
