@@ -286,11 +286,12 @@ def main(argv=None):
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=2)
-    if is_main():  # distributed: rank 0 alone writes
-        write_atomic(args.out, save)
-        log_metrics(args.metrics, *records)
-        print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
-              f"{time.time() - t0:.0f}s)")
+    if not is_main():  # distributed: rank 0 alone writes
+        return finish_distributed()
+    write_atomic(args.out, save)
+    log_metrics(args.metrics, *records)
+    print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
+          f"{time.time() - t0:.0f}s)")
     finish_distributed()
 
 
