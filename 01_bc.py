@@ -630,7 +630,9 @@ def distribute(model, world, fsdp):
         from torch.distributed.fsdp import fully_shard
         for layer in [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]:
             fully_shard(layer)
-        return fully_shard(model)
+        # The root is resharded after every forward too: left whole after a no_grad forward
+        # (evaluation), its weights missed the next updates (seen with torch 2.13 on gloo).
+        return fully_shard(model, reshard_after_forward=True)
     device = next(model.parameters()).device
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
