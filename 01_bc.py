@@ -208,7 +208,7 @@ def main(argv=None):
         check_model_dir(args.model, "policy")
     if args.threads:
         torch.set_num_threads(args.threads)
-    rank, world = setup_distributed()  # several processes (torchrun, docs/distributed.md); alone: 0, 1
+    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, dtype = pick_device()

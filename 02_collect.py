@@ -283,7 +283,7 @@ def main(argv=None):
     check_out(args.out, "02_collect", inputs)
     if args.metrics:
         check_out(args.metrics, "log", inputs + [args.out])
-    rank, world = setup_distributed()  # several processes (torchrun, docs/distributed.md); alone: 0, 1
+    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     task_ids = sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids

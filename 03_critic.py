@@ -305,7 +305,7 @@ def main(argv=None):
         check_out(args.metrics, "log", args.data + [args.policy, args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
-    rank, world = setup_distributed()  # several processes (torchrun, docs/distributed.md); alone: 0, 1
+    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, dtype = pick_device()
