@@ -16,10 +16,11 @@ Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more prob
 suppresses harmful actions decisively while staying close to the data's support.
 
 The KL anchor is the exact KL between the two next-token distributions at every action
-token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)): no sampling estimator (and no
-variance) is needed. pi_ref is fixed, so log pi_ref(v) at every action token is computed once
-before training (4 * vocabulary-size bytes per action token, kept on the CPU) and pi_ref then
-leaves memory: only the trained policy stays on the device.
+token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)): pi_ref's logits are computed
+batch by batch next to pi_theta's, so no sampling estimator (and no variance) is needed.
+--ref-cache instead computes log pi_ref(v) at every action token once, before training
+(4 * vocabulary-size bytes per action token, kept on the CPU), and frees pi_ref: the same
+results (docs/distributed.md), worth it only for a large model with a small vocabulary / buffer.
 
 --objective awr swaps in the paper's weaker alternative, advantage-weighted regression:
     L = - E[ min(exp(A / beta), w_max) * log pi_theta(token) ]
@@ -69,6 +70,10 @@ def parse_args(argv=None):
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
+    p.add_argument("--ref-cache", action="store_true",
+                   help="compute log pi_ref at the action tokens once, up front, and free pi_ref: saves the reference "
+                        "model's memory at 4 x vocabulary-size bytes per action token on the CPU - worth it for a "
+                        "large model with a small vocabulary / buffer")
     return p.parse_args(argv)
 
 
@@ -173,14 +178,15 @@ def awr_loss(logp, adv, mask, beta, max_weight):
 def kl_to_ref(logits, logr, mask):
     """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over masked
     positions. logits (B, L, V) predict token i+1 at position i; logr (B, L-1, V) is log pi_ref
-    there (ref_logprobs: filled where mask[:, 1:] is 1); mask (B, L) marks tokens."""
+    there, log_softmax(ref_logits[:, :-1]) (with --ref-cache, ref_logprobs: filled only where
+    mask[:, 1:] is 1); mask (B, L) marks tokens."""
     logq = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     kl = (logq.exp() * (logq - logr)).sum(-1)  # (B, L-1)
     return masked_mean(kl, mask[:, 1:])
 
 
 def ref_logprobs(rows_of, idx, mask, vocab):
-    """log pi_ref (B, L-1, V) for kl_to_ref from the rows computed once per trajectory (main):
+    """--ref-cache: log pi_ref (B, L-1, V) for kl_to_ref from the rows computed once per trajectory (main):
     trajectory idx[r]'s rows go to the positions that predict its action tokens (mask[r, 1:] = 1),
     in order; the other positions stay 0 (masked out)."""
     logr = torch.zeros((mask.shape[0], mask.shape[1] - 1, vocab), device=mask.device)
@@ -285,19 +291,21 @@ def main(argv=None):
                 logp_old.append(row[:len(x[1]["input_ids"])].cpu())
     policy.train()
 
-    # log pi_ref(v) for every v at every action token, once (in the first epoch's batches), so
-    # that pi_ref need not stay in memory: rows_of[j] is (action tokens of trajectory j, V) on
-    # the CPU, 4 * V bytes per action token (under torchrun, in every process).
-    rows_of = {}
     lengths = [len(x["input_ids"]) for _, x in data]
-    with torch.no_grad():
-        for idx in length_batches(lengths, args.batch_size, random.Random(args.seed)) if args.kl_coef > 0 else []:
-            b = make_batch([data[j] for j in idx])
-            logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            logr = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-            for r, j in enumerate(idx):
-                rows_of[j] = logr[r][b["mask"][r, 1:] > 0].cpu()
-    del ref
+    # --ref-cache: log pi_ref(v) for every v at every action token, once (in the first epoch's
+    # batches), so that pi_ref need not stay in memory: rows_of[j] is (action tokens of trajectory
+    # j, V) on the CPU, 4 * V bytes per action token (under torchrun, in every process).
+    rows_of = {}
+    if args.ref_cache:
+        with torch.no_grad():
+            first_epoch = length_batches(lengths, args.batch_size, random.Random(args.seed))
+            for idx in first_epoch if args.kl_coef > 0 else []:
+                b = make_batch([data[j] for j in idx])
+                logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                logr = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+                for r, j in enumerate(idx):
+                    rows_of[j] = logr[r][b["mask"][r, 1:] > 0].cpu()
+        del ref
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
     n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
@@ -317,7 +325,13 @@ def main(argv=None):
             for r, j in enumerate(idx):
                 old[r, :len(logp_old[j])] = logp_old[j].to(device)
             logits = train_policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            logr = ref_logprobs(rows_of, idx, b["mask"], logits.shape[-1]) if args.kl_coef > 0 else None
+            logr = None  # log pi_ref (B, L-1, V) for the KL anchor
+            if args.kl_coef > 0 and args.ref_cache:
+                logr = ref_logprobs(rows_of, idx, b["mask"], logits.shape[-1])
+            elif args.kl_coef > 0:
+                with torch.no_grad():
+                    ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                logr = torch.log_softmax(ref_logits[:, :-1].float(), dim=-1)
             loss, info = policy_loss(logits, logr, b, old, args)
             if world > 1:  # distributed: every term is a mean over the action tokens of the global batch
                 loss, info = global_average(loss, info, b["mask"].sum() * keep, world)

@@ -86,20 +86,46 @@ def test_critic_step_on_two_ranks_matches_one_rank(tiny_run, critic_one_rank):
     assert_same_metrics(tiny_run / "dist_critic_1.jsonl", f"{out}.jsonl")
 
 
-def test_bppo_steps_on_two_ranks_match_one_rank(tiny_run, bc_one_rank, critic_one_rank):
-    """BPPO with the KL anchor to another policy (log pi_ref computed once up front), 20 trajectories
-    in global batches of 19 and 1: the first step splits 10 / 9 over 2 ranks, the second leaves
-    rank 1 without a trajectory (it joins with weight 0)."""
+@pytest.fixture(scope="module")
+def bppo_adv(tiny_run, critic_one_rank):
     adv = tiny_run / "dist_adv.jsonl"
     run_stage("04_gae", "--data", tiny_run / "expert.jsonl", "--critic", critic_one_rank, "--out", adv)
-    outs = []
-    for nproc in (1, 2):
-        outs.append(tiny_run / f"dist_bppo_{nproc}")
-        run_ranks(nproc, "05_bppo", "--data", adv, "--policy", tiny_run / "policy_0", "--ref", bc_one_rank,
-                  "--out", outs[-1], "--epochs", 1, "--batch-size", 19, "--lr", 1e-3, "--threads", 1,
-                  "--metrics", f"{outs[-1]}.jsonl")
+    return adv
+
+
+def bppo_args(tiny_run, bppo_adv, bc_one_rank, out, batch_size=19, epochs=1):
+    """05 with the KL anchor to another policy (the BC policy trained here, not policy_0)."""
+    return ["--data", bppo_adv, "--policy", tiny_run / "policy_0", "--ref", bc_one_rank, "--out", out,
+            "--epochs", epochs, "--batch-size", batch_size, "--lr", 1e-3, "--threads", 1, "--metrics", f"{out}.jsonl"]
+
+
+@pytest.fixture(scope="module")
+def bppo_one_rank(tiny_run, bppo_adv, bc_one_rank):
+    out = tiny_run / "dist_bppo_1"
+    run_ranks(1, "05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out))
+    return out
+
+
+@pytest.mark.parametrize("ref_cache", [False, True], ids=["ref", "ref_cache"])
+def test_bppo_steps_on_two_ranks_match_one_rank(tiny_run, bppo_adv, bc_one_rank, bppo_one_rank, ref_cache):
+    """BPPO with the KL anchor (pi_ref in every process, or with --ref-cache log pi_ref computed once
+    up front), 20 trajectories in global batches of 19 and 1: the first step splits 10 / 9 over 2
+    ranks, the second leaves rank 1 without a trajectory (it joins with weight 0)."""
+    out = tiny_run / f"dist_bppo_2{'_ref_cache' if ref_cache else ''}"
+    run_ranks(2, "05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out), *(["--ref-cache"] if ref_cache else []))
+    assert_same_weights(bppo_one_rank, out)
+    assert_same_metrics(f"{bppo_one_rank}.jsonl", f"{out}.jsonl")
+
+
+def test_bppo_ref_cache_gives_the_same_steps(tiny_run, bppo_adv, bc_one_rank):
+    """One process, 2 epochs of 3 steps: log pi_ref from the table --ref-cache computes once (in the
+    first epoch's batches) gives the update of pi_ref's logits computed batch by batch (the default),
+    also in the second epoch, whose batches group and pad the trajectories differently."""
+    outs = [tiny_run / "bppo_ref", tiny_run / "bppo_ref_cache"]
+    for out, flags in zip(outs, ([], ["--ref-cache"])):
+        run_stage("05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out, batch_size=8, epochs=2), *flags)
     assert_same_weights(*outs)
-    assert_same_metrics(f"{outs[0]}.jsonl", f"{outs[1]}.jsonl")
+    assert_same_metrics(*(f"{out}.jsonl" for out in outs))
 
 
 def test_collect_on_two_ranks_writes_the_same_episodes(tmp_path):

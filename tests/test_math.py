@@ -178,7 +178,7 @@ def test_kl_to_ref_is_zero_for_the_same_policy_and_positive_otherwise(stages):
     kl_to_ref = stages["05_bppo"].kl_to_ref
     logits = torch.randn(2, 5, 7)
     mask = torch.ones(2, 5)
-    logr = lambda ref_logits: torch.log_softmax(ref_logits[:, :-1], dim=-1)  # noqa: E731 (05 stores these)
+    logr = lambda ref_logits: torch.log_softmax(ref_logits[:, :-1], dim=-1)  # noqa: E731 (what 05 passes)
     assert kl_to_ref(logits, logr(logits.clone()), mask).abs().item() < 1e-6
     other = logits + torch.randn(2, 5, 7)
     assert kl_to_ref(logits, logr(other), mask).item() > 0
