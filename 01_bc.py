@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
     return p.parse_args(argv)
 
 
@@ -206,6 +208,7 @@ def main(argv=None):
         check_model_dir(args.model, "policy")
     if args.threads:
         torch.set_num_threads(args.threads)
+    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, dtype = pick_device()
@@ -227,6 +230,7 @@ def main(argv=None):
         tokenizer = load_tokenizer(args.model)
         model = load_pretrained(AutoModelForCausalLM, args.model, dtype)
     model.to(device)
+    train_model = distribute(model, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the model itself
     max_len = model.config.max_position_embeddings
     data = [x for _, x in tokenize_all(tokenizer, episodes, max_len)]
     if len(data) < 2:
@@ -244,15 +248,18 @@ def main(argv=None):
     step, t0, records = 0, time.time(), []
     model.train()
     rng = random.Random(args.seed)
-    bar = tqdm(total=total_steps, desc="01_bc", unit="step")
+    bar = tqdm(total=total_steps, desc="01_bc", unit="step", disable=not is_main())
     for epoch in range(args.epochs):
         epoch_loss = 0.0
         for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):
+            idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
             b = {k: v.to(device) for k, v in collate([train[j] for j in idx], tokenizer.pad_token_id).items()}
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            logits = train_model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
             loss, info = bc_loss(token_logprobs(logits, b["input_ids"]), (b["action_step"] >= 0).float())
+            if world > 1:  # distributed: the mean over the action tokens of the global batch
+                loss, info = global_average(loss, info, (b["action_step"] >= 0).sum() * keep, world)
             if not torch.isfinite(loss):
                 die(f"loss became {loss.item()} at step {step}; lower --lr")
             optimizer.zero_grad(set_to_none=True)
@@ -272,15 +279,20 @@ def main(argv=None):
                    f"greedy reproduces {val_replies:.1%} of val replies, {val_episodes:.1%} of val episodes")
     bar.close()
 
+    state = full_state(model, args.fsdp)  # distributed --fsdp: gather the shards; else None
+
     def save(tmp):
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=2)
+    if not is_main():  # distributed: rank 0 alone writes
+        return finish_distributed()
     write_atomic(args.out, save)
     log_metrics(args.metrics, *records)
     print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
           f"{time.time() - t0:.0f}s)")
+    finish_distributed()
 
 
 # ----------------------------------------------------------------------------------------
@@ -583,6 +595,79 @@ def pick_device():
     if torch.cuda.is_available():
         return torch.device("cuda"), torch.bfloat16
     return torch.device("cpu"), torch.float32
+
+
+# Several processes (torchrun); skip unless you launch a stage with torchrun (docs/distributed.md).
+def setup_distributed():
+    """Under torchrun (WORLD_SIZE > 1): join the process group (nccl on GPUs, one per process;
+    gloo on CPU) -> (rank, world size). A plain `python` run gets (0, 1) and nothing happens."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1:
+        return 0, 1
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # then pick_device's "cuda" is this GPU
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return torch.distributed.get_rank(), world
+
+
+def is_main():
+    """Whether this process writes artifacts, metrics and the progress bar (rank 0, or alone)."""
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def finish_distributed():
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def distribute(model, world, fsdp):
+    """The module to train: the model itself when alone; under torchrun DDP (a whole copy per
+    process, gradients averaged over processes) or, with --fsdp, FSDP2 (each decoder layer,
+    then the rest, sharded across processes, for a model one device cannot hold; in place)."""
+    if world == 1:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for layer in [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]:
+            fully_shard(layer)
+        # The root is resharded after every forward too: left whole after a no_grad forward
+        # (evaluation), its weights missed the next updates (seen with torch 2.13 on gloo).
+        return fully_shard(model, reshard_after_forward=True)
+    device = next(model.parameters()).device
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def full_state(model, fsdp):
+    """With --fsdp under torchrun, the whole state dict gathered on rank 0 (every rank must call
+    this); otherwise None: the model saves its own weights."""
+    if not (fsdp and torch.distributed.is_initialized()):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    own = {name for name, _ in [*model.named_parameters(), *model.named_buffers()]}  # a tied weight once
+    return {k: v for k, v in state.items() if k in own}
+
+
+def shard(idx, rank, world):
+    """This rank's part of a global batch (every rank builds the same batches from the same
+    seed) -> (indices, weight). A rank left with none (a last batch smaller than the world)
+    re-reads the first trajectory with weight 0: DDP needs every rank in every step."""
+    mine = idx[rank::world]
+    return (mine, 1.0) if mine else (idx[:1], 0.0)
+
+
+def global_average(loss, info, count, world):
+    """loss and info's numbers are means over this rank's `count` (action tokens, step weights);
+    the stage's loss is the mean over the whole global batch. Returns this rank's share of it,
+    loss * world * count / total count, whose gradients DDP averages into the single-process
+    gradient, and info averaged over the global batch (the single-process numbers)."""
+    count = count.detach().float()
+    total = count.clone()
+    torch.distributed.all_reduce(total)
+    share = world * count / total.clamp(min=1e-8)
+    numbers = torch.tensor(list(info.values()), device=count.device) * share / world
+    torch.distributed.all_reduce(numbers)
+    return loss * share, dict(zip(info, numbers.tolist()))
 
 
 # The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.

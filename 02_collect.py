@@ -162,7 +162,7 @@ def run_episodes(make_env, task_ids, policy, args, aux, reranker=None):
     live, last_obs = {}, {}           # slot -> its episode so far / its last observation
     won = {}                          # slot -> info["won"] of its last environment step
     finished, env_steps, too_long = [], 0, 0
-    bar = tqdm(total=len(task_ids), desc=f"02_collect {args.split}", unit="ep")
+    bar = tqdm(total=len(task_ids), desc=f"02_collect {args.split}", unit="ep", disable=not is_main())
 
     def start_next_task(i):
         """Slot i starts the next task of the queue."""
@@ -283,22 +283,31 @@ def main(argv=None):
     check_out(args.out, "02_collect", inputs)
     if args.metrics:
         check_out(args.metrics, "log", inputs + [args.out])
+    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     task_ids = sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids
+    if world > 1:  # distributed: every rank its share of the tasks, sampled with its own random stream
+        task_ids = task_ids[rank::world]
+        torch.manual_seed(args.seed + rank)
     reranker = Reranker(args.rerank, args) if args.rerank else None  # first: a bad CRITIC_DIR fails fast
     policy = "expert" if args.policy == "expert" else ModelPolicy(args.policy, args)
     aux = {"ok": 0.0, "invalid": args.r_inv, "repeat": args.r_repeat, "format": args.r_fmt}
 
     t0, cpu0 = time.time(), time.process_time()  # CPU time: less sensitive than wall time to other load
     episodes, env_steps = run_episodes(make_env, task_ids, policy, args, aux, reranker)
+    generated, cut = (0, 0) if policy == "expert" else (policy.generated_tokens, policy.cut_replies)
+    if world > 1:  # distributed: every rank writes its part, rank 0 merges them
+        episodes, (env_steps, generated, cut) = merge_parts(args.out, rank, world, episodes,
+                                                            [env_steps, generated, cut])
+        if not is_main():
+            return finish_distributed()
     episodes.sort(key=lambda ep: ep["task_id"])
     if not episodes:
         die("no episode was recorded: not even the first prompt fits the model's context")
-    summary = summarize(episodes, env_steps, time.time() - t0, time.process_time() - cpu0, args,
-                        0 if policy == "expert" else policy.generated_tokens)
-    if policy != "expert" and policy.cut_replies:
-        print(f"note: {policy.cut_replies} replies reached --max-new-tokens {args.max_new_tokens} before the "
+    summary = summarize(episodes, env_steps, time.time() - t0, time.process_time() - cpu0, args, generated)
+    if cut:
+        print(f"note: {cut} replies reached --max-new-tokens {args.max_new_tokens} before the "
               f"end-of-turn token and were cut (raise --max-new-tokens if the policy writes long thoughts)")
     write_jsonl(args.out, episodes)
     write_json(args.out[:-len(".jsonl")] + ".json", {**summary, "args": vars(args)})
@@ -309,6 +318,7 @@ def main(argv=None):
           f"avg reward {summary['avg_reward']:.3f}, avg steps {summary['avg_steps']:.1f}, labels ok {lab['ok']} "
           f"invalid {lab['invalid']} repeat {lab['repeat']} format {lab['format']}, {summary['episodes']} episodes "
           f"{rerank}in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f} ep/s) -> {args.out}")
+    finish_distributed()
 
 
 # ----------------------------------------------------------------------------------------
@@ -587,12 +597,15 @@ class Critic(torch.nn.Module):
         h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
         return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
 
-    def save(self, out_dir, tokenizer, args):
+    def save(self, out_dir, tokenizer, args, state=None):
+        """state: the whole state dict when the critic is sharded (03 --fsdp); by default its own."""
+        state = self.state_dict() if state is None else state
+
         def write(tmp):
-            self.backbone.save_pretrained(tmp)
+            backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+            self.backbone.save_pretrained(tmp, state_dict=backbone)
             tokenizer.save_pretrained(tmp)
-            heads = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
-            heads.update({f"q_head.{k}": v for k, v in self.q_head.state_dict().items()})
+            heads = {k: v for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
             save_file({k: v.contiguous().cpu() for k, v in heads.items()}, os.path.join(tmp, "heads.safetensors"))
             with open(os.path.join(tmp, "args.json"), "w") as f:
                 json.dump(args, f, indent=2)
@@ -839,6 +852,44 @@ def pick_device():
     if torch.cuda.is_available():
         return torch.device("cuda"), torch.bfloat16
     return torch.device("cpu"), torch.float32
+
+
+# Several processes (torchrun); skip unless you launch a stage with torchrun (docs/distributed.md).
+def setup_distributed():
+    """Under torchrun (WORLD_SIZE > 1): join the process group (nccl on GPUs, one per process;
+    gloo on CPU) -> (rank, world size). A plain `python` run gets (0, 1) and nothing happens."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1:
+        return 0, 1
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # then pick_device's "cuda" is this GPU
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return torch.distributed.get_rank(), world
+
+
+def is_main():
+    """Whether this process writes artifacts, metrics and the progress bar (rank 0, or alone)."""
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def finish_distributed():
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def merge_parts(path, rank, world, episodes, counts):
+    """Under torchrun: every rank writes its episodes to PATH.partRANK and the counts (env steps,
+    generated tokens, cut replies) are summed over ranks; rank 0 reads every part back (removing
+    it) -> (episodes, summed counts). Other ranks get no episodes."""
+    write_jsonl(f"{path}.part{rank}", episodes)
+    total = torch.tensor(counts, device=pick_device()[0])
+    torch.distributed.all_reduce(total)  # returns once every rank has written its part
+    merged = []
+    for r in range(world) if rank == 0 else []:
+        with open(f"{path}.part{r}") as f:
+            merged += [json.loads(line) for line in f]
+        remove(f"{path}.part{r}")
+    return merged, total.tolist()
 
 
 if __name__ == "__main__":

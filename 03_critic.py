@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
     return p.parse_args(argv)
 
 
@@ -230,12 +232,15 @@ class Critic(torch.nn.Module):
         h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
         return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
 
-    def save(self, out_dir, tokenizer, args):
+    def save(self, out_dir, tokenizer, args, state=None):
+        """state: the whole state dict when the critic is sharded (03 --fsdp); by default its own."""
+        state = self.state_dict() if state is None else state
+
         def write(tmp):
-            self.backbone.save_pretrained(tmp)
+            backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+            self.backbone.save_pretrained(tmp, state_dict=backbone)
             tokenizer.save_pretrained(tmp)
-            heads = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
-            heads.update({f"q_head.{k}": v for k, v in self.q_head.state_dict().items()})
+            heads = {k: v for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
             save_file({k: v.contiguous().cpu() for k, v in heads.items()}, os.path.join(tmp, "heads.safetensors"))
             with open(os.path.join(tmp, "args.json"), "w") as f:
                 json.dump(args, f, indent=2)
@@ -300,6 +305,7 @@ def main(argv=None):
         check_out(args.metrics, "log", args.data + [args.policy, args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
+    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, dtype = pick_device()
@@ -310,6 +316,7 @@ def main(argv=None):
     if not data:
         die("no trajectory fits the model's context")
     target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)
+    train_critic = distribute(critic, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the critic itself
     optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
     n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
     print(f"03_critic: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), "
@@ -319,16 +326,22 @@ def main(argv=None):
     rng = random.Random(args.seed)
     lengths = [len(x["input_ids"]) for _, x in data]
     steps_total = args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size)
-    bar = tqdm(total=steps_total, desc="03_critic", unit="step")
+    bar = tqdm(total=steps_total, desc="03_critic", unit="step", disable=not is_main())
     step, t0, records = 0, time.time(), []
     for epoch in range(args.epochs):
         sums = {"loss_v": 0.0, "loss_q": 0.0, "n": 0}
         for idx in length_batches(lengths, args.batch_size, rng):
+            idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
             eps = [data[j][0] for j in idx]
             batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
             traj = trajectory_tensors(eps, device)
             weights = batch_weights(eps, args.uniform_weights, device)
-            loss, info = iql_losses(critic, target_q_head, batch, traj, weights, args.tau, args.gamma, not args.no_aux)
+            loss, info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
+                                    not args.no_aux)
+            if world > 1:  # distributed: L_V and L_Q are means over the step weights of the global batch
+                loss, mean = global_average(loss, {k: info[k] for k in ("loss_v", "loss_q")}, weights.sum() * keep,
+                                            world)
+                info.update(mean)
             if not torch.isfinite(loss):
                 die(f"critic loss became {loss.item()} at step {step}; lower --lr")
             optimizer.zero_grad(set_to_none=True)
@@ -337,7 +350,7 @@ def main(argv=None):
             optimizer.step()
             with torch.no_grad():  # Polyak-averaged target: Qbar <- (1 - polyak) Qbar + polyak Q
                 for p_t, p in zip(target_q_head.parameters(), critic.q_head.parameters()):
-                    p_t.lerp_(p, args.polyak)
+                    p_t.lerp_(whole(p), args.polyak)
             sums["loss_v"] += info["loss_v"]
             sums["loss_q"] += info["loss_q"]
             sums["n"] += 1
@@ -354,13 +367,17 @@ def main(argv=None):
     critic.eval()
     summary = {"stage": "03_critic", "step": step,
                **critic_report(critic, data, args.batch_size, tokenizer.pad_token_id, args.gamma, not args.no_aux, device)}
-    critic.save(args.out, tokenizer, vars(args))
+    state = full_state(critic, args.fsdp)  # distributed --fsdp: gather the shards; else None
+    if not is_main():  # distributed: rank 0 alone writes
+        return finish_distributed()
+    critic.save(args.out, tokenizer, vars(args), state)
     log_metrics(args.metrics, *records, summary)
     by_src = "  ".join(f"{src}: V {summary[src + '_v_mean']:+.3f}+-{summary[src + '_v_std']:.3f} "
                        f"Q {summary[src + '_q_mean']:+.3f}+-{summary[src + '_q_std']:.3f}"
                        for src in ("expert", "self") if src + "_v_mean" in summary)
     print(f"03_critic: explained variance of returns {summary['explained_variance']:.3f}; {by_src}; "
           f"{time.time() - t0:.0f}s -> {args.out}")
+    finish_distributed()
 
 
 # ----------------------------------------------------------------------------------------
@@ -654,6 +671,84 @@ def pick_device():
     if torch.cuda.is_available():
         return torch.device("cuda"), torch.bfloat16
     return torch.device("cpu"), torch.float32
+
+
+# Several processes (torchrun); skip unless you launch a stage with torchrun (docs/distributed.md).
+def setup_distributed():
+    """Under torchrun (WORLD_SIZE > 1): join the process group (nccl on GPUs, one per process;
+    gloo on CPU) -> (rank, world size). A plain `python` run gets (0, 1) and nothing happens."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1:
+        return 0, 1
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # then pick_device's "cuda" is this GPU
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return torch.distributed.get_rank(), world
+
+
+def is_main():
+    """Whether this process writes artifacts, metrics and the progress bar (rank 0, or alone)."""
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def finish_distributed():
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def distribute(model, world, fsdp):
+    """The module to train: the model itself when alone; under torchrun DDP (a whole copy per
+    process, gradients averaged over processes) or, with --fsdp, FSDP2 (each decoder layer,
+    then the rest, sharded across processes, for a model one device cannot hold; in place)."""
+    if world == 1:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for layer in [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]:
+            fully_shard(layer)
+        # The root is resharded after every forward too: left whole after a no_grad forward
+        # (evaluation), its weights missed the next updates (seen with torch 2.13 on gloo).
+        return fully_shard(model, reshard_after_forward=True)
+    device = next(model.parameters()).device
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def full_state(model, fsdp):
+    """With --fsdp under torchrun, the whole state dict gathered on rank 0 (every rank must call
+    this); otherwise None: the model saves its own weights."""
+    if not (fsdp and torch.distributed.is_initialized()):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    own = {name for name, _ in [*model.named_parameters(), *model.named_buffers()]}  # a tied weight once
+    return {k: v for k, v in state.items() if k in own}
+
+
+def shard(idx, rank, world):
+    """This rank's part of a global batch (every rank builds the same batches from the same
+    seed) -> (indices, weight). A rank left with none (a last batch smaller than the world)
+    re-reads the first trajectory with weight 0: DDP needs every rank in every step."""
+    mine = idx[rank::world]
+    return (mine, 1.0) if mine else (idx[:1], 0.0)
+
+
+def global_average(loss, info, count, world):
+    """loss and info's numbers are means over this rank's `count` (action tokens, step weights);
+    the stage's loss is the mean over the whole global batch. Returns this rank's share of it,
+    loss * world * count / total count, whose gradients DDP averages into the single-process
+    gradient, and info averaged over the global batch (the single-process numbers)."""
+    count = count.detach().float()
+    total = count.clone()
+    torch.distributed.all_reduce(total)
+    share = world * count / total.clamp(min=1e-8)
+    numbers = torch.tensor(list(info.values()), device=count.device) * share / world
+    torch.distributed.all_reduce(numbers)
+    return loss * share, dict(zip(info, numbers.tolist()))
+
+
+def whole(p):
+    """A parameter as one tensor: with --fsdp each process holds a shard (a DTensor), gathered here."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 if __name__ == "__main__":

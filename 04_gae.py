@@ -576,12 +576,15 @@ class Critic(torch.nn.Module):
         h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
         return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
 
-    def save(self, out_dir, tokenizer, args):
+    def save(self, out_dir, tokenizer, args, state=None):
+        """state: the whole state dict when the critic is sharded (03 --fsdp); by default its own."""
+        state = self.state_dict() if state is None else state
+
         def write(tmp):
-            self.backbone.save_pretrained(tmp)
+            backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+            self.backbone.save_pretrained(tmp, state_dict=backbone)
             tokenizer.save_pretrained(tmp)
-            heads = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
-            heads.update({f"q_head.{k}": v for k, v in self.q_head.state_dict().items()})
+            heads = {k: v for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
             save_file({k: v.contiguous().cpu() for k, v in heads.items()}, os.path.join(tmp, "heads.safetensors"))
             with open(os.path.join(tmp, "args.json"), "w") as f:
                 json.dump(args, f, indent=2)

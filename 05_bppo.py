@@ -16,8 +16,11 @@ Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more prob
 suppresses harmful actions decisively while staying close to the data's support.
 
 The KL anchor is the exact KL between the two next-token distributions at every action
-token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)): both sets of logits are in
-hand, so no sampling estimator (and no variance) is needed.
+token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)): pi_ref's logits are computed
+batch by batch next to pi_theta's, so no sampling estimator (and no variance) is needed.
+--ref-cache instead computes log pi_ref(v) at every action token once, before training
+(4 * vocabulary-size bytes per action token, kept on the CPU), and frees pi_ref: the same
+results (docs/distributed.md), worth it only for a large model with a small vocabulary / buffer.
 
 --objective awr swaps in the paper's weaker alternative, advantage-weighted regression:
     L = - E[ min(exp(A / beta), w_max) * log pi_theta(token) ]
@@ -65,6 +68,12 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
+    p.add_argument("--ref-cache", action="store_true",
+                   help="compute log pi_ref at the action tokens once, up front, and free pi_ref: saves the reference "
+                        "model's memory at 4 x vocabulary-size bytes per action token on the CPU - worth it for a "
+                        "large model with a small vocabulary / buffer")
     return p.parse_args(argv)
 
 
@@ -166,13 +175,24 @@ def awr_loss(logp, adv, mask, beta, max_weight):
     return -masked_mean(weight * logp, mask)
 
 
-def kl_to_ref(logits, ref_logits, mask):
+def kl_to_ref(logits, logr, mask):
     """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over masked
-    positions. logits (B, L, V) predict token i+1 at position i; mask (B, L) marks tokens."""
+    positions. logits (B, L, V) predict token i+1 at position i; logr (B, L-1, V) is log pi_ref
+    there, log_softmax(ref_logits[:, :-1]) (with --ref-cache, ref_logprobs: filled only where
+    mask[:, 1:] is 1); mask (B, L) marks tokens."""
     logq = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    logr = torch.log_softmax(ref_logits[:, :-1].float(), dim=-1)
     kl = (logq.exp() * (logq - logr)).sum(-1)  # (B, L-1)
     return masked_mean(kl, mask[:, 1:])
+
+
+def ref_logprobs(rows_of, idx, mask, vocab):
+    """--ref-cache: log pi_ref (B, L-1, V) for kl_to_ref from the rows computed once per trajectory (main):
+    trajectory idx[r]'s rows go to the positions that predict its action tokens (mask[r, 1:] = 1),
+    in order; the other positions stay 0 (masked out)."""
+    logr = torch.zeros((mask.shape[0], mask.shape[1] - 1, vocab), device=mask.device)
+    for r, j in enumerate(idx):
+        logr[r][mask[r, 1:] > 0] = rows_of[j].to(mask.device)
+    return logr
 
 
 def token_logprobs(logits, input_ids):
@@ -189,10 +209,10 @@ def token_advantages(batch, step_adv):
     return step_adv.gather(1, idx) * (batch["action_step"] >= 0)
 
 
-def policy_loss(logits, ref_logits, batch, logp_old, args):
+def policy_loss(logits, logr, batch, logp_old, args):
     """The stage's objective on one batch, L = L_pi + alpha * KL(pi_theta || pi_ref), with L_pi the
     BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
-    logits (B, L, V) of pi_theta, ref_logits of pi_ref (None when alpha = 0), logp_old (B, L).
+    logits (B, L, V) of pi_theta, logr (B, L-1, V) log pi_ref (None when alpha = 0), logp_old (B, L).
     info holds what the stage prints: the loss, the fraction of action tokens each clip holds
     (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
     pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
@@ -202,7 +222,7 @@ def policy_loss(logits, ref_logits, batch, logp_old, args):
         loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high)
     else:
         loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
-    kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else kl_to_ref(logits, ref_logits, mask)
+    kl_ref = torch.zeros((), device=logits.device) if logr is None else kl_to_ref(logits, logr, mask)
     loss = loss_pi + args.kl_coef * kl_ref
     with torch.no_grad():
         log_ratio = logp - logp_old
@@ -228,6 +248,7 @@ def main(argv=None):
         check_out(args.metrics, "log", args.data + [args.policy, args.ref, args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
+    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, dtype = pick_device()
@@ -238,6 +259,7 @@ def main(argv=None):
         die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
             "their next-token distributions token by token, so both must share one (pass the BC policy)")
     policy = load_pretrained(AutoModelForCausalLM, args.policy, dtype).to(device)
+    train_policy = distribute(policy, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the policy itself
     ref = load_pretrained(AutoModelForCausalLM, args.ref, dtype).to(device).eval()
     ref.requires_grad_(False)
     data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
@@ -269,28 +291,50 @@ def main(argv=None):
                 logp_old.append(row[:len(x[1]["input_ids"])].cpu())
     policy.train()
 
+    lengths = [len(x["input_ids"]) for _, x in data]
+    # --ref-cache: log pi_ref(v) for every v at every action token, once (in the first epoch's
+    # batches), so that pi_ref need not stay in memory: rows_of[j] is (action tokens of trajectory
+    # j, V) on the CPU, 4 * V bytes per action token (under torchrun, in every process).
+    rows_of = {}
+    if args.ref_cache:
+        with torch.no_grad():
+            first_epoch = length_batches(lengths, args.batch_size, random.Random(args.seed))
+            for idx in first_epoch if args.kl_coef > 0 else []:
+                b = make_batch([data[j] for j in idx])
+                logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                logr = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+                for r, j in enumerate(idx):
+                    rows_of[j] = logr[r][b["mask"][r, 1:] > 0].cpu()
+        del ref
+
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
     n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
     print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
           f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}, adv scale {adv_scale:.3f}")
     rng = random.Random(args.seed)
-    lengths = [len(x["input_ids"]) for _, x in data]
-    bar = tqdm(total=args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size), desc="05_bppo", unit="step")
+    bar = tqdm(total=args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size), desc="05_bppo", unit="step",
+               disable=not is_main())
     step, t0, records = 0, time.time(), []
     for epoch in range(args.epochs):
         sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "ratio")}
         n_batches = 0
         for idx in length_batches(lengths, args.batch_size, rng):
+            idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
             b = make_batch([data[j] for j in idx])
             old = torch.zeros_like(b["mask"])
             for r, j in enumerate(idx):
                 old[r, :len(logp_old[j])] = logp_old[j].to(device)
-            logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            ref_logits = None
-            if args.kl_coef > 0:
+            logits = train_policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            logr = None  # log pi_ref (B, L-1, V) for the KL anchor
+            if args.kl_coef > 0 and args.ref_cache:
+                logr = ref_logprobs(rows_of, idx, b["mask"], logits.shape[-1])
+            elif args.kl_coef > 0:
                 with torch.no_grad():
                     ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            loss, info = policy_loss(logits, ref_logits, b, old, args)
+                logr = torch.log_softmax(ref_logits[:, :-1].float(), dim=-1)
+            loss, info = policy_loss(logits, logr, b, old, args)
+            if world > 1:  # distributed: every term is a mean over the action tokens of the global batch
+                loss, info = global_average(loss, info, b["mask"].sum() * keep, world)
             if not torch.isfinite(loss):
                 die(f"loss became {loss.item()} at step {step}; lower --lr")
             optimizer.zero_grad(set_to_none=True)
@@ -311,14 +355,19 @@ def main(argv=None):
                    f"{record['kl_ref']:.4f}  mean ratio {record['ratio']:.3f}")
     bar.close()
 
+    state = full_state(policy, args.fsdp)  # distributed --fsdp: gather the shards; else None
+
     def save(tmp):
-        policy.save_pretrained(tmp)
+        policy.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=2)
+    if not is_main():  # distributed: rank 0 alone writes
+        return finish_distributed()
     write_atomic(args.out, save)
     log_metrics(args.metrics, *records)
     print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s)")
+    finish_distributed()
 
 
 # ----------------------------------------------------------------------------------------
@@ -612,6 +661,79 @@ def pick_device():
     if torch.cuda.is_available():
         return torch.device("cuda"), torch.bfloat16
     return torch.device("cpu"), torch.float32
+
+
+# Several processes (torchrun); skip unless you launch a stage with torchrun (docs/distributed.md).
+def setup_distributed():
+    """Under torchrun (WORLD_SIZE > 1): join the process group (nccl on GPUs, one per process;
+    gloo on CPU) -> (rank, world size). A plain `python` run gets (0, 1) and nothing happens."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1:
+        return 0, 1
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # then pick_device's "cuda" is this GPU
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return torch.distributed.get_rank(), world
+
+
+def is_main():
+    """Whether this process writes artifacts, metrics and the progress bar (rank 0, or alone)."""
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def finish_distributed():
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def distribute(model, world, fsdp):
+    """The module to train: the model itself when alone; under torchrun DDP (a whole copy per
+    process, gradients averaged over processes) or, with --fsdp, FSDP2 (each decoder layer,
+    then the rest, sharded across processes, for a model one device cannot hold; in place)."""
+    if world == 1:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for layer in [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]:
+            fully_shard(layer)
+        # The root is resharded after every forward too: left whole after a no_grad forward
+        # (evaluation), its weights missed the next updates (seen with torch 2.13 on gloo).
+        return fully_shard(model, reshard_after_forward=True)
+    device = next(model.parameters()).device
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def full_state(model, fsdp):
+    """With --fsdp under torchrun, the whole state dict gathered on rank 0 (every rank must call
+    this); otherwise None: the model saves its own weights."""
+    if not (fsdp and torch.distributed.is_initialized()):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    own = {name for name, _ in [*model.named_parameters(), *model.named_buffers()]}  # a tied weight once
+    return {k: v for k, v in state.items() if k in own}
+
+
+def shard(idx, rank, world):
+    """This rank's part of a global batch (every rank builds the same batches from the same
+    seed) -> (indices, weight). A rank left with none (a last batch smaller than the world)
+    re-reads the first trajectory with weight 0: DDP needs every rank in every step."""
+    mine = idx[rank::world]
+    return (mine, 1.0) if mine else (idx[:1], 0.0)
+
+
+def global_average(loss, info, count, world):
+    """loss and info's numbers are means over this rank's `count` (action tokens, step weights);
+    the stage's loss is the mean over the whole global batch. Returns this rank's share of it,
+    loss * world * count / total count, whose gradients DDP averages into the single-process
+    gradient, and info averaged over the global batch (the single-process numbers)."""
+    count = count.detach().float()
+    total = count.clone()
+    torch.distributed.all_reduce(total)
+    share = world * count / total.clamp(min=1e-8)
+    numbers = torch.tensor(list(info.values()), device=count.device) * share / world
+    torch.distributed.all_reduce(numbers)
+    return loss * share, dict(zip(info, numbers.tolist()))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
 #   ENV, ENV_KWARGS and PRETRAIN_ARGS), 'tiny' (from scratch) or a model directory
 #   PRETRAIN_ARGS, BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
+#   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
 #
 #   bash run_all.sh                      # the default run (14.6 min measured on 2 quiet CPU cores)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
@@ -47,6 +48,7 @@ EVAL_SPLITS=${EVAL_SPLITS:-"seen unseen"}
 KEEP_OLD=${KEEP_OLD:-0}
 THREADS=${THREADS:-2}
 PYTHON=${PYTHON:-python}
+NPROC=${NPROC:-1}
 BASE=${BASE:-pretrained}
 BASE_CACHE=${BASE_CACHE:-runs/base}
 PRETRAIN_ARGS=${PRETRAIN_ARGS:-}
@@ -60,6 +62,8 @@ mkdir -p "$RUN"
 METRICS="$RUN/metrics.jsonl"
 COMMON=(--seed "$SEED" --threads "$THREADS" --metrics "$METRICS")
 ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")
+RUNS=($PYTHON)  # how 01, 02, 03 and 05 start: one process, or NPROC under torchrun
+if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON -m torch.distributed.run --standalone --nproc_per_node "$NPROC"); fi
 
 # stage OUTPUT COMMAND...: run COMMAND unless OUTPUT already exists.
 stage() {
@@ -75,7 +79,7 @@ stage() {
 # evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS (seen and unseen).
 evaluate() {
   for split in $EVAL_SPLITS; do
-    stage "$RUN/eval/$2_$split.json" $PYTHON 02_collect.py --policy "$1" "${ENVARGS[@]}" --split "$split" \
+    stage "$RUN/eval/$2_$split.json" "${RUNS[@]}" 02_collect.py --policy "$1" "${ENVARGS[@]}" --split "$split" \
       --episodes "$N_EVAL" --greedy --out "$RUN/eval/$2_$split.jsonl" "${COMMON[@]}" $COLLECT_ARGS
   done
 }
@@ -93,9 +97,9 @@ else
 fi
 
 # ---- behavior cloning on expert demonstrations
-stage "$RUN/data/expert.json" $PYTHON 02_collect.py --policy expert "${ENVARGS[@]}" --split train \
+stage "$RUN/data/expert.json" "${RUNS[@]}" 02_collect.py --policy expert "${ENVARGS[@]}" --split train \
   --episodes "$N_EXPERT" --out "$RUN/data/expert.jsonl" "${COMMON[@]}"
-stage "$RUN/policy_0" $PYTHON 01_bc.py --data "$RUN/data/expert.jsonl" --out "$RUN/policy_0" "${MODEL[@]}" \
+stage "$RUN/policy_0" "${RUNS[@]}" 01_bc.py --data "$RUN/data/expert.jsonl" --out "$RUN/policy_0" "${MODEL[@]}" \
   "${COMMON[@]}" $BC_ARGS
 evaluate "$RUN/policy_0" policy_0
 
@@ -104,7 +108,7 @@ for k in $(seq 1 "$K"); do
   prev="$RUN/policy_$((k - 1))"
   it="$RUN/iter_$k"
   # D_self: pi_{k-1} on a fresh draw of training tasks (sampling, not greedy).
-  stage "$it/self.json" $PYTHON 02_collect.py --policy "$prev" "${ENVARGS[@]}" --split train \
+  stage "$it/self.json" "${RUNS[@]}" 02_collect.py --policy "$prev" "${ENVARGS[@]}" --split train \
     --episodes "$N_SELF" --out "$it/self.jsonl" --seed $((SEED * 1000 + k)) --threads "$THREADS" \
     --metrics "$METRICS" $COLLECT_ARGS
   # D = D_expert U D_self (the latest, or every iteration's with KEEP_OLD=1).
@@ -114,11 +118,11 @@ for k in $(seq 1 "$K"); do
   else
     buffer+=("$it/self.jsonl")
   fi
-  stage "$it/critic" $PYTHON 03_critic.py --data "${buffer[@]}" --policy "$prev" --out "$it/critic" \
+  stage "$it/critic" "${RUNS[@]}" 03_critic.py --data "${buffer[@]}" --policy "$prev" --out "$it/critic" \
     "${COMMON[@]}" $CRITIC_ARGS
   stage "$it/adv.json" $PYTHON 04_gae.py --data "${buffer[@]}" --critic "$it/critic" --out "$it/adv.jsonl" \
     "${COMMON[@]}" $GAE_ARGS
-  stage "$RUN/policy_$k" $PYTHON 05_bppo.py --data "$it/adv.jsonl" --policy "$prev" --ref "$RUN/policy_0" \
+  stage "$RUN/policy_$k" "${RUNS[@]}" 05_bppo.py --data "$it/adv.jsonl" --policy "$prev" --ref "$RUN/policy_0" \
     --out "$RUN/policy_$k" "${COMMON[@]}" $BPPO_ARGS
   evaluate "$RUN/policy_$k" "policy_$k"
 done

@@ -130,7 +130,7 @@ def worker(a):
                 loss = pp.bppo_loss(pp.token_logprobs(logits, b["input_ids"]), old, adv, mask, 0.4, 0.2)
                 with torch.no_grad():
                     ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                loss = loss + 0.05 * pp.kl_to_ref(logits, ref_logits, mask)
+                loss = loss + 0.05 * pp.kl_to_ref(logits, torch.log_softmax(ref_logits[:, :-1].float(), -1), mask)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

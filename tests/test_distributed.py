@@ -1,0 +1,139 @@
+"""The stages under torchrun, on CPU with the gloo backend and 2 processes (docs/distributed.md):
+the same global batch split over 2 ranks gives the same update as 1 rank with all of it, and
+02 on 2 ranks writes the same episodes as on 1 rank."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, run_stage
+
+pytestmark = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                                reason="torch.distributed with the gloo backend is not available")
+
+TINY = ["--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--vocab-size", 400, "--threads", 1]
+
+
+def run_ranks(nproc, name, *args):
+    """A stage as a user runs it: `python` for one process, `torchrun --standalone` for more."""
+    if nproc == 1:
+        return run_stage(name, *args)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), f"{name}.py"]
+    proc = subprocess.run(cmd + list(map(str, args)), cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, f"{name} on {nproc} ranks failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def assert_same_weights(dir_a, dir_b, files=("model.safetensors",), atol=1e-5):
+    for name in files:
+        a, b = load_file(os.path.join(dir_a, name)), load_file(os.path.join(dir_b, name))
+        assert a.keys() == b.keys(), name
+        worst = max((a[k] - b[k]).abs().max().item() for k in a)
+        assert worst < atol, f"{name}: weights differ by up to {worst}"
+
+
+def assert_same_metrics(path_a, path_b):
+    """The records rank 0 logs are the single-process numbers (averaged over the global batch)."""
+    rows_a, rows_b = ([json.loads(line) for line in open(p)] for p in (path_a, path_b))
+    assert len(rows_a) == len(rows_b)
+    for ra, rb in zip(rows_a, rows_b):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            if k != "elapsed_s":
+                assert ra[k] == (rb[k] if isinstance(rb[k], str) else pytest.approx(rb[k], rel=1e-4, abs=1e-6)), k
+
+
+@pytest.fixture(scope="module")
+def bc_one_rank(tiny_run):
+    """One BC step on 1 rank: 19 training trajectories (1 held out) in one global batch."""
+    out = tiny_run / "dist_bc_1"
+    run_ranks(1, "01_bc", "--data", tiny_run / "expert.jsonl", "--out", out, "--epochs", 1, "--batch-size", 64,
+              "--metrics", tiny_run / "dist_bc_1.jsonl", *TINY)
+    return out
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_bc_step_on_two_ranks_matches_one_rank(tiny_run, bc_one_rank, fsdp):
+    """2 ranks with 10 and 9 trajectories of the global batch (DDP, or FSDP2 with --fsdp): the loss
+    is normalised over the global batch's action tokens, so the step is the 1-rank step."""
+    out = tiny_run / f"dist_bc_2{'_fsdp' if fsdp else ''}"
+    run_ranks(2, "01_bc", "--data", tiny_run / "expert.jsonl", "--out", out, "--epochs", 1, "--batch-size", 64,
+              "--metrics", f"{out}.jsonl", *TINY, *(["--fsdp"] if fsdp else []))
+    assert_same_weights(bc_one_rank, out)
+    assert_same_metrics(tiny_run / "dist_bc_1.jsonl", f"{out}.jsonl")
+
+
+@pytest.fixture(scope="module")
+def critic_one_rank(tiny_run):
+    out = tiny_run / "dist_critic_1"
+    run_ranks(1, "03_critic", "--data", tiny_run / "expert.jsonl", "--policy", tiny_run / "policy_0", "--out", out,
+              "--epochs", 1, "--batch-size", 64, "--threads", 1, "--metrics", tiny_run / "dist_critic_1.jsonl")
+    return out
+
+
+def test_critic_step_on_two_ranks_matches_one_rank(tiny_run, critic_one_rank):
+    """One IQL step (and the Polyak target) with the global batch split over 2 ranks: L_V and L_Q
+    are normalised over the global batch's step weights."""
+    out = tiny_run / "dist_critic_2"
+    run_ranks(2, "03_critic", "--data", tiny_run / "expert.jsonl", "--policy", tiny_run / "policy_0", "--out", out,
+              "--epochs", 1, "--batch-size", 64, "--threads", 1, "--metrics", f"{out}.jsonl")
+    assert_same_weights(critic_one_rank, out, ("model.safetensors", "heads.safetensors"))
+    assert_same_metrics(tiny_run / "dist_critic_1.jsonl", f"{out}.jsonl")
+
+
+@pytest.fixture(scope="module")
+def bppo_adv(tiny_run, critic_one_rank):
+    adv = tiny_run / "dist_adv.jsonl"
+    run_stage("04_gae", "--data", tiny_run / "expert.jsonl", "--critic", critic_one_rank, "--out", adv)
+    return adv
+
+
+def bppo_args(tiny_run, bppo_adv, bc_one_rank, out, batch_size=19, epochs=1):
+    """05 with the KL anchor to another policy (the BC policy trained here, not policy_0)."""
+    return ["--data", bppo_adv, "--policy", tiny_run / "policy_0", "--ref", bc_one_rank, "--out", out,
+            "--epochs", epochs, "--batch-size", batch_size, "--lr", 1e-3, "--threads", 1, "--metrics", f"{out}.jsonl"]
+
+
+@pytest.fixture(scope="module")
+def bppo_one_rank(tiny_run, bppo_adv, bc_one_rank):
+    out = tiny_run / "dist_bppo_1"
+    run_ranks(1, "05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out))
+    return out
+
+
+@pytest.mark.parametrize("ref_cache", [False, True], ids=["ref", "ref_cache"])
+def test_bppo_steps_on_two_ranks_match_one_rank(tiny_run, bppo_adv, bc_one_rank, bppo_one_rank, ref_cache):
+    """BPPO with the KL anchor (pi_ref in every process, or with --ref-cache log pi_ref computed once
+    up front), 20 trajectories in global batches of 19 and 1: the first step splits 10 / 9 over 2
+    ranks, the second leaves rank 1 without a trajectory (it joins with weight 0)."""
+    out = tiny_run / f"dist_bppo_2{'_ref_cache' if ref_cache else ''}"
+    run_ranks(2, "05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out), *(["--ref-cache"] if ref_cache else []))
+    assert_same_weights(bppo_one_rank, out)
+    assert_same_metrics(f"{bppo_one_rank}.jsonl", f"{out}.jsonl")
+
+
+def test_bppo_ref_cache_gives_the_same_steps(tiny_run, bppo_adv, bc_one_rank):
+    """One process, 2 epochs of 3 steps: log pi_ref from the table --ref-cache computes once (in the
+    first epoch's batches) gives the update of pi_ref's logits computed batch by batch (the default),
+    also in the second epoch, whose batches group and pad the trajectories differently."""
+    outs = [tiny_run / "bppo_ref", tiny_run / "bppo_ref_cache"]
+    for out, flags in zip(outs, ([], ["--ref-cache"])):
+        run_stage("05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out, batch_size=8, epochs=2), *flags)
+    assert_same_weights(*outs)
+    assert_same_metrics(*(f"{out}.jsonl" for out in outs))
+
+
+def test_collect_on_two_ranks_writes_the_same_episodes(tmp_path):
+    """02 shards the tasks by rank; rank 0 merges the parts in task order and removes them."""
+    args = ["--policy", "expert", "--split", "train", "--episodes", 9, "--threads", 1]
+    run_ranks(1, "02_collect", *args, "--out", tmp_path / "one.jsonl")
+    run_ranks(2, "02_collect", *args, "--out", tmp_path / "two.jsonl")
+    assert (tmp_path / "one.jsonl").read_text() == (tmp_path / "two.jsonl").read_text()
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert (one["episodes"], one["env_steps"]) == (two["episodes"], two["env_steps"])
+    assert sorted(os.listdir(tmp_path)) == ["one.json", "one.jsonl", "two.json", "two.jsonl"]
