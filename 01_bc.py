@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import sys
 import time
@@ -245,7 +246,7 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total_steps = args.epochs * steps_per_epoch
-    step, t0, records = 0, time.time(), []
+    step, t0, records, n_tok = 0, time.time(), [], 0
     model.train()
     rng = random.Random(args.seed)
     bar = tqdm(total=total_steps, desc="01_bc", unit="step", disable=not is_main())
@@ -254,6 +255,7 @@ def main(argv=None):
         for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):
             idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
             b = {k: v.to(device) for k, v in collate([train[j] for j in idx], tokenizer.pad_token_id).items()}
+            n_tok += int(b["attention_mask"].sum())
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
             logits = train_model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
@@ -273,7 +275,7 @@ def main(argv=None):
         val_loss, val_replies, val_episodes = evaluate(model, val, tokenizer.pad_token_id, args.batch_size, device)
         record = {"stage": "01_bc", "epoch": epoch + 1, "step": step, "train_loss": epoch_loss / steps_per_epoch,
                   "val_loss": val_loss, "val_reply_match": val_replies, "val_episode_match": val_episodes,
-                  "elapsed_s": time.time() - t0}
+                  "elapsed_s": time.time() - t0, **cost(n_tok, time.time() - t0, device)}
         records.append(record)
         tqdm.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}  val loss {val_loss:.4f}  "
                    f"greedy reproduces {val_replies:.1%} of val replies, {val_episodes:.1%} of val episodes")
@@ -291,7 +293,7 @@ def main(argv=None):
     write_atomic(args.out, save)
     log_metrics(args.metrics, *records)
     print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
-          f"{time.time() - t0:.0f}s)")
+          f"{time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, peak memory {record['peak_mem_gb']:.2f} GB)")
     finish_distributed()
 
 
@@ -300,6 +302,17 @@ def main(argv=None):
 # so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
 # checks), and a stage carries only the helpers it calls.
 # ----------------------------------------------------------------------------------------
+def cost(n_tokens, seconds, device):
+    """What the stage costs, for its printout and metrics: tokens through the model per second
+    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
+    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
+
+
 def die(msg):
     """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
     print(f"error: {msg}", file=sys.stderr)

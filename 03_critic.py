@@ -32,6 +32,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import sys
 import time
@@ -327,13 +328,14 @@ def main(argv=None):
     lengths = [len(x["input_ids"]) for _, x in data]
     steps_total = args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size)
     bar = tqdm(total=steps_total, desc="03_critic", unit="step", disable=not is_main())
-    step, t0, records = 0, time.time(), []
+    step, t0, records, n_tok = 0, time.time(), [], 0
     for epoch in range(args.epochs):
         sums = {"loss_v": 0.0, "loss_q": 0.0, "n": 0}
         for idx in length_batches(lengths, args.batch_size, rng):
             idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
             eps = [data[j][0] for j in idx]
             batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
+            n_tok += int(batch["attention_mask"].sum())
             traj = trajectory_tensors(eps, device)
             weights = batch_weights(eps, args.uniform_weights, device)
             loss, info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
@@ -359,7 +361,8 @@ def main(argv=None):
             bar.set_postfix(L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}", V=f"{info['v_mean']:+.3f}",
                             Q=f"{info['q_mean']:+.3f}")
         record = {"stage": "03_critic", "epoch": epoch + 1, "step": step, "loss_v": sums["loss_v"] / sums["n"],
-                  "loss_q": sums["loss_q"] / sums["n"], "elapsed_s": time.time() - t0}
+                  "loss_q": sums["loss_q"] / sums["n"], "elapsed_s": time.time() - t0,
+                  **cost(n_tok, time.time() - t0, device)}
         records.append(record)
         tqdm.write(f"epoch {epoch + 1}: L_V {record['loss_v']:.4f}  L_Q {record['loss_q']:.4f}")
     bar.close()
@@ -376,7 +379,8 @@ def main(argv=None):
                        f"Q {summary[src + '_q_mean']:+.3f}+-{summary[src + '_q_std']:.3f}"
                        for src in ("expert", "self") if src + "_v_mean" in summary)
     print(f"03_critic: explained variance of returns {summary['explained_variance']:.3f}; {by_src}; "
-          f"{time.time() - t0:.0f}s -> {args.out}")
+          f"{time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, peak memory {record['peak_mem_gb']:.2f} GB "
+          f"-> {args.out}")
     finish_distributed()
 
 
@@ -385,6 +389,17 @@ def main(argv=None):
 # so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
 # checks), and a stage carries only the helpers it calls.
 # ----------------------------------------------------------------------------------------
+def cost(n_tokens, seconds, device):
+    """What the stage costs, for its printout and metrics: tokens through the model per second
+    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
+    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
+
+
 def die(msg):
     """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
     print(f"error: {msg}", file=sys.stderr)

@@ -35,6 +35,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import sys
 import time
@@ -314,13 +315,14 @@ def main(argv=None):
     rng = random.Random(args.seed)
     bar = tqdm(total=args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size), desc="05_bppo", unit="step",
                disable=not is_main())
-    step, t0, records = 0, time.time(), []
+    step, t0, records, n_tok = 0, time.time(), [], 0
     for epoch in range(args.epochs):
         sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "ratio")}
         n_batches = 0
         for idx in length_batches(lengths, args.batch_size, rng):
             idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
             b = make_batch([data[j] for j in idx])
+            n_tok += int(b["attention_mask"].sum())
             old = torch.zeros_like(b["mask"])
             for r, j in enumerate(idx):
                 old[r, :len(logp_old[j])] = logp_old[j].to(device)
@@ -348,7 +350,7 @@ def main(argv=None):
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
         record = {"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
-                  **{k: v / n_batches for k, v in sums.items()}}
+                  **{k: v / n_batches for k, v in sums.items()}, **cost(n_tok, time.time() - t0, device)}
         records.append(record)
         tqdm.write(f"epoch {epoch + 1}: loss {record['loss']:+.4f}  clip low {record['clip_low']:.3f} high "
                    f"{record['clip_high']:.3f}  approx KL(old) {record['approx_kl_old']:.4f}  KL(ref) "
@@ -366,7 +368,8 @@ def main(argv=None):
         return finish_distributed()
     write_atomic(args.out, save)
     log_metrics(args.metrics, *records)
-    print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s)")
+    print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, "
+          f"peak memory {record['peak_mem_gb']:.2f} GB)")
     finish_distributed()
 
 
@@ -375,6 +378,17 @@ def main(argv=None):
 # so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
 # checks), and a stage carries only the helpers it calls.
 # ----------------------------------------------------------------------------------------
+def cost(n_tokens, seconds, device):
+    """What the stage costs, for its printout and metrics: tokens through the model per second
+    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
+    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
+
+
 def die(msg):
     """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
     print(f"error: {msg}", file=sys.stderr)
