@@ -297,9 +297,8 @@ def main(argv=None):
     t0, cpu0 = time.time(), time.process_time()  # CPU time: less sensitive than wall time to other load
     episodes, env_steps = run_episodes(make_env, task_ids, policy, args, aux, reranker)
     generated, cut = (0, 0) if policy == "expert" else (policy.generated_tokens, policy.cut_replies)
-    if world > 1:  # distributed: every rank writes its part, rank 0 merges them
-        episodes, (env_steps, generated, cut) = merge_parts(args.out, rank, world, episodes,
-                                                            [env_steps, generated, cut])
+    if world > 1:  # distributed: rank 0 gathers every rank's episodes
+        episodes, (env_steps, generated, cut) = merge_ranks(rank, world, episodes, [env_steps, generated, cut])
         if not is_main():
             return finish_distributed()
     episodes.sort(key=lambda ep: ep["task_id"])
@@ -877,20 +876,14 @@ def finish_distributed():
         torch.distributed.destroy_process_group()
 
 
-def merge_parts(path, rank, world, episodes, counts):
-    """Under torchrun: every rank writes its episodes to PATH.partRANK and the counts (env steps,
-    generated tokens, cut replies) are summed over ranks; rank 0 reads every part back (removing
-    it) -> (episodes, summed counts). Other ranks get no episodes."""
-    write_jsonl(f"{path}.part{rank}", episodes)
-    total = torch.tensor(counts, device=pick_device()[0])
-    torch.distributed.all_reduce(total)  # returns once every rank has written its part
-    merged = []
-    for r in range(world) if rank == 0 else []:
-        with open(f"{path}.part{r}") as f:
-            merged += [json.loads(line) for line in f]
-        remove(f"{path}.part{r}")
-    return merged, total.tolist()
-
+def merge_ranks(rank, world, episodes, counts):
+    """Under torchrun: rank 0 gathers every rank's episodes and sums the counts (env steps,
+    generated tokens, cut replies) -> (episodes, counts). Other ranks get no episodes."""
+    gathered = [None] * world if rank == 0 else None
+    torch.distributed.gather_object((episodes, counts), gathered, dst=0)
+    if rank != 0:
+        return [], counts
+    return [ep for eps, _ in gathered for ep in eps], [sum(c) for c in zip(*(c for _, c in gathered))]
 
 if __name__ == "__main__":
     main()

@@ -129,7 +129,8 @@ def test_bppo_ref_cache_gives_the_same_steps(tiny_run, bppo_adv, bc_one_rank):
 
 
 def test_collect_on_two_ranks_writes_the_same_episodes(tmp_path):
-    """02 shards the tasks by rank; rank 0 merges the parts in task order and removes them."""
+    """02 shards the tasks by rank; rank 0 gathers the episodes, writes them in task order, and
+    nothing else is written."""
     args = ["--policy", "expert", "--split", "train", "--episodes", 9, "--threads", 1]
     run_ranks(1, "02_collect", *args, "--out", tmp_path / "one.jsonl")
     run_ranks(2, "02_collect", *args, "--out", tmp_path / "two.jsonl")
