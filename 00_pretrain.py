@@ -15,9 +15,11 @@ on a corpus of the environment's text, as a real LLM's pretraining teaches it la
     (env.admissible_actions()) chosen by verb with VERB_WEIGHTS, else a random command of the
     grammar (env.random_action(), which mostly gets "Nothing happens.");
   * reading comprehension, inside the same transcripts: after an observation, with
-    probability --qa, a question turn and its answer about what the agent has read -
-    is a named object here, which objects are here, where was a kind of object seen, what
-    is it carrying, what is the task's object.
+    probability --qa, a question turn and its answer about what the agent has read, from
+    env.reading_question(rng) - household: is the task's object here, which objects are
+    here, where was a kind of object seen, what is it carrying; shop: which results are of
+    the asked type, is this item of that type, within the budget. An environment without
+    the method (the ScienceWorld / TextWorld / ALFWorld adapters) gets transcripts only.
 
 No expert action is in the corpus; the explorer never sees the goal. The loss is plain
 next-token prediction on every token after the system prompt:
@@ -35,6 +37,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -82,67 +85,30 @@ VERB_WEIGHTS = {"go": 3, "take": 3, "open": 2, "put": 2, "clean": 1, "heat": 1, 
 
 
 def explore_command(env, rng, p_random):
-    """One command of the explorer: mostly admissible (weighted by verb), sometimes random."""
+    """One command of the explorer: mostly admissible (weighted by verb), sometimes random. An
+    admissible command with a free argument (shop's `search[<keywords>]`) is filled in by the
+    environment's random_action()."""
     if rng.random() < p_random:
         return env.random_action(rng)
     cmds = env.admissible_actions()
-    return rng.choices(cmds, [VERB_WEIGHTS.get(c.split()[0], 1) for c in cmds])[0]
-
-
-def kind(name):
-    """'egg 2' -> 'egg'."""
-    return name.rsplit(" ", 1)[0]
-
-
-def reading_question(env, task_obj, seen, rng):
-    """A question about what the agent has read so far, and its answer. `seen` maps each
-    object the transcript has shown to the receptacle where it was last seen (None: in hand).
-    The most common one joins two things read far apart - the task's object (in the first
-    turn) and the latest listing - which is the decision a household agent makes most."""
-    here = [o for o, r in seen.items() if r == env.location]
-    kinds = sorted({kind(o) for o in seen} | {task_obj})
-    listing = env.location is not None and env._visible(env.location)
-    choice = rng.random()
-    if listing and choice < 0.5:
-        if choice < 0.35:
-            q, asked = "Question: is the object the task names here?", task_obj
-        else:
-            asked = rng.choice(kinds)
-            q = f"Question: is there a {asked} here?"
-        found = [o for o in here if kind(o) == asked]
-        return q, f"Answer: {'Yes: ' + ', '.join(found) if found else f'No, there is no {asked} here'}."
-    if listing and choice < 0.6:
-        return "Question: what is here?", f"Answer: {', '.join(here) if here else 'nothing'}."
-    if choice < 0.8:
-        asked = task_obj if rng.random() < 0.5 else rng.choice(kinds)
-        where = [f"{o} in {r}" for o, r in seen.items() if kind(o) == asked and r is not None]
-        answer = f"{'; '.join(where)}." if where else f"I have not seen a {asked} yet."
-        return f"Question: where have you seen a {asked}?", f"Answer: {answer}"
-    if choice < 0.85:
-        return "Question: what are you carrying?", f"Answer: {env.holding or 'nothing'}."
-    return "Question: which object does the task name?", f"Answer: {task_obj}."
+    cmd = rng.choices(cmds, [VERB_WEIGHTS.get(c.split()[0], 1) for c in cmds])[0]
+    return env.random_action(rng) if re.search(r"\[<\w+>\]", cmd) else cmd
 
 
 def transcript(env, task_id, rng, p_random, qa):
-    """One chat: the episode layout with explorer replies and reading questions."""
+    """One chat: the episode layout with explorer replies and, where the environment asks
+    them (env.reading_question(rng) -> (question, answer)), reading questions."""
     obs, info = env.reset(task_id)
-    g = env._task
     msgs = [{"role": "system", "content": env.instruction},
             {"role": "user", "content": f"Your task is to: {info['task']}\n{obs}"}]
-    seen = {}  # object -> receptacle where it was last seen (None: in hand)
     done = False
     while not done:
         cmd = explore_command(env, rng, p_random)
         obs, _, terminated, truncated, _ = env.step(cmd)
         done = terminated or truncated
-        for r, objs in env.known.items():
-            for o in objs:
-                seen[o] = r
-        if env.holding is not None:
-            seen[env.holding] = None
         msgs += [{"role": "assistant", "content": f"Action: {cmd}"}, {"role": "user", "content": obs}]
-        if not done and rng.random() < qa:
-            q, a = reading_question(env, g["object"], seen, rng)
+        if not done and rng.random() < qa and hasattr(env, "reading_question"):
+            q, a = env.reading_question(rng)
             msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
     return msgs
 

@@ -279,6 +279,8 @@ class HouseholdEnv(TextEnv):
         self.lamp_on = False
         # What the agent has observed: receptacle -> the objects it saw there.
         self.known = {}
+        # What a reader of the transcript has seen: object -> where it was last seen (None: in hand).
+        self.seen = {}
         self._last_phase = None
         obs = "You are in the middle of a room. Looking quickly around you, you see " + \
               _listing(g["receptacles"]) + "."
@@ -397,6 +399,11 @@ class HouseholdEnv(TextEnv):
         truncated = not terminated and self.t >= self.max_steps
         self.done = terminated or truncated
         self.last_obs = obs
+        for r, objs in self.known.items():
+            for o in objs:
+                self.seen[o] = r
+        if self.holding is not None:
+            self.seen[self.holding] = None
         info = {"task": self._task["task"], "won": terminated, "steps": self.t}
         return obs, (1.0 if terminated else 0.0), terminated, truncated, info
 
@@ -426,6 +433,35 @@ class HouseholdEnv(TextEnv):
         if held is not None:
             cmds.append(f"examine {held}")
         return cmds
+
+    def reading_question(self, rng):
+        """A question about what the agent has read so far and its answer, for 00_pretrain.py's
+        reading comprehension. The most common one joins two things read far apart - the task's
+        object (in the first turn) and the latest listing - which is the decision a household
+        agent makes most."""
+        task_obj, seen = self._task["object"], self.seen
+        here = [o for o, r in seen.items() if r == self.location]
+        kinds = sorted({_kind(o) for o in seen} | {task_obj})
+        listing = self.location is not None and self._visible(self.location)
+        choice = rng.random()
+        if listing and choice < 0.5:
+            if choice < 0.35:
+                q, asked = "Question: is the object the task names here?", task_obj
+            else:
+                asked = rng.choice(kinds)
+                q = f"Question: is there a {asked} here?"
+            found = [o for o in here if _kind(o) == asked]
+            return q, f"Answer: {'Yes: ' + ', '.join(found) if found else f'No, there is no {asked} here'}."
+        if listing and choice < 0.6:
+            return "Question: what is here?", f"Answer: {', '.join(here) if here else 'nothing'}."
+        if choice < 0.8:
+            asked = task_obj if rng.random() < 0.5 else rng.choice(kinds)
+            where = [f"{o} in {r}" for o, r in seen.items() if _kind(o) == asked and r is not None]
+            answer = f"{'; '.join(where)}." if where else f"I have not seen a {asked} yet."
+            return f"Question: where have you seen a {asked}?", f"Answer: {answer}"
+        if choice < 0.85:
+            return "Question: what are you carrying?", f"Answer: {self.holding or 'nothing'}."
+        return "Question: which object does the task name?", f"Answer: {task_obj}."
 
     # ------------------------------------------------------------------ expert
     def _search_order(self, kinds_first):

@@ -591,6 +591,29 @@ class ShopEnv(TextEnv):
     def is_invalid(self, obs):
         return obs.strip() == INVALID
 
+    def reading_question(self, rng):
+        """A question about the page just read and its answer, for 00_pretrain.py's reading
+        comprehension: what the instruction asks for, which results are of the asked type (the
+        choice a shopping agent makes on a results page), an item's price against the budget."""
+        g = self._task
+        if self.page == "results":
+            shown = [self.products[i] for i in self.results[(self.page_no - 1) * PAGE_SIZE:self.page_no * PAGE_SIZE]]
+            hits = [p["asin"].lower() for p in shown if p["query"] == g["type"]]
+            return (f"Question: which results here are {g['article']}{g['type']}?",
+                    f"Answer: {', '.join(hits) if hits else 'none'}.")
+        if self.page == "item" and rng.random() < 0.5:
+            p = self.by_asin[self.asin]
+            ok = "yes" if p["price"] <= g["price_upper"] else "no"
+            return ("Question: is this item's price within the budget?",
+                    f"Answer: {ok}, {_price_text(p)} against {g['price_upper']:.2f} dollars.")
+        if self.page in ("item", "description", "features", "attributes"):
+            p = self.by_asin[self.asin]
+            return (f"Question: is this item {g['article']}{g['type']}?",
+                    f"Answer: {'yes' if p['query'] == g['type'] else 'no'}, it is {p['article']}{p['query']}.")
+        want = _join(g["attributes"]) + "".join(f", {k}: {v}" for k, v in g["options"].items())
+        return ("Question: what does the instruction ask for?",
+                f"Answer: {g['article']}{g['type']}: {want}; under {g['price_upper']:.2f} dollars.")
+
     # ------------------------------------------------------------------ expert
     def fits(self, p):
         """Would buying p with the goal's options score 1.0? (cached per episode)"""

@@ -69,3 +69,26 @@ def test_pretrain_lowers_the_loss_and_bc_fine_tunes_it(tmp_path):
     run_stage("01_bc", "--model", base, "--data", tmp_path / "e.jsonl", "--out", tmp_path / "policy_0",
               "--epochs", 1, "--threads", 1)
     assert (tmp_path / "policy_0" / "model.safetensors").exists()
+
+
+def test_shop_corpus_fills_searches_and_answers_from_the_page(stages):
+    """00 is generic: on shop the explorer's searches get keywords (not the `<keywords>`
+    placeholder) and each 'which results here are X?' answer lists exactly the results of
+    type X on the page the transcript just showed."""
+    pre = stages["00_pretrain"]
+    env = envs.make("shop", seed=0, n_per_type=4)
+    rng = random.Random(0)
+    checked = 0
+    for task_id in env.task_ids("train")[:25]:
+        msgs = pre.transcript(env, task_id, rng, 0.3, 1.0)
+        actions = [m["content"][len("Action: "):] for m in msgs if m["content"].startswith("Action: ")]
+        assert actions and not any("<keywords>" in a for a in actions)
+        goal = env.generate(task_id)
+        for i, m in enumerate(msgs):
+            if m["role"] == "user" and m["content"].startswith("Question: which results here are"):
+                page = msgs[i - 1]["content"]  # the results page the question is about
+                shown = [w.lower() for w in page.split(" [SEP] ") if w in env.by_asin]
+                want = [a for a in shown if env.by_asin[a.upper()]["query"] == goal["type"]]
+                assert msgs[i + 1]["content"] == f"Answer: {', '.join(want) if want else 'none'}."
+                checked += 1
+    assert checked >= 5
