@@ -9,7 +9,10 @@ The objective (paper, Key Design 4), per action token:
     L = - E[ min( eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A ) ] + alpha * KL(pi_theta || pi_ref)
     eta = pi_theta(token) / pi_old(token)
 
-Every token of action a_t carries the step's process reward A_t (from 04). The advantages
+Every token of action a_t carries the step's process reward A_t (from 04); --ratio step instead
+takes one ratio per step, eta_t = pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole reply
+(the product of its token ratios), so a clip bounds how much the reply's probability moves,
+and averages over steps instead of tokens. The advantages
 come from the critic, not from new rollouts, so the update never leaves the data.
 Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability
 (down to 1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high), which
@@ -56,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--objective", choices=["bppo", "awr"], default="bppo", help="policy objective")
     p.add_argument("--eps-low", type=float, default=0.4, help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
     p.add_argument("--eps-high", type=float, default=0.2, help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
+    p.add_argument("--ratio", choices=["token", "step"], default="token",
+                   help="eta per action token, or per step: pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole reply")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
     p.add_argument("--adv-norm", choices=["none", "std", "center"], default="none",
                    help="'none' uses A_t as 04 wrote it; 'std' divides by the std over the buffer (signs kept); "
@@ -204,6 +209,14 @@ def token_logprobs(logits, input_ids):
     return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
 
+def step_sums(x, batch):
+    """--ratio step: sum a per-token tensor over each step's reply tokens, (B, L) -> (B, T); summed
+    log-probabilities give log pi(a_t | s_t) of the whole reply a_t."""
+    idx = batch["action_step"].clamp(min=0)
+    out = torch.zeros(batch["step_mask"].shape, dtype=x.dtype, device=x.device)
+    return out.scatter_add(1, idx, x * (batch["action_step"] >= 0))
+
+
 def token_advantages(batch, step_adv):
     """Broadcast each step's A_t to every token of its action: (B, L) from (B, T)."""
     idx = batch["action_step"].clamp(min=0)
@@ -214,16 +227,19 @@ def policy_loss(logits, logr, batch, logp_old, args):
     """The stage's objective on one batch, L = L_pi + alpha * KL(pi_theta || pi_ref), with L_pi the
     BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
     logits (B, L, V) of pi_theta, logr (B, L-1, V) log pi_ref (None when alpha = 0), logp_old (B, L).
-    info holds what the stage prints: the loss, the fraction of action tokens each clip holds
+    info holds what the stage prints: the loss, the fraction of action tokens (--ratio step: of steps) each clip holds
     (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
     pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
     logp = token_logprobs(logits, batch["input_ids"])
     adv, mask = batch["adv"], batch["mask"]
+    if args.ratio == "step":  # one eta per step: log-probabilities summed over the reply's tokens
+        logp, logp_old = step_sums(logp, batch), step_sums(logp_old, batch)
+        adv, mask = batch["step_adv"], batch["step_mask"]
     if args.objective == "bppo":
         loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high)
     else:
         loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
-    kl_ref = torch.zeros((), device=logits.device) if logr is None else kl_to_ref(logits, logr, mask)
+    kl_ref = torch.zeros((), device=logits.device) if logr is None else kl_to_ref(logits, logr, batch["mask"])
     loss = loss_pi + args.kl_coef * kl_ref
     with torch.no_grad():
         log_ratio = logp - logp_old
@@ -277,6 +293,7 @@ def main(argv=None):
         step_adv = torch.zeros((len(items), T), device=device)
         for i, (ep, _) in enumerate(items):
             step_adv[i, :len(ep["steps"])] = (torch.tensor([s["adv"] for s in ep["steps"]]) - adv_shift) / adv_scale
+        batch["step_adv"] = step_adv                                   # (B, T)
         batch["adv"] = token_advantages(batch, step_adv)              # (B, L)
         batch["mask"] = (batch["action_step"] >= 0).float()            # (B, L) action tokens
         return batch

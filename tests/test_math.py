@@ -244,3 +244,28 @@ def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     # min(eta A, clip(eta) A): 1.2 * 1, 0.6 * -1, 1.1 * 1, 0.7 * -1
     assert loss.item() == pytest.approx(-(1.2 - 0.6 + 1.1 - 0.7) / 4, abs=1e-6)
     assert info["loss"] == pytest.approx(loss.item())
+
+
+def test_policy_loss_with_a_step_ratio_clips_whole_replies(stages):
+    """--ratio step: eta_t is the product of the reply's token ratios, clipped once per step, and
+    the loss averages over steps. Two steps of two tokens each, by hand."""
+    pp = stages["05_bppo"]
+    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--ratio", "step",
+                          "--kl-coef", "0"])  # eps 0.4 / 0.2
+    torch.manual_seed(0)
+    logits = torch.randn(1, 5, 3)
+    batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "mask": torch.tensor([[0.0, 1, 1, 1, 1]]),
+             "action_step": torch.tensor([[-1, 0, 0, 1, 1]]), "step_mask": torch.tensor([[1.0, 1.0]]),
+             "step_adv": torch.tensor([[1.0, -1.0]]), "adv": torch.tensor([[0.0, 1.0, 1.0, -1.0, -1.0]])}
+    eta = torch.tensor([[1.0, 1.15, 1.1, 0.9, 0.95]])  # per token: every one inside [0.6, 1.2]
+    logp = pp.token_logprobs(logits, batch["input_ids"])
+    loss, info = pp.policy_loss(logits, None, batch, logp - eta.log(), args)
+    step_eta = [1.15 * 1.1, 0.9 * 0.95]  # 1.265 (over 1 + eps_high) and 0.855
+    assert info["clip_high"] == pytest.approx(0.5) and info["clip_low"] == 0.0
+    assert info["ratio"] == pytest.approx(sum(step_eta) / 2)
+    # min(eta A, clip(eta) A) per step: min(1.265, 1.2) * 1 and 0.855 * -1, averaged over the 2 steps
+    assert loss.item() == pytest.approx(-(1.2 - 0.855) / 2, abs=1e-5)
+    token_args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--kl-coef", "0"])
+    token_loss, token_info = pp.policy_loss(logits, None, batch, logp - eta.log(), token_args)
+    assert token_info["clip_high"] == 0.0  # per token nothing is clipped
+    assert token_loss.item() == pytest.approx(-(1.15 + 1.1 - 0.9 - 0.95) / 4, abs=1e-5)
