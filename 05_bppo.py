@@ -62,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--ratio", choices=["token", "step"], default="token",
                    help="eta per action token, or per step: pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole reply")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
-    p.add_argument("--adv-norm", choices=["none", "std", "center"], default="none",
+    p.add_argument("--adv-norm", choices=["none", "mean", "std", "center"], default="none",
                    help="'none' uses A_t as 04 wrote it; 'std' divides by the std over the buffer (signs kept); "
                         "'center' also subtracts the mean (lost 19 points on household: docs/policy_improvement.md)")
     p.add_argument("--awr-beta", type=float, default=1.0, help="AWR temperature beta")
@@ -284,8 +284,8 @@ def main(argv=None):
         die("no trajectory fits the model's context")
 
     all_adv = [s["adv"] for ep, _ in data for s in ep["steps"]]
-    adv_shift = float(np.mean(all_adv)) if args.adv_norm == "center" else 0.0
-    adv_scale = float(np.std(all_adv)) + 1e-8 if args.adv_norm != "none" else 1.0
+    adv_shift = float(np.mean(all_adv)) if args.adv_norm in ("mean", "center") else 0.0
+    adv_scale = float(np.std(all_adv)) + 1e-8 if args.adv_norm in ("std", "center") else 1.0
 
     def make_batch(items):
         batch = {k: v.to(device) for k, v in collate([x for _, x in items], tokenizer.pad_token_id).items()}
