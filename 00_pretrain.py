@@ -130,16 +130,13 @@ def tokenize_transcript(tokenizer, msgs):
     return ids, [0] * len(system) + [1] * (len(ids) - len(system))
 
 
-def token_logprobs(logits, input_ids):
-    """log pi(token_i | tokens_<i) for every position i >= 1; position 0 gets 0.
-    logits (B, L, V), input_ids (B, L) -> (B, L)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+def token_logprobs(logits, targets):
+    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...)."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
 def lm_loss(logp, mask):
-    """Mean NLL of the masked tokens. logp, mask (B, L)."""
+    """Mean NLL of the masked tokens. logp, mask (B, L - 1): the predicted tokens 1..L-1."""
     return -(logp * mask).sum() / mask.sum().clamp(min=1)
 
 
@@ -202,7 +199,7 @@ def main(argv=None):
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
             logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-            loss = lm_loss(token_logprobs(logits, input_ids), mask)
+            loss = lm_loss(token_logprobs(logits[:, :-1], input_ids[:, 1:]), mask[:, 1:])  # position i predicts i + 1
             if not torch.isfinite(loss):
                 die(f"loss became {loss.item()} at step {step}; lower --lr")
             optimizer.zero_grad(set_to_none=True)

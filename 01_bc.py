@@ -137,34 +137,42 @@ def collate(tokenized, pad_id):
     return batch
 
 
-def token_logprobs(logits, input_ids):
-    """log pi(token_i | tokens_<i) for every position i >= 1; position 0 gets 0.
-    logits (B, L, V), input_ids (B, L) -> (B, L)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+def reply_logits(model, batch):
+    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token of
+    the batch, row-major: the order of batch["input_ids"][batch["action_step"] >= 0]. transformers'
+    logits_to_keep projects onto the vocabulary only there - most tokens are observations, and
+    with a large vocabulary (SmolLM2: 49k) the full (B, L, V) logits are a step's largest tensor."""
+    keep = torch.zeros_like(batch["action_step"], dtype=torch.bool)
+    keep[:, :-1] = batch["action_step"][:, 1:] >= 0  # position i predicts token i + 1
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
+
+
+def token_logprobs(logits, targets):
+    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...)."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
 # ----------------------------------------------------------------------------------------
 # ALGO LOGIC: the behavior-cloning loss, and what to watch while it trains.
 # ----------------------------------------------------------------------------------------
-def bc_loss(logp, action_mask):
-    """Masked NLL of action tokens (paper: BC warm start). logp, action_mask (B, L) -> (loss, info),
-    info: the loss as a number (what the stage prints)."""
-    loss = -(logp * action_mask).sum() / action_mask.sum().clamp(min=1)
+def bc_loss(logp):
+    """NLL of the reply tokens (paper: BC warm start). logp (N,): log pi of each reply token of the
+    batch -> (loss, info), info: the loss as a number (what the stage prints)."""
+    loss = -logp.mean()
     return loss, {"loss": loss.item()}
 
 
 def reply_matches(logits, batch):
     """(B, T) bool: greedy decoding would write turn t exactly as in the data. Teacher forcing
     on the recorded history, the argmax token must equal the data's token at every position of
-    the assistant turn (Thought, Action and end-of-turn). False on padded steps."""
-    hit = logits[:, :-1].argmax(-1) == batch["input_ids"][:, 1:]  # prediction of token i+1
-    step = batch["action_step"][:, 1:]
+    the assistant turn (Thought, Action and end-of-turn). logits (N, V) from reply_logits.
+    False on padded steps."""
+    reply = batch["action_step"] >= 0
+    hit = logits.argmax(-1) == batch["input_ids"][reply]  # (N,) one per reply token
     B, T = batch["step_mask"].shape
-    wrong = torch.zeros(B, T + 1, dtype=torch.long, device=hit.device)  # column T: non-action tokens
-    wrong.scatter_add_(1, torch.where(step >= 0, step, T), (~hit).long())
-    return (wrong[:, :T] == 0) & (batch["step_mask"] > 0)
+    wrong = torch.zeros(B * T, dtype=torch.long, device=hit.device)  # misses per (row, step)
+    wrong.scatter_add_(0, reply.nonzero()[:, 0] * T + batch["action_step"][reply], (~hit).long())
+    return (wrong.view(B, T) == 0) & (batch["step_mask"] > 0)
 
 
 def evaluate(model, data, pad_id, batch_size, device):
@@ -179,10 +187,9 @@ def evaluate(model, data, pad_id, batch_size, device):
     with torch.no_grad():
         for i in range(0, len(data), batch_size):
             b = {k: v.to(device) for k, v in collate(data[i:i + batch_size], pad_id).items()}
-            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            mask = (b["action_step"] >= 0).float()
-            total += -(token_logprobs(logits, b["input_ids"]) * mask).sum().item()
-            count += mask.sum().item()
+            logits = reply_logits(model, b)  # (N, V) at the N reply tokens
+            total += -token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]).sum().item()
+            count += len(logits)
             ok = reply_matches(logits, b)
             n = b["step_mask"].sum(1).long()
             turns += int(n.sum())
@@ -258,8 +265,8 @@ def main(argv=None):
             n_tok += int(b["attention_mask"].sum())
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            logits = train_model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            loss, info = bc_loss(token_logprobs(logits, b["input_ids"]), (b["action_step"] >= 0).float())
+            logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
+            loss, info = bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
             if world > 1:  # distributed: the mean over the action tokens of the global batch
                 loss, info = global_average(loss, info, (b["action_step"] >= 0).sum() * keep, world)
             if not torch.isfinite(loss):

@@ -181,57 +181,58 @@ def awr_loss(logp, adv, mask, beta, max_weight):
     return -masked_mean(weight * logp, mask)
 
 
-def kl_to_ref(logits, logr, mask):
-    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over masked
-    positions. logits (B, L, V) predict token i+1 at position i; logr (B, L-1, V) is log pi_ref
-    there, log_softmax(ref_logits[:, :-1]) (with --ref-cache, ref_logprobs: filled only where
-    mask[:, 1:] is 1); mask (B, L) marks tokens."""
-    logq = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    kl = (logq.exp() * (logq - logr)).sum(-1)  # (B, L-1)
-    return masked_mean(kl, mask[:, 1:])
+def kl_to_ref(logits, logr):
+    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over the reply
+    tokens. logits (N, V) of pi_theta where a reply token is predicted (reply_logits); logr (N, V)
+    log pi_ref there."""
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    return (logq.exp() * (logq - logr)).sum(-1).mean()
 
 
-def ref_logprobs(rows_of, idx, mask, vocab):
-    """--ref-cache: log pi_ref (B, L-1, V) for kl_to_ref from the rows computed once per trajectory (main):
-    trajectory idx[r]'s rows go to the positions that predict its action tokens (mask[r, 1:] = 1),
-    in order; the other positions stay 0 (masked out)."""
-    logr = torch.zeros((mask.shape[0], mask.shape[1] - 1, vocab), device=mask.device)
-    for r, j in enumerate(idx):
-        logr[r][mask[r, 1:] > 0] = rows_of[j].to(mask.device)
-    return logr
+def reply_logits(model, batch):
+    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token of
+    the batch, row-major: the order of batch["input_ids"][batch["action_step"] >= 0]. transformers'
+    logits_to_keep projects onto the vocabulary only there - most tokens are observations, and
+    with a large vocabulary (SmolLM2: 49k) the full (B, L, V) logits are a step's largest tensor."""
+    keep = torch.zeros_like(batch["action_step"], dtype=torch.bool)
+    keep[:, :-1] = batch["action_step"][:, 1:] >= 0  # position i predicts token i + 1
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
 
 
-def token_logprobs(logits, input_ids):
-    """log pi(token_i | tokens_<i) for every position i >= 1; position 0 gets 0.
-    logits (B, L, V), input_ids (B, L) -> (B, L)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+def token_logprobs(logits, targets):
+    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...)."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+def step_index(batch):
+    """(N,): for each reply token of the batch (row-major), its step as a flat index row * T + t."""
+    reply = batch["action_step"] >= 0
+    return reply.nonzero()[:, 0] * batch["step_mask"].shape[1] + batch["action_step"][reply]
 
 
 def step_sums(x, batch):
-    """--ratio step: sum a per-token tensor over each step's reply tokens, (B, L) -> (B, T); summed
+    """--ratio step: sum a per-reply-token tensor over each step's tokens, (N,) -> (B, T); summed
     log-probabilities give log pi(a_t | s_t) of the whole reply a_t."""
-    idx = batch["action_step"].clamp(min=0)
-    out = torch.zeros(batch["step_mask"].shape, dtype=x.dtype, device=x.device)
-    return out.scatter_add(1, idx, x * (batch["action_step"] >= 0))
+    out = torch.zeros(batch["step_mask"].numel(), dtype=x.dtype, device=x.device)
+    return out.scatter_add(0, step_index(batch), x).view(batch["step_mask"].shape)
 
 
 def token_advantages(batch, step_adv):
-    """Broadcast each step's A_t to every token of its action: (B, L) from (B, T)."""
-    idx = batch["action_step"].clamp(min=0)
-    return step_adv.gather(1, idx) * (batch["action_step"] >= 0)
+    """Each step's A_t on every token of its reply: (N,) over the batch's reply tokens from (B, T)."""
+    return step_adv.flatten()[step_index(batch)]
 
 
 def policy_loss(logits, logr, batch, logp_old, args):
     """The stage's objective on one batch, L = L_pi + alpha * KL(pi_theta || pi_ref), with L_pi the
     BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
-    logits (B, L, V) of pi_theta, logr (B, L-1, V) log pi_ref (None when alpha = 0), logp_old (B, L).
+    logits (N, V) of pi_theta at the batch's N reply tokens (reply_logits), logr (N, V) log pi_ref
+    there (None when alpha = 0), logp_old (N,).
     info holds what the stage prints: the loss, the fraction of action tokens (--ratio step: of steps) each clip holds
     (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
     pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
-    logp = token_logprobs(logits, batch["input_ids"])
-    adv, mask = batch["adv"], batch["mask"]
+    logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])
+    adv = batch["adv"]
+    mask = torch.ones_like(adv)
     if args.ratio == "step":  # one eta per step: log-probabilities summed over the reply's tokens
         logp, logp_old = step_sums(logp, batch), step_sums(logp_old, batch)
         adv, mask = batch["step_adv"], batch["step_mask"]
@@ -239,7 +240,7 @@ def policy_loss(logits, logr, batch, logp_old, args):
         loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high)
     else:
         loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
-    kl_ref = torch.zeros((), device=logits.device) if logr is None else kl_to_ref(logits, logr, batch["mask"])
+    kl_ref = torch.zeros((), device=logits.device) if logr is None else kl_to_ref(logits, logr)
     loss = loss_pi + args.kl_coef * kl_ref
     with torch.no_grad():
         log_ratio = logp - logp_old
@@ -294,8 +295,7 @@ def main(argv=None):
         for i, (ep, _) in enumerate(items):
             step_adv[i, :len(ep["steps"])] = (torch.tensor([s["adv"] for s in ep["steps"]]) - adv_shift) / adv_scale
         batch["step_adv"] = step_adv                                   # (B, T)
-        batch["adv"] = token_advantages(batch, step_adv)              # (B, L)
-        batch["mask"] = (batch["action_step"] >= 0).float()            # (B, L) action tokens
+        batch["adv"] = token_advantages(batch, step_adv)              # (N,) one per reply token
         return batch
 
     # log pi_old of every token, once: pi_old is the policy as it entered the stage.
@@ -304,25 +304,22 @@ def main(argv=None):
     with torch.no_grad():
         for i in range(0, len(data), args.batch_size):
             b = make_batch(data[i:i + args.batch_size])
-            logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            for row, x in zip(token_logprobs(logits, b["input_ids"]), data[i:i + args.batch_size]):
-                logp_old.append(row[:len(x[1]["input_ids"])].cpu())
+            logp = token_logprobs(reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
+            logp_old += logp.cpu().split((b["action_step"] >= 0).sum(1).tolist())  # one (n_j,) per trajectory
     policy.train()
 
     lengths = [len(x["input_ids"]) for _, x in data]
-    # --ref-cache: log pi_ref(v) for every v at every action token, once (in the first epoch's
-    # batches), so that pi_ref need not stay in memory: rows_of[j] is (action tokens of trajectory
-    # j, V) on the CPU, 4 * V bytes per action token (under torchrun, in every process).
+    # --ref-cache: log pi_ref(v) for every v at every reply token, once (in the first epoch's
+    # batches), so that pi_ref need not stay in memory: rows_of[j] is (reply tokens of trajectory
+    # j, V) on the CPU, 4 * V bytes per reply token (under torchrun, in every process).
     rows_of = {}
     if args.ref_cache:
         with torch.no_grad():
             first_epoch = length_batches(lengths, args.batch_size, random.Random(args.seed))
             for idx in first_epoch if args.kl_coef > 0 else []:
                 b = make_batch([data[j] for j in idx])
-                logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                logr = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-                for r, j in enumerate(idx):
-                    rows_of[j] = logr[r][b["mask"][r, 1:] > 0].cpu()
+                logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1).cpu()
+                rows_of.update(zip(idx, logr.split((b["action_step"] >= 0).sum(1).tolist())))
         del ref
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
@@ -340,20 +337,18 @@ def main(argv=None):
             idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
             b = make_batch([data[j] for j in idx])
             n_tok += int(b["attention_mask"].sum())
-            old = torch.zeros_like(b["mask"])
-            for r, j in enumerate(idx):
-                old[r, :len(logp_old[j])] = logp_old[j].to(device)
-            logits = train_policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            logr = None  # log pi_ref (B, L-1, V) for the KL anchor
+            old = torch.cat([logp_old[j] for j in idx]).to(device)  # (N,) log pi_old of the reply tokens
+            logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
+            logr = None  # log pi_ref (N, V) for the KL anchor
             if args.kl_coef > 0 and args.ref_cache:
-                logr = ref_logprobs(rows_of, idx, b["mask"], logits.shape[-1])
+                logr = torch.cat([rows_of[j] for j in idx]).to(device)
             elif args.kl_coef > 0:
                 with torch.no_grad():
-                    ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                logr = torch.log_softmax(ref_logits[:, :-1].float(), dim=-1)
+                    logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1)
             loss, info = policy_loss(logits, logr, b, old, args)
-            if world > 1:  # distributed: every term is a mean over the action tokens of the global batch
-                loss, info = global_average(loss, info, b["mask"].sum() * keep, world)
+            if world > 1:  # distributed: every term is a mean over the reply tokens (steps) of the global batch
+                n = b["step_mask"].sum() if args.ratio == "step" else (b["action_step"] >= 0).sum()
+                loss, info = global_average(loss, info, n * keep, world)
             if not torch.isfinite(loss):
                 die(f"loss became {loss.item()} at step {step}; lower --lr")
             optimizer.zero_grad(set_to_none=True)

@@ -86,8 +86,8 @@ def worker(a):
             opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
             def step(b):
-                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                loss, _ = bc.bc_loss(bc.token_logprobs(logits, b["input_ids"]), (b["action_step"] >= 0).float())
+                logits = bc.reply_logits(model, b)  # (N, V) at the reply tokens, as 01 computes them
+                loss, _ = bc.bc_loss(bc.token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -119,18 +119,17 @@ def worker(a):
             opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
             def step(b):
-                adv = torch.randn(b["input_ids"].shape) * (b["action_step"] >= 0)
-                mask = (b["action_step"] >= 0).float()
+                targets = b["input_ids"][b["action_step"] >= 0]  # the N reply tokens, as 05 computes them
+                adv, mask = torch.randn(len(targets)), torch.ones(len(targets))
                 with torch.no_grad():  # 05 computes log pi_old once per trajectory before training
                     model.eval()
-                    old = pp.token_logprobs(model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits,
-                                            b["input_ids"])
+                    old = pp.token_logprobs(pp.reply_logits(model, b), targets)
                     model.train()
-                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                loss = pp.bppo_loss(pp.token_logprobs(logits, b["input_ids"]), old, adv, mask, 0.4, 0.2)
+                logits = pp.reply_logits(model, b)
+                loss = pp.bppo_loss(pp.token_logprobs(logits, targets), old, adv, mask, 0.4, 0.2)
                 with torch.no_grad():
-                    ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                loss = loss + 0.05 * pp.kl_to_ref(logits, torch.log_softmax(ref_logits[:, :-1].float(), -1), mask)
+                    logr = torch.log_softmax(pp.reply_logits(ref, b).float(), -1)
+                loss = loss + 0.05 * pp.kl_to_ref(logits, logr)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

@@ -67,8 +67,7 @@ def turn_hits(bc, model, data, pad_id, batch_size):
     with torch.no_grad():
         for i in range(0, len(data), batch_size):
             batch = bc.collate(data[i:i + batch_size], pad_id)
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            ok = bc.reply_matches(logits, batch)
+            ok = bc.reply_matches(bc.reply_logits(model, batch), batch)
             n = batch["step_mask"].sum(1).long()
             hits += [ok[row, :n[row]].tolist() for row in range(len(n))]
     return hits

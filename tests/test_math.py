@@ -176,24 +176,42 @@ def test_bppo_loss_respects_the_mask(stages):
 
 def test_kl_to_ref_is_zero_for_the_same_policy_and_positive_otherwise(stages):
     kl_to_ref = stages["05_bppo"].kl_to_ref
-    logits = torch.randn(2, 5, 7)
-    mask = torch.ones(2, 5)
-    logr = lambda ref_logits: torch.log_softmax(ref_logits[:, :-1], dim=-1)  # noqa: E731 (what 05 passes)
-    assert kl_to_ref(logits, logr(logits.clone()), mask).abs().item() < 1e-6
-    other = logits + torch.randn(2, 5, 7)
-    assert kl_to_ref(logits, logr(other), mask).item() > 0
-    # by hand on one position: p = softmax([0, 0]) = (.5, .5), r = softmax([0, log 3]) = (.25, .75)
-    p = torch.tensor([[[0.0, 0.0], [0.0, 0.0]]])
-    r = torch.tensor([[[0.0, float(np.log(3))], [0.0, 0.0]]])
+    logits = torch.randn(6, 7)  # (N, V): the next-token logits at 6 reply tokens
+    assert kl_to_ref(logits, torch.log_softmax(logits.clone(), dim=-1)).abs().item() < 1e-6
+    other = logits + torch.randn(6, 7)
+    assert kl_to_ref(logits, torch.log_softmax(other, dim=-1)).item() > 0
+    # by hand: p = softmax([0, 0]) = (.5, .5), r = softmax([0, log 3]) = (.25, .75), and r = p
+    p = torch.zeros(2, 2)
+    r = torch.log_softmax(torch.tensor([[0.0, float(np.log(3))], [0.0, 0.0]]), dim=-1)
     expected = 0.5 * np.log(0.5 / 0.25) + 0.5 * np.log(0.5 / 0.75)
-    assert np.isclose(kl_to_ref(p, logr(r), torch.tensor([[0.0, 1.0]])).item(), expected, atol=1e-6)
+    assert np.isclose(kl_to_ref(p, r).item(), expected / 2, atol=1e-6)  # the mean over the 2 tokens
 
 
 def test_token_advantages_broadcast_each_step_to_its_tokens(stages):
     token_advantages = stages["05_bppo"].token_advantages
-    batch = {"action_step": torch.tensor([[-1, 0, 0, -1, 1, 1, -1]])}
-    adv = token_advantages(batch, torch.tensor([[0.5, -2.0]]))
-    assert torch.equal(adv, torch.tensor([[0.0, 0.5, 0.5, 0.0, -2.0, -2.0, 0.0]]))
+    batch = {"action_step": torch.tensor([[-1, 0, 0, -1, 1, 1, -1], [-1, 0, -1, -1, -1, -1, -1]]),
+             "step_mask": torch.tensor([[1.0, 1.0], [1.0, 0.0]])}
+    adv = token_advantages(batch, torch.tensor([[0.5, -2.0], [3.0, 0.0]]))
+    assert torch.equal(adv, torch.tensor([0.5, 0.5, -2.0, -2.0, 3.0]))  # one per reply token, row-major
+
+
+def test_reply_logits_are_the_full_logits_at_the_reply_tokens(stages):
+    """reply_logits (01 and 05) keeps, through transformers' logits_to_keep, exactly the rows of
+    the full forward pass that predict a reply token, in row-major order."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2)).eval()
+    ep1 = {"input_ids": [5, 6, 7, 8, 9, 10, 11, 12], "action_step": [-1, -1, 0, 0, -1, 1, 1, -1],
+           "state_pos": [1, 4, 7], "action_pos": [3, 6]}
+    ep2 = {"input_ids": [5, 6, 7, 8], "action_step": [-1, -1, 0, 0], "state_pos": [1, 3], "action_pos": [3]}
+    b = stages["01_bc"].collate([ep1, ep2], pad_id=0)
+    with torch.no_grad():
+        full = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        for stage in ("01_bc", "05_bppo"):
+            kept = stages[stage].reply_logits(model, b)
+            want = torch.stack([full[0, 1], full[0, 2], full[0, 4], full[0, 5], full[1, 1], full[1, 2]])
+            assert torch.allclose(kept, want, atol=1e-5), stage
 
 
 def test_awr_only_raises_probabilities_of_data_actions(stages):
@@ -213,15 +231,16 @@ def test_reply_matches_by_hand(stages):
     b = collate([ep1, ep2], pad_id=0)
     V = 16
     perfect = torch.nn.functional.one_hot(b["input_ids"].roll(-1, dims=1), V).float()  # predicts token i+1 at i
-    assert reply_matches(perfect, b).tolist() == [[True, True], [True, False]]  # step 1 of ep2 is padding
+    at_replies = lambda full: full[:, :-1][b["action_step"][:, 1:] >= 0]  # noqa: E731 (what reply_logits keeps)
+    assert reply_matches(at_replies(perfect), b).tolist() == [[True, True], [True, False]]  # step 1 of ep2: padding
     wrong = perfect.clone()
     wrong[0, 5, :] = 0
     wrong[0, 5, 3] = 1  # position 5 predicts token 6 (turn 1's second token): now wrong
-    assert reply_matches(wrong, b).tolist() == [[True, False], [True, False]]
-    wrong_obs = perfect.clone()
-    wrong_obs[0, 3, :] = 0
-    wrong_obs[0, 3, 3] = 1  # position 3 predicts token 4, an observation token: not part of any turn
-    assert reply_matches(wrong_obs, b).tolist() == [[True, True], [True, False]]
+    assert reply_matches(at_replies(wrong), b).tolist() == [[True, False], [True, False]]
+    wrong2 = perfect.clone()
+    wrong2[1, 1, :] = 0
+    wrong2[1, 1, 3] = 1  # episode 2, position 1 predicts token 2 (its turn 0's first token)
+    assert reply_matches(at_replies(wrong2), b).tolist() == [[True, True], [False, False]]
 
 
 def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
@@ -229,17 +248,15 @@ def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     pp = stages["05_bppo"]
     args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o"])  # eps 0.4 / 0.2, alpha 0.05
     torch.manual_seed(0)
-    logits = torch.randn(1, 5, 3)
-    batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "mask": torch.tensor([[0.0, 1, 1, 1, 1]]),
-             "adv": torch.tensor([[0.0, 1.0, -1.0, 1.0, -1.0]])}
-    eta = torch.tensor([[1.0, 1.5, 0.5, 1.1, 0.7]])  # token 1 is held by the upper clip, token 2 by the lower
-    logp = pp.token_logprobs(logits, batch["input_ids"])
-    logp_old = logp - eta.log()
-    loss, info = pp.policy_loss(logits, torch.log_softmax(logits[:, :-1], dim=-1), batch, logp_old, args)
+    logits = torch.randn(4, 3)  # (N, V) at the 4 reply tokens (positions 1-4)
+    batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "action_step": torch.tensor([[-1, 0, 0, 1, 1]]),
+             "step_mask": torch.tensor([[1.0, 1.0]]), "adv": torch.tensor([1.0, -1.0, 1.0, -1.0])}
+    eta = torch.tensor([1.5, 0.5, 1.1, 0.7])  # token 1 is held by the upper clip, token 2 by the lower
+    logp = pp.token_logprobs(logits, torch.tensor([1, 2, 0, 1]))
+    loss, info = pp.policy_loss(logits, torch.log_softmax(logits, dim=-1), batch, logp - eta.log(), args)
     assert info["clip_high"] == pytest.approx(0.25) and info["clip_low"] == pytest.approx(0.25)
     assert info["ratio"] == pytest.approx((1.5 + 0.5 + 1.1 + 0.7) / 4)
-    e = eta[0, 1:]
-    assert info["approx_kl_old"] == pytest.approx(((e - 1) - e.log()).mean().item(), abs=1e-6)
+    assert info["approx_kl_old"] == pytest.approx(((eta - 1) - eta.log()).mean().item(), abs=1e-6)
     assert abs(info["kl_ref"]) < 1e-6  # pi_ref = pi_theta
     # min(eta A, clip(eta) A): 1.2 * 1, 0.6 * -1, 1.1 * 1, 0.7 * -1
     assert loss.item() == pytest.approx(-(1.2 - 0.6 + 1.1 - 0.7) / 4, abs=1e-6)
@@ -253,12 +270,12 @@ def test_policy_loss_with_a_step_ratio_clips_whole_replies(stages):
     args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--ratio", "step",
                           "--kl-coef", "0"])  # eps 0.4 / 0.2
     torch.manual_seed(0)
-    logits = torch.randn(1, 5, 3)
-    batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "mask": torch.tensor([[0.0, 1, 1, 1, 1]]),
-             "action_step": torch.tensor([[-1, 0, 0, 1, 1]]), "step_mask": torch.tensor([[1.0, 1.0]]),
-             "step_adv": torch.tensor([[1.0, -1.0]]), "adv": torch.tensor([[0.0, 1.0, 1.0, -1.0, -1.0]])}
-    eta = torch.tensor([[1.0, 1.15, 1.1, 0.9, 0.95]])  # per token: every one inside [0.6, 1.2]
-    logp = pp.token_logprobs(logits, batch["input_ids"])
+    logits = torch.randn(4, 3)
+    batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "action_step": torch.tensor([[-1, 0, 0, 1, 1]]),
+             "step_mask": torch.tensor([[1.0, 1.0]]), "step_adv": torch.tensor([[1.0, -1.0]]),
+             "adv": torch.tensor([1.0, 1.0, -1.0, -1.0])}
+    eta = torch.tensor([1.15, 1.1, 0.9, 0.95])  # per token: every one inside [0.6, 1.2]
+    logp = pp.token_logprobs(logits, torch.tensor([1, 2, 0, 1]))
     loss, info = pp.policy_loss(logits, None, batch, logp - eta.log(), args)
     step_eta = [1.15 * 1.1, 0.9 * 0.95]  # 1.265 (over 1 + eps_high) and 0.855
     assert info["clip_high"] == pytest.approx(0.5) and info["clip_low"] == 0.0

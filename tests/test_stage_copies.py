@@ -68,7 +68,7 @@ def test_the_algorithm_comes_before_the_plumbing():
     """main() comes before the plumbing banner, and every copied helper other than the data
     contract (and the Critic, which 03 trains) comes after it."""
     copies = {k for k, v in top_level_sources().items() if len(v) > 1}
-    above = {"episode_messages", "tokenize_episode", "collate", "token_logprobs", "Critic"}
+    above = {"episode_messages", "tokenize_episode", "collate", "reply_logits", "token_logprobs", "Critic"}
     for name in STAGES:
         src = open(os.path.join(ROOT, f"{name}.py")).read()
         banner = [i for i, line in enumerate(src.splitlines(), 1)
