@@ -68,7 +68,8 @@ def worker(a):
                "shape": f"{a.episodes} episodes in lockstep, {sum(summ['labels'].values())} replies"}
     else:
         if a.model == "tiny":  # 01's default tiny model, exactly as `01_bc.py --model tiny` builds it
-            tokenizer = bc.train_tiny_tokenizer(episodes, 1024)
+            texts = [episodes[0]["instruction"]] + [m["content"] for ep in episodes for m in bc.episode_messages(ep)[1:]]
+            tokenizer = bc.train_tiny_tokenizer(texts, 1024)  # on the messages' text, as 01 trains it
             model = bc.build_tiny_model(tokenizer, bc.parse_args(["--data", "x", "--out", "x"]))
         else:
             tokenizer = bc.load_tokenizer(a.model)
