@@ -60,11 +60,13 @@ def parse_args(argv=None):
     p.add_argument("--eps-low", type=float, default=0.4, help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
     p.add_argument("--eps-high", type=float, default=0.2, help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
     p.add_argument("--ratio", choices=["token", "step"], default="token",
-                   help="eta per action token, or per step: pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole reply")
+                   help="eta per action token, or per step: pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole "
+                        "reply (lost 39 points on household's seed 0: docs/policy_improvement.md)")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
     p.add_argument("--adv-norm", choices=["none", "mean", "std", "center"], default="none",
-                   help="'none' uses A_t as 04 wrote it; 'std' divides by the std over the buffer (signs kept); "
-                        "'center' also subtracts the mean (lost 19 points on household: docs/policy_improvement.md)")
+                   help="'none' uses A_t as 04 wrote it; 'mean' subtracts the buffer's mean; 'std' divides by the "
+                        "std over the buffer (signs kept); 'center' does both (on household every one but 'none' "
+                        "lost to BC: docs/policy_improvement.md)")
     p.add_argument("--awr-beta", type=float, default=1.0, help="AWR temperature beta")
     p.add_argument("--awr-max-weight", type=float, default=20.0, help="AWR weight clip w_max")
     p.add_argument("--epochs", type=int, default=1, help="passes over the buffer")
