@@ -17,11 +17,12 @@ class NextToken(torch.nn.Module):
         super().__init__()
         self.vocab, self.wrong = vocab, wrong
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, input_ids, attention_mask, logits_to_keep):
         nxt = torch.roll(input_ids, -1, dims=1)
         if self.wrong:
             nxt = (nxt + 1) % self.vocab
-        return types.SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float())
+        logits = torch.nn.functional.one_hot(nxt, self.vocab).float()
+        return types.SimpleNamespace(logits=logits[logits_to_keep])  # (N, V), as transformers' boolean mask keeps
 
 
 def test_by_verb_counts_every_turn_once_in_any_batch_size(tiny_run):
