@@ -9,11 +9,11 @@ The objective (paper, Key Design 4), per action token:
     L = - E[ min( eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A ) ] + alpha * KL(pi_theta || pi_ref)
     eta = pi_theta(token) / pi_old(token)
 
-Every token of action a_t carries the step's process reward A_t (from 04); --ratio step instead
-takes one ratio per step, eta_t = pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole reply
-(the product of its token ratios), so a clip bounds how much the reply's probability moves,
-and averages over steps instead of tokens. The advantages
+Every token of action a_t carries the step's process reward A_t (from 04). The advantages
 come from the critic, not from new rollouts, so the update never leaves the data.
+--ratio step instead takes one ratio per step, eta_t = pi_theta(a_t | s_t) / pi_old(a_t | s_t)
+over the whole reply (the product of its token ratios), so a clip bounds how much the reply's
+probability moves, and averages over steps instead of tokens.
 Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability
 (down to 1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high), which
 suppresses harmful actions decisively while staying close to the data's support.
@@ -229,8 +229,8 @@ def policy_loss(logits, logr, batch, logp_old, args):
     BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
     logits (N, V) of pi_theta at the batch's N reply tokens (reply_logits), logr (N, V) log pi_ref
     there (None when alpha = 0), logp_old (N,).
-    info holds what the stage prints: the loss, the fraction of action tokens (--ratio step: of steps) each clip holds
-    (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
+    info holds what the stage prints: the loss, the fraction of action tokens (--ratio step: of
+    steps) each clip holds (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
     pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
     logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])
     adv = batch["adv"]

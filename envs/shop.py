@@ -479,6 +479,10 @@ class ShopEnv(TextEnv):
                 "attributes": attrs, "options": options, "price_upper": upper, "task": text}
 
     # ------------------------------------------------------------------ pages
+    def _shown(self):
+        """Catalogue indices of the results on the current results page."""
+        return self.results[(self.page_no - 1) * PAGE_SIZE:self.page_no * PAGE_SIZE]
+
     def _render(self):
         """(observation, clickables, has_search_bar) of the current page."""
         page = self.page
@@ -489,7 +493,7 @@ class ShopEnv(TextEnv):
                              f"{self.reward:.2f}"]), [], False
         if page == "results":
             n = len(self.results)
-            shown = self.results[(self.page_no - 1) * PAGE_SIZE:self.page_no * PAGE_SIZE]
+            shown = self._shown()
             parts, clicks = ["Back to Search", f"Page {self.page_no} (Total results: {n})"], ["back to search"]
             if self.page_no > 1:
                 parts.append("< Prev")
@@ -597,8 +601,7 @@ class ShopEnv(TextEnv):
         choice a shopping agent makes on a results page), an item's price against the budget."""
         g = self._task
         if self.page == "results":
-            shown = [self.products[i] for i in self.results[(self.page_no - 1) * PAGE_SIZE:self.page_no * PAGE_SIZE]]
-            hits = [p["asin"].lower() for p in shown if p["query"] == g["type"]]
+            hits = [self.products[i]["asin"].lower() for i in self._shown() if self.products[i]["query"] == g["type"]]
             return (f"Question: which results here are {g['article']}{g['type']}?",
                     f"Answer: {', '.join(hits) if hits else 'none'}.")
         if self.page == "item" and rng.random() < 0.5:
