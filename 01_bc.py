@@ -46,6 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     p.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
     p.add_argument("--val-frac", type=float, default=0.05, help="fraction of trajectories held out for validation loss")
     p.add_argument("--d-model", type=int, default=128, help="tiny model: hidden size")
     p.add_argument("--n-layers", type=int, default=3, help="tiny model: transformer layers")
@@ -202,7 +204,7 @@ def evaluate(model, data, pad_id, batch_size, device):
 def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only by a finished model.
-    check_flags(args, epochs="at least 1", batch_size="at least 1", lr="positive", weight_decay="non-negative",
+    check_flags(args, epochs="at least 1", grad_accum="at least 1", batch_size="at least 1", lr="positive", weight_decay="non-negative",
                 warmup="in [0, 1]", grad_clip="positive", val_frac="in (0, 1)", d_model="at least 1",
                 n_layers="at least 1", n_heads="at least 1", vocab_size="at least 1", max_len="at least 1",
                 threads="non-negative")
@@ -260,19 +262,25 @@ def main(argv=None):
     for epoch in range(args.epochs):
         epoch_loss = 0.0
         for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):
-            idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
-            b = {k: v.to(device) for k, v in collate([train[j] for j in idx], tokenizer.pad_token_id).items()}
-            n_tok += int(b["attention_mask"].sum())
+            mine, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
+            parts = [({k: v.to(device) for k, v in collate([train[j] for j in part], tokenizer.pad_token_id).items()},
+                      keep * w) for part, w in micro_batches(mine, args.grad_accum)]
+            # the step's loss is the mean over the action tokens of the whole global batch
+            shares = part_shares([(b["action_step"] >= 0).sum() * w for b, w in parts], world)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
-            loss, info = bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
-            if world > 1:  # distributed: the mean over the action tokens of the global batch
-                loss, info = global_average(loss, info, (b["action_step"] >= 0).sum() * keep, world)
-            if not torch.isfinite(loss):
-                die(f"loss became {loss.item()} at step {step}; lower --lr")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            infos = []
+            for i, (b, _) in enumerate(parts):
+                n_tok += int(b["attention_mask"].sum())
+                grad_sync(train_model, world, args.fsdp, on=i == len(parts) - 1)
+                logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
+                loss, part_info = bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
+                if not torch.isfinite(loss):
+                    die(f"loss became {loss.item()} at step {step}; lower --lr")
+                (loss * shares[i]).backward()
+                infos.append(part_info)
+            info = average_info(infos, shares, world)
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
             epoch_loss += info["loss"]
@@ -676,18 +684,43 @@ def shard(idx, rank, world):
     return (mine, 1.0) if mine else (idx[:1], 0.0)
 
 
-def global_average(loss, info, count, world):
-    """loss and info's numbers are means over this rank's `count` (action tokens, step weights);
-    the stage's loss is the mean over the whole global batch. Returns this rank's share of it,
-    loss * world * count / total count, whose gradients DDP averages into the single-process
-    gradient, and info averaged over the global batch (the single-process numbers)."""
-    count = count.detach().float()
-    total = count.clone()
-    torch.distributed.all_reduce(total)
-    share = world * count / total.clamp(min=1e-8)
-    numbers = torch.tensor(list(info.values()), device=count.device) * share / world
-    torch.distributed.all_reduce(numbers)
-    return loss * share, dict(zip(info, numbers.tolist()))
+def micro_batches(idx, n):
+    """This rank's part of the global batch as n micro-batches of indices -> [(indices, weight)],
+    always n of them: an empty one re-reads the first trajectory with weight 0, so every rank runs
+    the same number of forward passes (FSDP2 gathers the weights in each)."""
+    return [(idx[i::n], 1.0) if idx[i::n] else (idx[:1], 0.0) for i in range(n)]
+
+
+def part_shares(counts, world):
+    """The weight of each micro-batch's mean loss in the step: counts (this rank's micro-batches:
+    action tokens, step weights; 0 for a part with weight 0) -> world * count / (the count of the
+    whole global batch, over every micro-batch and rank). Summed over this rank's parts, the
+    weighted means give this rank's share of the global batch's mean loss, and DDP's gradient
+    average over ranks (1/world) gives the gradient of the single-process, single-batch loss."""
+    counts = torch.stack([torch.as_tensor(c).detach().float() for c in counts])
+    total = counts.sum()
+    if world > 1:
+        torch.distributed.all_reduce(total)
+    return counts * world / total.clamp(min=1e-8)
+
+
+def average_info(infos, shares, world):
+    """The numbers of each micro-batch's info (means over its count), averaged over the global batch
+    with part_shares: the single-process numbers."""
+    numbers = sum(torch.tensor(list(info.values())) * share.cpu() / world for info, share in zip(infos, shares))
+    if world > 1:
+        numbers = numbers.to(shares.device)
+        torch.distributed.all_reduce(numbers)
+    return dict(zip(infos[0], numbers.tolist()))
+
+
+def grad_sync(model, world, fsdp, on):
+    """Distributed: reduce gradients across processes in this backward or not. Off for every micro-batch
+    but the last, so each optimizer step communicates once, as without accumulation."""
+    if world > 1 and fsdp:
+        model.set_requires_gradient_sync(on)
+    elif world > 1:
+        model.require_backward_grad_sync = on
 
 
 # The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.

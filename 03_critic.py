@@ -57,6 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and body)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
     p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
     p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
     p.add_argument("--seed", type=int, default=0, help="random seed")
@@ -299,7 +301,7 @@ def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device):
 def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only by a finished critic.
-    check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
+    check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1", grad_accum="at least 1",
                 batch_size="at least 1", lr="positive", grad_clip="positive", threads="non-negative")
     check_out(args.out, "critic", args.data + [args.policy])
     if args.metrics:
@@ -332,22 +334,27 @@ def main(argv=None):
     for epoch in range(args.epochs):
         sums = {"loss_v": 0.0, "loss_q": 0.0, "n": 0}
         for idx in length_batches(lengths, args.batch_size, rng):
-            idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
-            eps = [data[j][0] for j in idx]
-            batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
-            n_tok += int(batch["attention_mask"].sum())
-            traj = trajectory_tensors(eps, device)
-            weights = batch_weights(eps, args.uniform_weights, device)
-            loss, info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
-                                    not args.no_aux)
-            if world > 1:  # distributed: L_V and L_Q are means over the step weights of the global batch
-                loss, mean = global_average(loss, {k: info[k] for k in ("loss_v", "loss_q")}, weights.sum() * keep,
-                                            world)
-                info.update(mean)
-            if not torch.isfinite(loss):
-                die(f"critic loss became {loss.item()} at step {step}; lower --lr")
+            mine, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
+            parts = []
+            for part, w in micro_batches(mine, args.grad_accum):
+                eps = [data[j][0] for j in part]
+                batch = {k: v.to(device) for k, v in collate([data[j][1] for j in part], tokenizer.pad_token_id).items()}
+                parts.append((batch, trajectory_tensors(eps, device), batch_weights(eps, args.uniform_weights, device),
+                              keep * w))
+            # L_V and L_Q are means over the step weights of the whole global batch
+            shares = part_shares([weights.sum() * w for _, _, weights, w in parts], world)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            infos = []
+            for i, (batch, traj, weights, _) in enumerate(parts):
+                n_tok += int(batch["attention_mask"].sum())
+                grad_sync(train_critic, world, args.fsdp, on=i == len(parts) - 1)
+                loss, part_info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
+                                             not args.no_aux)
+                if not torch.isfinite(loss):
+                    die(f"critic loss became {loss.item()} at step {step}; lower --lr")
+                (loss * shares[i]).backward()
+                infos.append(part_info)
+            info = average_info(infos, shares, world)
             torch.nn.utils.clip_grad_norm_(critic.parameters(), args.grad_clip)
             optimizer.step()
             with torch.no_grad():  # Polyak-averaged target: Qbar <- (1 - polyak) Qbar + polyak Q
@@ -747,18 +754,43 @@ def shard(idx, rank, world):
     return (mine, 1.0) if mine else (idx[:1], 0.0)
 
 
-def global_average(loss, info, count, world):
-    """loss and info's numbers are means over this rank's `count` (action tokens, step weights);
-    the stage's loss is the mean over the whole global batch. Returns this rank's share of it,
-    loss * world * count / total count, whose gradients DDP averages into the single-process
-    gradient, and info averaged over the global batch (the single-process numbers)."""
-    count = count.detach().float()
-    total = count.clone()
-    torch.distributed.all_reduce(total)
-    share = world * count / total.clamp(min=1e-8)
-    numbers = torch.tensor(list(info.values()), device=count.device) * share / world
-    torch.distributed.all_reduce(numbers)
-    return loss * share, dict(zip(info, numbers.tolist()))
+def micro_batches(idx, n):
+    """This rank's part of the global batch as n micro-batches of indices -> [(indices, weight)],
+    always n of them: an empty one re-reads the first trajectory with weight 0, so every rank runs
+    the same number of forward passes (FSDP2 gathers the weights in each)."""
+    return [(idx[i::n], 1.0) if idx[i::n] else (idx[:1], 0.0) for i in range(n)]
+
+
+def part_shares(counts, world):
+    """The weight of each micro-batch's mean loss in the step: counts (this rank's micro-batches:
+    action tokens, step weights; 0 for a part with weight 0) -> world * count / (the count of the
+    whole global batch, over every micro-batch and rank). Summed over this rank's parts, the
+    weighted means give this rank's share of the global batch's mean loss, and DDP's gradient
+    average over ranks (1/world) gives the gradient of the single-process, single-batch loss."""
+    counts = torch.stack([torch.as_tensor(c).detach().float() for c in counts])
+    total = counts.sum()
+    if world > 1:
+        torch.distributed.all_reduce(total)
+    return counts * world / total.clamp(min=1e-8)
+
+
+def average_info(infos, shares, world):
+    """The numbers of each micro-batch's info (means over its count), averaged over the global batch
+    with part_shares: the single-process numbers."""
+    numbers = sum(torch.tensor(list(info.values())) * share.cpu() / world for info, share in zip(infos, shares))
+    if world > 1:
+        numbers = numbers.to(shares.device)
+        torch.distributed.all_reduce(numbers)
+    return dict(zip(infos[0], numbers.tolist()))
+
+
+def grad_sync(model, world, fsdp, on):
+    """Distributed: reduce gradients across processes in this backward or not. Off for every micro-batch
+    but the last, so each optimizer step communicates once, as without accumulation."""
+    if world > 1 and fsdp:
+        model.set_requires_gradient_sync(on)
+    elif world > 1:
+        model.require_backward_grad_sync = on
 
 
 def whole(p):

@@ -62,6 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--ratio", choices=["token", "step"], default="token",
                    help="eta per action token, or per step: pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole "
                         "reply (lost 39 points on household's seed 0: docs/policy_improvement.md)")
+    p.add_argument("--adv-tokens", choices=["reply", "action"], default="reply",
+                   help="which reply tokens the policy term acts on: all, or only the 'Action:' line (the thought gets only the KL anchor)")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
     p.add_argument("--adv-norm", choices=["none", "mean", "std", "center"], default="none",
                    help="'none' uses A_t as 04 wrote it; 'mean' subtracts the buffer's mean; 'std' divides by the "
@@ -73,6 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
@@ -224,6 +228,31 @@ def token_advantages(batch, step_adv):
     return step_adv.flatten()[step_index(batch)]
 
 
+def policy_tokens(tokenizer, x, which):
+    """(n,) float over one trajectory's reply tokens: 1 where the policy term acts. 'reply': every
+    token; 'action': from the token that starts the first 'Action' of each reply to its end (a reply
+    without one keeps every token, so malformed replies are still pushed down)."""
+    steps = [t for t in x["action_step"] if t >= 0]
+    ids = [i for i, t in zip(x["input_ids"], x["action_step"]) if t >= 0]
+    out = [1.0] * len(ids)
+    if which == "reply":
+        return torch.tensor(out)
+    i = 0
+    while i < len(ids):
+        j = i
+        while j < len(ids) and steps[j] == steps[i]:
+            j += 1
+        turn = ids[i:j]
+        text = tokenizer.decode(turn)
+        if "Action" in text:
+            k = next(k for k in range(1, len(turn) + 1) if "Action" in tokenizer.decode(turn[:k]))  # ends it
+            start = max(m for m in range(k) if "Action" in tokenizer.decode(turn[m:k]))
+            for m in range(i, i + start):
+                out[m] = 0.0
+        i = j
+    return torch.tensor(out)
+
+
 def policy_loss(logits, logr, batch, logp_old, args):
     """The stage's objective on one batch, L = L_pi + alpha * KL(pi_theta || pi_ref), with L_pi the
     BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
@@ -234,9 +263,9 @@ def policy_loss(logits, logr, batch, logp_old, args):
     pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
     logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])
     adv = batch["adv"]
-    mask = torch.ones_like(adv)
+    mask = batch.get("policy_tokens", torch.ones_like(adv))  # (N,) 1 where the policy term acts (--adv-tokens)
     if args.ratio == "step":  # one eta per step: log-probabilities summed over the reply's tokens
-        logp, logp_old = step_sums(logp, batch), step_sums(logp_old, batch)
+        logp, logp_old = step_sums(logp * mask, batch), step_sums(logp_old * mask, batch)
         adv, mask = batch["step_adv"], batch["step_mask"]
     if args.objective == "bppo":
         loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high)
@@ -261,7 +290,7 @@ def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only by a finished policy.
     check_flags(args, eps_low="in (0, 1]", eps_high="positive", kl_coef="non-negative", awr_beta="positive",
-                awr_max_weight="positive", epochs="at least 1", batch_size="at least 1", lr="positive",
+                awr_max_weight="positive", epochs="at least 1", grad_accum="at least 1", batch_size="at least 1", lr="positive",
                 grad_clip="positive", threads="non-negative")
     check_out(args.out, "policy", args.data + [args.policy, args.ref])
     if args.metrics:
@@ -286,6 +315,9 @@ def main(argv=None):
     if not data:
         die("no trajectory fits the model's context")
 
+    for _, x in data:
+        x["policy_tokens"] = policy_tokens(tokenizer, x, args.adv_tokens)
+
     all_adv = [s["adv"] for ep, _ in data for s in ep["steps"]]
     adv_shift = float(np.mean(all_adv)) if args.adv_norm in ("mean", "center") else 0.0
     adv_scale = float(np.std(all_adv)) + 1e-8 if args.adv_norm in ("std", "center") else 1.0
@@ -298,6 +330,7 @@ def main(argv=None):
             step_adv[i, :len(ep["steps"])] = (torch.tensor([s["adv"] for s in ep["steps"]]) - adv_shift) / adv_scale
         batch["step_adv"] = step_adv                                   # (B, T)
         batch["adv"] = token_advantages(batch, step_adv)              # (N,) one per reply token
+        batch["policy_tokens"] = torch.cat([x["policy_tokens"] for _, x in items]).to(device)  # (N,)
         return batch
 
     # log pi_old of every token, once: pi_old is the policy as it entered the stage.
@@ -336,25 +369,31 @@ def main(argv=None):
         sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "ratio")}
         n_batches = 0
         for idx in length_batches(lengths, args.batch_size, rng):
-            idx, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
-            b = make_batch([data[j] for j in idx])
-            n_tok += int(b["attention_mask"].sum())
-            old = torch.cat([logp_old[j] for j in idx]).to(device)  # (N,) log pi_old of the reply tokens
-            logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
-            logr = None  # log pi_ref (N, V) for the KL anchor
-            if args.kl_coef > 0 and args.ref_cache:
-                logr = torch.cat([rows_of[j] for j in idx]).to(device)
-            elif args.kl_coef > 0:
-                with torch.no_grad():
-                    logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1)
-            loss, info = policy_loss(logits, logr, b, old, args)
-            if world > 1:  # distributed: every term is a mean over the reply tokens (steps) of the global batch
-                n = b["step_mask"].sum() if args.ratio == "step" else (b["action_step"] >= 0).sum()
-                loss, info = global_average(loss, info, n * keep, world)
-            if not torch.isfinite(loss):
-                die(f"loss became {loss.item()} at step {step}; lower --lr")
+            mine, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
+            parts = [(part, make_batch([data[j] for j in part]), keep * w)
+                     for part, w in micro_batches(mine, args.grad_accum)]
+            # every term is a mean over the reply tokens (--ratio step: steps) of the whole global batch
+            shares = part_shares([(b["step_mask"].sum() if args.ratio == "step" else (b["action_step"] >= 0).sum()) * w
+                                  for _, b, w in parts], world)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            infos = []
+            for i, (part, b, _) in enumerate(parts):
+                n_tok += int(b["attention_mask"].sum())
+                grad_sync(train_policy, world, args.fsdp, on=i == len(parts) - 1)
+                old = torch.cat([logp_old[j] for j in part]).to(device)  # (N,) log pi_old of the reply tokens
+                logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
+                logr = None  # log pi_ref (N, V) for the KL anchor
+                if args.kl_coef > 0 and args.ref_cache:
+                    logr = torch.cat([rows_of[j] for j in part]).to(device)
+                elif args.kl_coef > 0:
+                    with torch.no_grad():
+                        logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1)
+                loss, part_info = policy_loss(logits, logr, b, old, args)
+                if not torch.isfinite(loss):
+                    die(f"loss became {loss.item()} at step {step}; lower --lr")
+                (loss * shares[i]).backward()
+                infos.append(part_info)
+            info = average_info(infos, shares, world)
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             optimizer.step()
             for k in sums:
@@ -750,18 +789,43 @@ def shard(idx, rank, world):
     return (mine, 1.0) if mine else (idx[:1], 0.0)
 
 
-def global_average(loss, info, count, world):
-    """loss and info's numbers are means over this rank's `count` (action tokens, step weights);
-    the stage's loss is the mean over the whole global batch. Returns this rank's share of it,
-    loss * world * count / total count, whose gradients DDP averages into the single-process
-    gradient, and info averaged over the global batch (the single-process numbers)."""
-    count = count.detach().float()
-    total = count.clone()
-    torch.distributed.all_reduce(total)
-    share = world * count / total.clamp(min=1e-8)
-    numbers = torch.tensor(list(info.values()), device=count.device) * share / world
-    torch.distributed.all_reduce(numbers)
-    return loss * share, dict(zip(info, numbers.tolist()))
+def micro_batches(idx, n):
+    """This rank's part of the global batch as n micro-batches of indices -> [(indices, weight)],
+    always n of them: an empty one re-reads the first trajectory with weight 0, so every rank runs
+    the same number of forward passes (FSDP2 gathers the weights in each)."""
+    return [(idx[i::n], 1.0) if idx[i::n] else (idx[:1], 0.0) for i in range(n)]
+
+
+def part_shares(counts, world):
+    """The weight of each micro-batch's mean loss in the step: counts (this rank's micro-batches:
+    action tokens, step weights; 0 for a part with weight 0) -> world * count / (the count of the
+    whole global batch, over every micro-batch and rank). Summed over this rank's parts, the
+    weighted means give this rank's share of the global batch's mean loss, and DDP's gradient
+    average over ranks (1/world) gives the gradient of the single-process, single-batch loss."""
+    counts = torch.stack([torch.as_tensor(c).detach().float() for c in counts])
+    total = counts.sum()
+    if world > 1:
+        torch.distributed.all_reduce(total)
+    return counts * world / total.clamp(min=1e-8)
+
+
+def average_info(infos, shares, world):
+    """The numbers of each micro-batch's info (means over its count), averaged over the global batch
+    with part_shares: the single-process numbers."""
+    numbers = sum(torch.tensor(list(info.values())) * share.cpu() / world for info, share in zip(infos, shares))
+    if world > 1:
+        numbers = numbers.to(shares.device)
+        torch.distributed.all_reduce(numbers)
+    return dict(zip(infos[0], numbers.tolist()))
+
+
+def grad_sync(model, world, fsdp, on):
+    """Distributed: reduce gradients across processes in this backward or not. Off for every micro-batch
+    but the last, so each optimizer step communicates once, as without accumulation."""
+    if world > 1 and fsdp:
+        model.set_requires_gradient_sync(on)
+    elif world > 1:
+        model.require_backward_grad_sync = on
 
 
 if __name__ == "__main__":

@@ -68,6 +68,17 @@ def test_bc_step_on_two_ranks_matches_one_rank(tiny_run, bc_one_rank, fsdp):
     assert_same_metrics(tiny_run / "dist_bc_1.jsonl", f"{out}.jsonl")
 
 
+@pytest.mark.parametrize("nproc,fsdp", [(1, False), (2, True)], ids=["1rank", "2ranks_fsdp"])
+def test_bc_step_with_gradient_accumulation_matches_one_batch(tiny_run, bc_one_rank, nproc, fsdp):
+    """--grad-accum 3: the global batch of 19 in micro-batches of 7, 6, 6 trajectories (2 ranks: 4, 3, 3
+    and 3, 3, 3), each micro-batch's mean weighted by its share of the action tokens -> the same step."""
+    out = tiny_run / f"accum_bc_{nproc}"
+    run_ranks(nproc, "01_bc", "--data", tiny_run / "expert.jsonl", "--out", out, "--epochs", 1, "--batch-size", 64,
+              "--grad-accum", 3, "--metrics", f"{out}.jsonl", *TINY, *(["--fsdp"] if fsdp else []))
+    assert_same_weights(bc_one_rank, out)
+    assert_same_metrics(tiny_run / "dist_bc_1.jsonl", f"{out}.jsonl")
+
+
 @pytest.fixture(scope="module")
 def critic_one_rank(tiny_run):
     out = tiny_run / "dist_critic_1"
@@ -82,6 +93,15 @@ def test_critic_step_on_two_ranks_matches_one_rank(tiny_run, critic_one_rank):
     out = tiny_run / "dist_critic_2"
     run_ranks(2, "03_critic", "--data", tiny_run / "expert.jsonl", "--policy", tiny_run / "policy_0", "--out", out,
               "--epochs", 1, "--batch-size", 64, "--threads", 1, "--metrics", f"{out}.jsonl")
+    assert_same_weights(critic_one_rank, out, ("model.safetensors", "heads.safetensors"))
+    assert_same_metrics(tiny_run / "dist_critic_1.jsonl", f"{out}.jsonl")
+
+
+def test_critic_step_with_gradient_accumulation_matches_one_batch(tiny_run, critic_one_rank):
+    """One IQL step in 4 micro-batches, weighted by their step weights: the one-batch step."""
+    out = tiny_run / "accum_critic"
+    run_ranks(1, "03_critic", "--data", tiny_run / "expert.jsonl", "--policy", tiny_run / "policy_0", "--out", out,
+              "--epochs", 1, "--batch-size", 64, "--grad-accum", 4, "--threads", 1, "--metrics", f"{out}.jsonl")
     assert_same_weights(critic_one_rank, out, ("model.safetensors", "heads.safetensors"))
     assert_same_metrics(tiny_run / "dist_critic_1.jsonl", f"{out}.jsonl")
 
@@ -113,6 +133,16 @@ def test_bppo_steps_on_two_ranks_match_one_rank(tiny_run, bppo_adv, bc_one_rank,
     ranks, the second leaves rank 1 without a trajectory (it joins with weight 0)."""
     out = tiny_run / f"dist_bppo_2{'_ref_cache' if ref_cache else ''}"
     run_ranks(2, "05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out), *(["--ref-cache"] if ref_cache else []))
+    assert_same_weights(bppo_one_rank, out)
+    assert_same_metrics(f"{bppo_one_rank}.jsonl", f"{out}.jsonl")
+
+
+def test_bppo_steps_with_gradient_accumulation_on_two_ranks_match_one_rank(tiny_run, bppo_adv, bc_one_rank,
+                                                                         bppo_one_rank):
+    """DDP with --grad-accum 2: gradients reduced once per step, after the second micro-batch; in the
+    second step (1 trajectory) rank 1 runs two weight-0 micro-batches and rank 0 one."""
+    out = tiny_run / "accum_bppo_2"
+    run_ranks(2, "05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out), "--grad-accum", 2)
     assert_same_weights(bppo_one_rank, out)
     assert_same_metrics(f"{bppo_one_rank}.jsonl", f"{out}.jsonl")
 
