@@ -62,8 +62,6 @@ def parse_args(argv=None):
     p.add_argument("--ratio", choices=["token", "step"], default="token",
                    help="eta per action token, or per step: pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole "
                         "reply (lost 39 points on household's seed 0: docs/policy_improvement.md)")
-    p.add_argument("--adv-tokens", choices=["reply", "action"], default="reply",
-                   help="which reply tokens the policy term acts on: all, or only the 'Action:' line (the thought gets only the KL anchor)")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
     p.add_argument("--adv-norm", choices=["none", "mean", "std", "center"], default="none",
                    help="'none' uses A_t as 04 wrote it; 'mean' subtracts the buffer's mean; 'std' divides by the "
@@ -228,31 +226,6 @@ def token_advantages(batch, step_adv):
     return step_adv.flatten()[step_index(batch)]
 
 
-def policy_tokens(tokenizer, x, which):
-    """(n,) float over one trajectory's reply tokens: 1 where the policy term acts. 'reply': every
-    token; 'action': from the token that starts the first 'Action' of each reply to its end (a reply
-    without one keeps every token, so malformed replies are still pushed down)."""
-    steps = [t for t in x["action_step"] if t >= 0]
-    ids = [i for i, t in zip(x["input_ids"], x["action_step"]) if t >= 0]
-    out = [1.0] * len(ids)
-    if which == "reply":
-        return torch.tensor(out)
-    i = 0
-    while i < len(ids):
-        j = i
-        while j < len(ids) and steps[j] == steps[i]:
-            j += 1
-        turn = ids[i:j]
-        text = tokenizer.decode(turn)
-        if "Action" in text:
-            k = next(k for k in range(1, len(turn) + 1) if "Action" in tokenizer.decode(turn[:k]))  # ends it
-            start = max(m for m in range(k) if "Action" in tokenizer.decode(turn[m:k]))
-            for m in range(i, i + start):
-                out[m] = 0.0
-        i = j
-    return torch.tensor(out)
-
-
 def policy_loss(logits, logr, batch, logp_old, args):
     """The stage's objective on one batch, L = L_pi + alpha * KL(pi_theta || pi_ref), with L_pi the
     BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
@@ -263,9 +236,9 @@ def policy_loss(logits, logr, batch, logp_old, args):
     pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
     logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])
     adv = batch["adv"]
-    mask = batch.get("policy_tokens", torch.ones_like(adv))  # (N,) 1 where the policy term acts (--adv-tokens)
+    mask = torch.ones_like(adv)
     if args.ratio == "step":  # one eta per step: log-probabilities summed over the reply's tokens
-        logp, logp_old = step_sums(logp * mask, batch), step_sums(logp_old * mask, batch)
+        logp, logp_old = step_sums(logp, batch), step_sums(logp_old, batch)
         adv, mask = batch["step_adv"], batch["step_mask"]
     if args.objective == "bppo":
         loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high)
@@ -315,9 +288,6 @@ def main(argv=None):
     if not data:
         die("no trajectory fits the model's context")
 
-    for _, x in data:
-        x["policy_tokens"] = policy_tokens(tokenizer, x, args.adv_tokens)
-
     all_adv = [s["adv"] for ep, _ in data for s in ep["steps"]]
     adv_shift = float(np.mean(all_adv)) if args.adv_norm in ("mean", "center") else 0.0
     adv_scale = float(np.std(all_adv)) + 1e-8 if args.adv_norm in ("std", "center") else 1.0
@@ -330,7 +300,6 @@ def main(argv=None):
             step_adv[i, :len(ep["steps"])] = (torch.tensor([s["adv"] for s in ep["steps"]]) - adv_shift) / adv_scale
         batch["step_adv"] = step_adv                                   # (B, T)
         batch["adv"] = token_advantages(batch, step_adv)              # (N,) one per reply token
-        batch["policy_tokens"] = torch.cat([x["policy_tokens"] for _, x in items]).to(device)  # (N,)
         return batch
 
     # log pi_old of every token, once: pi_old is the policy as it entered the stage.
