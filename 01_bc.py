@@ -204,10 +204,10 @@ def evaluate(model, data, pad_id, batch_size, device):
 def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only by a finished model.
-    check_flags(args, epochs="at least 1", grad_accum="at least 1", batch_size="at least 1", lr="positive", weight_decay="non-negative",
-                warmup="in [0, 1]", grad_clip="positive", val_frac="in (0, 1)", d_model="at least 1",
-                n_layers="at least 1", n_heads="at least 1", vocab_size="at least 1", max_len="at least 1",
-                threads="non-negative")
+    check_flags(args, epochs="at least 1", batch_size="at least 1", grad_accum="at least 1", lr="positive",
+                weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", val_frac="in (0, 1)",
+                d_model="at least 1", n_layers="at least 1", n_heads="at least 1", vocab_size="at least 1",
+                max_len="at least 1", threads="non-negative")
     if args.model == "tiny" and args.d_model % args.n_heads:
         die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
     inputs = args.data + ([] if args.model == "tiny" else [args.model])

@@ -301,8 +301,9 @@ def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device):
 def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only by a finished critic.
-    check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1", grad_accum="at least 1",
-                batch_size="at least 1", lr="positive", grad_clip="positive", threads="non-negative")
+    check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
+                batch_size="at least 1", grad_accum="at least 1", lr="positive", grad_clip="positive",
+                threads="non-negative")
     check_out(args.out, "critic", args.data + [args.policy])
     if args.metrics:
         check_out(args.metrics, "log", args.data + [args.policy, args.out])

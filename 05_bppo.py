@@ -263,8 +263,8 @@ def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only by a finished policy.
     check_flags(args, eps_low="in (0, 1]", eps_high="positive", kl_coef="non-negative", awr_beta="positive",
-                awr_max_weight="positive", epochs="at least 1", grad_accum="at least 1", batch_size="at least 1", lr="positive",
-                grad_clip="positive", threads="non-negative")
+                awr_max_weight="positive", epochs="at least 1", batch_size="at least 1", grad_accum="at least 1",
+                lr="positive", grad_clip="positive", threads="non-negative")
     check_out(args.out, "policy", args.data + [args.policy, args.ref])
     if args.metrics:
         check_out(args.metrics, "log", args.data + [args.policy, args.ref, args.out])
