@@ -9,6 +9,8 @@ A rollout: reset the environment on a task; at each step the policy writes a rep
 environment, and the step is recorded with the next observation o_{t+1}, r_env and done,
 until the environment ends the episode (done) or the step limit cuts it (truncated). Sampling with
 --temperature collects data (D_self: pi_{k-1} on train tasks); --greedy evaluates.
+--samples-per-task K samples K episodes on each task: they start from the same state and
+share it until their actions differ, so 04 --baseline state can compare actions at one state.
 
 Retrospective labels (paper: "retrospective reward labeling") come from the next
 observation only, with precedence format > invalid > repeat > ok:
@@ -82,6 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--env-seed", type=int, default=0, help="the environment's world seed (which tasks exist)")
     p.add_argument("--split", default="train", help="task split: train, dev (household: for tuning), seen or unseen")
     p.add_argument("--episodes", type=int, default=0, help="number of tasks, drawn without replacement with --seed (0: every task of the split, in order)")
+    p.add_argument("--samples-per-task", type=int, default=1,
+                   help="episodes sampled on each task (04 --baseline state compares the replies taken at the same state)")
     p.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding (evaluation); default samples")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for collection")
@@ -249,8 +253,9 @@ def summarize(episodes, env_steps, wall, cpu, args, generated_tokens):
 def main(argv=None):
     args = parse_args(argv)
     # Validate every input before anything is written.
-    check_flags(args, episodes="non-negative", num_envs="at least 1", max_new_tokens="at least 1",
-                candidates="at least 1", critic_batch_size="at least 1", threads="non-negative")
+    check_flags(args, episodes="non-negative", samples_per_task="at least 1", num_envs="at least 1",
+                max_new_tokens="at least 1", candidates="at least 1", critic_batch_size="at least 1",
+                threads="non-negative")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.env not in envs.REGISTRY:
@@ -271,6 +276,8 @@ def main(argv=None):
         die(f"--episodes {args.episodes} exceeds the {len(all_ids)} tasks of split {args.split!r}")
     if not args.greedy:
         check_flags(args, temperature="positive")
+    if args.samples_per_task > 1 and (args.greedy or args.policy == "expert"):
+        die("--samples-per-task > 1 needs a sampling policy: greedy decoding and the expert repeat the same episode")
     if args.rerank and args.policy == "expert":
         die("--rerank needs a policy directory to sample candidates from, not --policy expert")
     if args.rerank and args.greedy:
@@ -287,6 +294,7 @@ def main(argv=None):
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     task_ids = sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids
+    task_ids = [tid for tid in task_ids for _ in range(args.samples_per_task)]
     if world > 1:  # distributed: every rank its share of the tasks, sampled with its own random stream
         task_ids = task_ids[rank::world]
         torch.manual_seed(args.seed + rank)

@@ -16,6 +16,17 @@ critic in 03 but would bias the policy toward the heuristics if they entered A_t
 paper's finding; --with-aux puts them in for the ablation). A true terminal bootstraps 0;
 a trajectory cut by the step limit bootstraps from V(s_T).
 
+With --baseline state, the advantages compare the actions taken at the same state: when
+02 --samples-per-task K sampled several episodes on a task, the episodes share every state
+until their actions differ, and
+
+    A_t <- A_t - mean{ A_j : step j was taken at the same state as step t }
+
+(the state = the task, o_0 and the actions and observations so far; a state visited once
+gets A = 0). V(s_t) cancels, and with it a critic's bias at s_t: at each state the
+advantages sum to zero, so the update raises some of the policy's replies and lowers others
+instead of lowering nearly all of them (docs/policy_improvement.md).
+
 The advantages are written as computed: 05's --adv-norm is the one place they are normalised.
 
     python 04_gae.py --critic runs/demo/iter_1/critic --out runs/demo/iter_1/adv.jsonl
@@ -29,7 +40,7 @@ import os
 import random
 import shutil
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 import torch
@@ -49,6 +60,9 @@ def parse_args(argv=None):
                    help="GAE lambda (1: Monte-Carlo return - V; 0: one-step TD); small keeps the blame on the step where V drops")
     p.add_argument("--advantage", choices=["gae", "qv"], default="gae", help="'qv' = single-step Q - V (ablation 'w/o GAE')")
     p.add_argument("--with-aux", action="store_true", help="ablation: put r_aux inside the advantage too")
+    p.add_argument("--baseline", choices=["critic", "state"], default="critic",
+                   help="'state': subtract from A_t the mean A over the steps taken at the same state "
+                        "(several samples per task, 02 --samples-per-task); a state visited once gets 0")
     p.add_argument("--batch-size", type=int, default=32, help="trajectories per forward pass")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -161,6 +175,27 @@ def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux):
     return dict(ep, steps=[dict(s, v=float(values[t]), q=float(q[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])])
 
 
+def state_baseline(episodes):
+    """--baseline state: A_t minus the mean A_t over every step of the buffer taken at the same
+    state. A state is keyed by what determines it: the task, o_0, and the actions and observations
+    so far (so a stochastic environment never merges two states). Returns the episodes with the
+    new "adv" and the number of steps per group size."""
+    groups = defaultdict(list)  # state key -> [(episode index, step index)]
+    for i, ep in enumerate(episodes):
+        key = (ep["env"], ep["split"], ep["task_id"], ep["obs0"])
+        for t, s in enumerate(ep["steps"]):
+            groups[key].append((i, t))
+            key = key + (s["action"], s["obs"])
+    adv = [[s["adv"] for s in ep["steps"]] for ep in episodes]
+    sizes = Counter()
+    for members in groups.values():
+        mean = sum(adv[i][t] for i, t in members) / len(members)
+        for i, t in members:
+            episodes[i]["steps"][t]["adv"] = adv[i][t] - mean
+        sizes[len(members)] += len(members)
+    return episodes, dict(sorted(sizes.items()))
+
+
 def auc(scores, labels):
     """Probability that a random positive scores above a random negative, ties counting 1/2
     (the Mann-Whitney statistic, from the average ranks of the scores)."""
@@ -236,8 +271,13 @@ def main(argv=None):
                                                   q[j, :n].double().numpy(force=True), gamma, args.lam,
                                                   args.advantage, args.with_aux))
 
+    group_sizes = {}
+    if args.baseline == "state":
+        out_eps, group_sizes = state_baseline(out_eps)
     summary = {"stage": "04_gae", "advantage": args.advantage, "with_aux": args.with_aux, "gamma": gamma,
-               "lam": args.lam, **advantage_report(out_eps)}
+               "lam": args.lam, "baseline": args.baseline, **advantage_report(out_eps)}
+    if args.baseline == "state":
+        summary["steps_by_state_visits"] = group_sizes
     write_jsonl(args.out, out_eps)
     write_json(args.out[:-len(".jsonl")] + ".json", {**summary, "args": vars(args)})
     log_metrics(args.metrics, summary)
@@ -250,6 +290,10 @@ def main(argv=None):
           f"04_gae: AUC of V(s_t) for the episode's success (self): "
           + ", ".join(f"s_{t} {a:.3f}" for t, a in enumerate(summary["auc_v_self_by_step"]))
           + f", every state {summary['auc_v_self_every_state']:.3f} -> {args.out}")
+    if args.baseline == "state":
+        shared = sum(n for k, n in group_sizes.items() if k > 1)
+        print(f"04_gae: --baseline state: {shared} of {sum(group_sizes.values())} steps were taken at a state "
+              f"visited more than once; the other steps get A = 0")
 
 
 # ----------------------------------------------------------------------------------------

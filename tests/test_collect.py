@@ -68,6 +68,21 @@ def test_collection_is_reproducible(tiny_run, tmp_path):
     assert outs[0] == outs[1]
 
 
+def test_samples_per_task_samples_each_task_k_times(tiny_run, tmp_path):
+    """--samples-per-task 3 on 2 tasks: 6 episodes, each task 3 times, sampled independently
+    (a barely trained model at temperature 1 does not write the same first reply three times)."""
+    out = tmp_path / "self.jsonl"
+    run_stage("02_collect", "--policy", tiny_run / "policy_0", "--split", "train", "--episodes", 2,
+              "--samples-per-task", 3, "--num-envs", 4, "--max-new-tokens", 12,
+              "--env-kwargs", '{"max_steps": 2}', "--out", out, "--threads", 1)
+    eps = check_schema(out)
+    ids = [ep["task_id"] for ep in eps]
+    assert len(eps) == 6 and len(set(ids)) == 2 and all(ids.count(t) == 3 for t in ids)
+    assert len({ep["obs0"] for ep in eps if ep["task_id"] == ids[0]}) == 1  # one start state per task
+    assert len({ep["steps"][0]["text"] for ep in eps if ep["task_id"] == ids[0]}) > 1
+    assert json.load(open(tmp_path / "self.json"))["episodes"] == 6
+
+
 def test_refilled_slots_run_the_same_episodes(tmp_path):
     """A slot whose episode ends takes the next task at once: with the (deterministic) expert,
     3 slots over 20 tasks give exactly the episodes of one environment at a time."""
@@ -173,6 +188,8 @@ def test_rows_that_finish_early_leave_the_batch(tiny_run, stages, monkeypatch, t
     ("02_collect", ["--policy", "expert", "--env", "nope", "--out", "{d}/x.jsonl"], "unknown env 'nope'"),
     ("02_collect", ["--policy", "expert", "--split", "test", "--out", "{d}/x.jsonl"], "unknown split 'test'"),
     ("02_collect", ["--policy", "{d}", "--out", "{d}/x.jsonl"], "is not a model directory"),
+    ("02_collect", ["--policy", "expert", "--samples-per-task", "2", "--out", "{d}/x.jsonl"],
+     "--samples-per-task > 1 needs a sampling policy"),
     ("01_bc", ["--data", "{d}/missing.jsonl", "--out", "{d}/p"], "no such file"),
     ("01_bc", ["--data", "{d}/bad.jsonl", "--out", "{d}/p"], "bad.jsonl:2: not valid JSON"),
     ("01_bc", ["--data", "{d}/empty.jsonl", "--out", "{d}/p"], "no episodes"),

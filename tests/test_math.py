@@ -102,6 +102,34 @@ def test_gae_matches_plain_loop(stages):
         assert np.allclose(gae(r, v, d, 0.97, 0.8), loop_gae(r, v, d, 0.97, 0.8))
 
 
+def _ep(task, obs0, steps, source="self"):
+    return {"env": "household", "split": "train", "task_id": task, "obs0": obs0, "source": source,
+            "steps": [{"action": a, "obs": o, "adv": adv} for a, o, adv in steps]}
+
+
+def test_state_baseline_by_hand(stages):
+    """Three samples of task A share s_0; two of them also share s_1 (same action, same observation);
+    the third took another action. Task B's one episode is alone at every state."""
+    eps = [_ep("A", "room", [("go to desk 1", "desk: a mug", 0.3), ("take mug 1", "got it", 0.5)]),
+           _ep("A", "room", [("go to desk 1", "desk: a mug", 0.1), ("look", "room", -0.4)]),
+           _ep("A", "room", [("go to bed 1", "bed: nothing", -0.7)]),
+           _ep("B", "room", [("go to desk 1", "desk: a mug", 0.2)])]
+    out, sizes = stages["04_gae"].state_baseline(eps)
+    m0 = (0.3 + 0.1 - 0.7) / 3    # s_0 of task A: three steps taken there
+    adv = [[s["adv"] for s in ep["steps"]] for ep in out]
+    assert adv[0][0] == pytest.approx(0.3 - m0) and adv[1][0] == pytest.approx(0.1 - m0)
+    assert adv[2][0] == pytest.approx(-0.7 - m0)
+    # s_1 after "go to desk 1" -> "desk: a mug" is one state for episodes 0 and 1: mean (0.5 - 0.4) / 2
+    assert adv[0][1] == pytest.approx(0.45) and adv[1][1] == pytest.approx(-0.45)
+    assert adv[3] == [0.0]                                        # visited once: A = 0
+    assert sizes == {1: 1, 2: 2, 3: 3}
+    # The same actions with a different observation are another state (a stochastic env never merges).
+    eps = [_ep("A", "room", [("go to desk 1", "desk: a mug", 0.0), ("take mug 1", "x", 1.0)]),
+           _ep("A", "room", [("go to desk 1", "desk: a pen", 0.0), ("take mug 1", "x", -1.0)])]
+    out, sizes = stages["04_gae"].state_baseline(eps)
+    assert [s["adv"] for s in out[0]["steps"]] == [0.0, 0.0] and sizes == {1: 2, 2: 2}
+
+
 def test_auc_by_hand_and_against_pair_counting(stages):
     auc = stages["04_gae"].auc
     # positives 0.9, 0.4; negatives 0.5, 0.1: pairs won 2 + 1 of 4
