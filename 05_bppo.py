@@ -82,7 +82,7 @@ def parse_args(argv=None):
                    help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
     p.add_argument("--lora", type=int, default=0, metavar="R",
                    help="train rank-R LoRA adapters (peft) instead of every weight, merged before saving; 0: full "
-                        "fine-tuning (SmolLM2 on 2 CPU cores: 1.4x the tokens/s at R = 16, docs/real_model.md)")
+                        "fine-tuning (SmolLM2 on 2 CPU cores: 1.3x the tokens/s at R = 16, docs/real_model.md)")
     p.add_argument("--ref-cache", action="store_true",
                    help="compute log pi_ref at the action tokens once, up front, and free pi_ref: saves the reference "
                         "model's memory at 4 x vocabulary-size bytes per action token on the CPU - worth it for a "

@@ -1,0 +1,67 @@
+"""Does LoRA (01 / 05 --lora R) pay on a CPU? One training step of SmolLM2-135M-Instruct
+(models/smollm2.py) with every weight trained vs rank-R peft adapters on every linear layer:
+seconds per step and tokens/s (median of 3 timed steps after a warm-up), trainable parameters
+and the process's peak resident set. The step is 01's: a batch of 4 x 512 tokens, logits only
+at the last 64 positions of each row (as reply_logits keeps only reply positions), a
+log-sum-exp loss standing in for the NLL, backward, AdamW. Each setting runs in its own
+process (a fresh resident set). A measurement, not a test.
+
+    python bench/lora_speed.py --model models/smollm2-135m --threads 2 --ranks 0 16
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+
+def one(model_dir, rank, threads):
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
+    if rank:
+        from peft import LoraConfig, get_peft_model
+        m = get_peft_model(m, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0))
+    params = [p for p in m.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    x = torch.randint(0, m.config.vocab_size, (4, 512))
+    times = []
+    for _ in range(4):
+        t = time.time()
+        loss = m(input_ids=x, logits_to_keep=64).logits.float().logsumexp(-1).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.time() - t)
+    step_s = sorted(times[1:])[1]
+    print(json.dumps({"rank": rank, "trainable_m": sum(p.numel() for p in params) / 1e6, "s_per_step": step_s,
+                      "tokens_per_s": 4 * 512 / step_s,
+                      "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/smollm2-135m", help="directory written by python -m models.smollm2")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--ranks", type=int, nargs="+", default=[0, 16], help="LoRA ranks to measure (0: full fine-tuning)")
+    p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.one is not None:
+        return one(a.model, a.one, a.threads)
+    if not os.path.isfile(os.path.join(a.model, "config.json")):
+        raise SystemExit(f"error: {a.model} is not a model directory; run python -m models.smollm2 --out {a.model}")
+    print("| LoRA rank | trained params | s / step | tokens/s | peak RSS |\n|---|---|---|---|---|")
+    for r in a.ranks:
+        out = subprocess.run([sys.executable, __file__, "--model", a.model, "--threads", str(a.threads), "--one", str(r)],
+                             capture_output=True, text=True, check=True).stdout
+        d = json.loads(out.strip().splitlines()[-1])
+        print(f"| {r or 'none (full)'} | {d['trainable_m']:.2f} M | {d['s_per_step']:.2f} | {d['tokens_per_s']:.0f} | "
+              f"{d['peak_rss_gb']:.2f} GiB |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
