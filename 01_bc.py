@@ -213,9 +213,10 @@ def main(argv=None):
                 max_len="at least 1", threads="non-negative", lora="non-negative")
     if args.model == "tiny" and args.d_model % args.n_heads:
         die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
-    if args.lora and (args.model == "tiny" or args.fsdp):
-        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)" if args.fsdp
-            else "--lora needs a pretrained --model DIR: the tiny model starts from random weights")
+    if args.lora and args.model == "tiny":
+        die("--lora needs a pretrained --model DIR: the tiny model starts from random weights")
+    if args.lora and args.fsdp:
+        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)")
     inputs = args.data + ([] if args.model == "tiny" else [args.model])
     check_out(args.out, "policy", inputs)
     if args.metrics:
@@ -458,6 +459,7 @@ def load_pretrained(auto_class, path, dtype):
         return auto_class.from_pretrained(path, local_files_only=True, dtype=dtype)
     except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
         die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
+
 
 def add_lora(model, rank):
     """--lora R: freeze the model and train rank-R LoRA adapters on every linear layer of its

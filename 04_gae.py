@@ -186,13 +186,13 @@ def state_baseline(episodes):
         for t, s in enumerate(ep["steps"]):
             groups[key].append((i, t))
             key = key + (s["action"], s["obs"])
-    adv = [[s["adv"] for s in ep["steps"]] for ep in episodes]
     sizes = Counter()
-    for members in groups.values():
-        mean = sum(adv[i][t] for i, t in members) / len(members)
-        for i, t in members:
-            episodes[i]["steps"][t]["adv"] = adv[i][t] - mean
-        sizes[len(members)] += len(members)
+    for members in groups.values():  # every step is in exactly one group
+        steps = [episodes[i]["steps"][t] for i, t in members]
+        mean = sum(s["adv"] for s in steps) / len(steps)
+        for s in steps:
+            s["adv"] -= mean
+        sizes[len(steps)] += len(steps)
     return episodes, dict(sorted(sizes.items()))
 
 

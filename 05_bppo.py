@@ -540,6 +540,7 @@ def load_pretrained(auto_class, path, dtype):
     except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
         die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
 
+
 def add_lora(model, rank):
     """--lora R: freeze the model and train rank-R LoRA adapters on every linear layer of its
     blocks (peft: W x + 2 B A x, B (d, R) = 0 at the start, so training starts from the model
