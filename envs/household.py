@@ -171,10 +171,10 @@ class HouseholdEnv(TextEnv):
                  thoughts="short"):
         if n_receptacles < len(ALWAYS) + 2:
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
-        if expert not in ("search", "privileged", "random"):
-            raise ValueError(f"expert must be 'search', 'privileged' or 'random', got {expert!r}")
-        if thoughts not in ("short", "plan", "ground"):
-            raise ValueError(f"thoughts must be 'short', 'plan' or 'ground', got {thoughts!r}")
+        if expert not in ("search", "privileged", "random", "sweep"):
+            raise ValueError(f"expert must be 'search', 'privileged', 'random' or 'sweep', got {expert!r}")
+        if thoughts not in ("short", "plan", "ground", "restate"):
+            raise ValueError(f"thoughts must be 'short', 'plan', 'ground' or 'restate', got {thoughts!r}")
         self.expert = expert
         self.thoughts = thoughts
         self.seed = seed
@@ -469,6 +469,10 @@ class HouseholdEnv(TextEnv):
             order = list(self._task["receptacles"])
             random.Random(f"order/{self.seed}/{self._task['task_id']}").shuffle(order)
             return order
+        if self.expert == "sweep":  # the room's listing from a random start, wrapping around
+            order = list(self._task["receptacles"])
+            i = random.Random(f"start/{self.seed}/{self._task['task_id']}").randrange(len(order))
+            return order[i:] + order[:i]
         order = []
         for k in kinds_first:
             order += [r for r in self._task["receptacles"] if _kind(r) == k]
@@ -569,7 +573,7 @@ class HouseholdEnv(TextEnv):
         want = "desklamp" if phase in ("find lamp", "use lamp") else obj
         looked = self.location is not None and self._visible(self.location)
         if phase == self._last_phase:
-            if self.thoughts == "ground" and phase in ("search", "find lamp") and looked:
+            if self.thoughts in ("ground", "restate") and phase in ("search", "find lamp") and looked:
                 # Restate the observation against the goal: the word after "a {want}:" is the
                 # decision, one token after the name it must be matched with.
                 return f"Thought: I look for a {want}: not here.\nAction: {cmd}"
@@ -589,7 +593,7 @@ class HouseholdEnv(TextEnv):
             thoughts["search"] = f"To solve the task, I need to find a {obj}."
         if phase == "search" and g["task_type"] == "pick_two_obj_and_place" and self._last_phase == "place":
             thoughts["search"] = f"Now I need to find the second {obj}."
-        if self.thoughts == "ground" and looked and cmd.startswith(("take ", "use ")) \
+        if self.thoughts in ("ground", "restate") and looked and cmd.startswith(("take ", "use ")) \
                 and self._last_phase in ("search", "find lamp"):
             thoughts[phase] = f"I look for a {want}: {cmd.split()[1]} 1 is here. Next, I {cmd.split()[0]} it." \
                 if phase == "use lamp" else f"I look for a {want}: {cmd.split()[1]} {cmd.split()[2]} is here. Next, I take it."

@@ -319,3 +319,42 @@ def test_ground_thoughts_restate_the_listing_against_the_goal():
             done = terminated or truncated
         assert [t.split("Action: ")[-1] for t in texts] == [t.split("Action: ")[-1] for t in default]
     assert n_not >= 50 and n_here >= 80
+
+
+def test_sweep_expert_walks_the_room_listing_from_a_random_start():
+    """expert="sweep" searches the receptacles in the order the room lists them, from a start
+    drawn per task, wrapping around (and skipping the place the object must go to): every `go
+    to` of the first search is the next listed receptacle after the last one. It solves every
+    task within the default limit, and its first receptacle varies across tasks."""
+    sweep = envs.make("household", seed=0, expert="sweep")
+    starts = collections.Counter()
+    for tid in sweep.task_ids("seen"):
+        obs0, info = sweep.reset(tid)
+        won, _, _, texts = run_expert(sweep, tid)
+        assert won, tid
+        g = sweep.generate(tid)
+        order = [r for r in g["receptacles"] if not (g["task_type"] != "look_at_obj_in_light"
+                                                     and r == f"{g['target']} 1")]
+        goes = []
+        for text in texts:
+            if text.startswith("Thought: ") and "I need to find" not in text and ": not here." not in text:
+                break  # the first search is over
+            if " go to " in f" {text.split('Action: ')[-1]}":
+                goes.append(text.split("Action: go to ")[-1])
+        starts[g["receptacles"].index(goes[0])] += 1
+        for a, b in zip(goes, goes[1:]):
+            assert order[(order.index(a) + 1) % len(order)] == b, (tid, goes)
+    assert len(starts) >= 6 and max(starts.values()) < 40
+
+
+def test_restate_thoughts_are_the_ground_thoughts_without_the_plan():
+    """thoughts="restate": the same restatements as "ground" ("I look for a mug: not here."),
+    no search plan; the actions are unchanged."""
+    ground, restate = (envs.make("household", seed=0, thoughts=t) for t in ("ground", "restate"))
+    n_restated = 0
+    for tid in restate.task_ids("dev"):
+        with_plan, texts = run_expert(ground, tid)[3], run_expert(restate, tid)[3]
+        assert [re.sub(r" I check .* in turn, starting with [a-z]+ \d+\.", "", t) for t in with_plan] == texts
+        assert not any(" I check " in t for t in texts)
+        n_restated += sum(": not here." in t or " is here. Next, I " in t for t in texts)
+    assert n_restated >= 150
