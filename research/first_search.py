@@ -1,6 +1,6 @@
 """Where does a policy look first? For household episode JSONL files (02_collect.py output), per
 file: the share of episodes whose first `go to` is the most likely receptacle kind for the
-task's object among the kinds in the room (envs/household.py OBJECT_LOCATIONS, the prior the
+task's object among the kinds in the room (but the target's) (envs/household.py OBJECT_LOCATIONS, the prior the
 generator places objects with), the success rate of those episodes and of the others, and the
 mean number of steps of a success. A demonstrator that starts its search anywhere (expert="sweep")
 scores about 1 / 8 on the first number; the likely-places-first search, 1.
@@ -26,9 +26,12 @@ def first_go(episode):
 
 
 def likely_kind(episode):
-    """The most likely kind for the goal object among the receptacle kinds the room lists."""
+    """The most likely kind for the goal object among the receptacle kinds the room lists (the
+    task's target kind left out: the generator never places the object there)."""
     obj = goal_object(episode["task"])
     kinds = set(re.findall(r"\ban? ([a-z]+) \d+", episode["obs0"]))
+    target = re.search(r" in ([a-z]+) 1\.$", episode["task"])
+    kinds.discard(target.group(1) if target else None)
     prior = OBJECT_LOCATIONS.get(obj, LAMP_LOCATIONS)
     return next((k for k in prior if k in kinds), None)
 

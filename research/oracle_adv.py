@@ -9,6 +9,9 @@ exactly right?" A diagnostic, not part of the algorithm.
     --kind decision  only at self steps right after a contents listing with empty hands
                      (research/take_decision.py): +1 for taking the goal object when it is listed
                      or not taking it when it is not, -1 for the opposite, else 0
+    --kind start     only at the first step of each self episode, if it is a `go to`: +1 when it
+                     goes to the object's most likely receptacle kind in the room
+                     (research/first_search.py), else -1; 0 elsewhere
     --self-only      drop the expert episodes; with --kind success and 05's --adv-norm center
                      this is REINFORCE with a mean baseline on the self data (the
                      Monte-Carlo outcome in place of the critic)
@@ -21,7 +24,8 @@ exactly right?" A diagnostic, not part of the algorithm.
 import argparse
 import json
 
-from take_decision import take_decisions  # research/ is on sys.path when this script runs
+from first_search import likely_kind  # research/ is on sys.path when this script runs
+from take_decision import take_decisions
 
 
 def oracle_advantage(kind, episode, step):
@@ -40,7 +44,7 @@ def oracle_advantage(kind, episode, step):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="a 04_gae.py output buffer")
-    p.add_argument("--kind", required=True, choices=["success", "unlike", "contrast", "first", "decision"])
+    p.add_argument("--kind", required=True, choices=["success", "unlike", "contrast", "first", "decision", "start"])
     p.add_argument("--out", required=True, help="buffer to write, with the hand-made 'adv'")
     p.add_argument("--self-only", action="store_true", help="leave the expert episodes out")
     args = p.parse_args()
@@ -55,6 +59,13 @@ def main():
             if ep["source"] != "expert":
                 for t, listed, took, _ in take_decisions(ep):
                     ep["steps"][t]["adv"] = 1.0 if listed == took else -1.0
+            continue
+        if args.kind == "start":
+            for step in ep["steps"]:
+                step["adv"] = 0.0
+            first = ep["steps"][0]
+            if ep["source"] != "expert" and first["action"].startswith("go to "):
+                first["adv"] = 1.0 if first["action"][len("go to "):].rsplit(" ", 1)[0] == likely_kind(ep) else -1.0
             continue
         for step in ep["steps"]:
             step["adv"] = oracle_advantage(args.kind, ep, step)
