@@ -119,3 +119,24 @@ def test_shared_histories_stop_where_the_policy_leaves_the_expert():
            ep("t2", "self", ["go a"], [7.0])]                                  # no expert on t2
     assert sh.shared_history_advantages(buf) == ([0.1, 0.2, 0.1, 0.2], [-0.1, 0.0, 0.05], [-0.5])
     assert sh.shared_history_advantages([b for b in buf if b["source"] == "self"]) == ([], [], [])
+
+
+def test_oracle_start_marks_only_the_first_go_of_self_episodes(tmp_path):
+    """research/oracle_adv.py --kind start: +1 when a self episode's first `go to` is the object's
+    most likely receptacle kind in the room (OBJECT_LOCATIONS: a tomato is likeliest in a fridge),
+    -1 when it is another kind, 0 on every later step and on every expert step; the target's kind
+    is never the likely one (the generator never places the object there)."""
+    go = lambda r: step(f"go to {r}", f"You arrive at {r}. On the {r}, you see nothing.")  # noqa: E731
+    eps = [dict(episode([go("fridge 1"), go("cabinet 1")]), task="put a tomato in cabinet 1.", source="self"),
+           dict(episode([go("countertop 1"), go("fridge 1")]), task="put a tomato in cabinet 1.", source="self"),
+           dict(episode([go("countertop 1")]), task="put a tomato in fridge 1.", source="self"),  # fridge = target
+           dict(episode([go("countertop 1")]), task="put a tomato in cabinet 1.", source="expert")]
+    buf, out = tmp_path / "adv.jsonl", tmp_path / "oracle.jsonl"
+    buf.write_text("".join(json.dumps(e) + "\n" for e in eps))
+    subprocess.run([sys.executable, os.path.join(ROOT, "research", "oracle_adv.py"), "--data", str(buf),
+                    "--kind", "start", "--out", str(out)], check=True, capture_output=True)
+    got = [[s["adv"] for s in json.loads(line)["steps"]] for line in out.read_text().splitlines()]
+    assert got == [[1.0, 0.0], [-1.0, 0.0], [1.0], [0.0]]
+    sc = load_module("research/start_ceiling.py", "start_ceiling")
+    assert sc.likely_receptacle("put a tomato in cabinet 1.", OBS0) == "fridge 1"
+    assert sc.likely_receptacle("put a tomato in fridge 1.", OBS0) == "countertop 1"
