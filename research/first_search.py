@@ -1,7 +1,7 @@
 """Where does a policy look first? For household episode JSONL files (02_collect.py output), per
 file: the share of episodes whose first `go to` is the most likely receptacle kind for the
-task's object among the kinds in the room (but the target's) (envs/household.py OBJECT_LOCATIONS, the prior the
-generator places objects with), the success rate of those episodes and of the others, and the
+task's object among the kinds in the room, the target's left out (envs/household.py
+OBJECT_LOCATIONS, the prior the generator places objects with), the success rate of those episodes and of the others, and the
 mean number of steps of a success. A demonstrator that starts its search anywhere (expert="sweep")
 scores about 1 / 8 on the first number; the likely-places-first search, 1.
 

@@ -57,13 +57,13 @@ def run(model, tok, env, tid, recover, tries, max_new):
     return False, swaps
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def greedy_setup(p):
+    """Add the flags every ceiling script shares to parser p, parse them, and load what a greedy
+    household run needs -> (args, model, tokenizer, env, task ids)."""
     p.add_argument("--policy", required=True)
     p.add_argument("--split", default="dev")
     p.add_argument("--env-kwargs", default="{}")
     p.add_argument("--n", type=int, default=0, help="tasks (0: all)")
-    p.add_argument("--tries", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
@@ -72,7 +72,13 @@ def main():
     tok = collect.load_tokenizer(args.policy)
     model = collect.load_pretrained(collect.AutoModelForCausalLM, args.policy, torch.float32).eval()
     env = envs.make("household", seed=0, **json.loads(args.env_kwargs))
-    tids = env.task_ids(args.split)[: args.n or None]
+    return args, model, tok, env, env.task_ids(args.split)[: args.n or None]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tries", type=int, default=20)
+    args, model, tok, env, tids = greedy_setup(p)
     for recover in (False, True):
         wins, swaps = 0, 0
         for tid in tids:

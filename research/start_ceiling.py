@@ -10,20 +10,16 @@ between the two success rates is the most that learning it (and nothing else) co
         --env-kwargs '{"expert": "sweep", "thoughts": "restate", "max_steps": 12}'
 """
 import argparse
-import json
 import os
 import re
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._stages import load_stage  # noqa: E402
 from research.first_search import likely_kind  # noqa: E402
-from research.recovery_ceiling import reply  # noqa: E402
+from research.recovery_ceiling import greedy_setup, reply  # noqa: E402
 
 collect = load_stage("02_collect")
-import envs  # noqa: E402
 
 
 def likely_receptacle(task, obs0):
@@ -56,18 +52,7 @@ def run(model, tok, env, tid, force, max_new):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policy", required=True)
-    p.add_argument("--split", default="dev")
-    p.add_argument("--env-kwargs", default="{}")
-    p.add_argument("--n", type=int, default=0, help="tasks (0: all)")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    tok = collect.load_tokenizer(args.policy)
-    model = collect.load_pretrained(collect.AutoModelForCausalLM, args.policy, torch.float32).eval()
-    env = envs.make("household", seed=0, **json.loads(args.env_kwargs))
-    tids = env.task_ids(args.split)[: args.n or None]
+    args, model, tok, env, tids = greedy_setup(p)
     for force in (False, True):
         wins = sum(run(model, tok, env, tid, force, args.max_new_tokens) for tid in tids)
         print(f"{args.policy} {args.split} {'first go to forced to the likely kind' if force else 'greedy'}: "
