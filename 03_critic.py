@@ -15,8 +15,11 @@ the two regressions are:
     L_Q = E[ w_t * ( r_t + gamma * (1 - done_t) * V(s_{t+1}) - Q(s_t, a_t) )^2 ],  r_t = r_env + r_aux
 
 V is an upper expectile (tau > 0.5) of Q over the actions in the data; Qbar is a
-Polyak-averaged copy of the Q head. A trajectory cut by the step limit has done = 0 on
-its last step, so it bootstraps from V(s_T).
+Polyak-averaged copy of the Q head. The step limit is part of the task (the agent reads
+how many turns it has taken), so with --time-limit terminal (the default) a trajectory cut
+by it ends there: done = 1 on its last step, nothing is bootstrapped, and a step that
+wastes time is worth less than one that makes progress. --time-limit bootstrap treats
+the cut as an artefact of collection instead (done = 0: it bootstraps from V(s_T)).
 
 Design choice: V and Q share one transformer body (one forward pass per trajectory gives
 every V and Q); the target Qbar is the Polyak average of the Q head, applied to the
@@ -59,6 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
+    p.add_argument("--time-limit", choices=["terminal", "bootstrap"], default="terminal",
+                   help="a trajectory cut by the step limit: ends with V = 0 after it, or bootstraps from V(s_T)")
     p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
     p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
     p.add_argument("--seed", type=int, default=0, help="random seed")
@@ -146,8 +151,9 @@ def collate(tokenized, pad_id):
     return batch
 
 
-def trajectory_tensors(episodes, device):
-    """Per-step tensors (B, T), zero-padded: r_env, r_aux, done, and the step mask."""
+def trajectory_tensors(episodes, device, time_limit="terminal"):
+    """Per-step tensors (B, T), zero-padded: r_env, r_aux, done, and the step mask. With
+    time_limit 'terminal' the last step of a truncated trajectory is done too."""
     T = max(len(ep["steps"]) for ep in episodes)
     out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
     for i, ep in enumerate(episodes):
@@ -155,6 +161,8 @@ def trajectory_tensors(episodes, device):
         out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
         out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
         out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
+        if time_limit == "terminal" and not ep["steps"][-1]["done"]:  # cut by the step limit
+            out["done"][i, n - 1] = 1.0
         out["mask"][i, :n] = 1.0
     return out
 
@@ -340,7 +348,7 @@ def main(argv=None):
             for part, w in micro_batches(mine, args.grad_accum):
                 eps = [data[j][0] for j in part]
                 batch = {k: v.to(device) for k, v in collate([data[j][1] for j in part], tokenizer.pad_token_id).items()}
-                parts.append((batch, trajectory_tensors(eps, device), batch_weights(eps, args.uniform_weights, device),
+                parts.append((batch, trajectory_tensors(eps, device, args.time_limit), batch_weights(eps, args.uniform_weights, device),
                               keep * w))
             # L_V and L_Q are means over the step weights of the whole global batch
             shares = part_shares([weights.sum() * w for _, _, weights, w in parts], world)

@@ -165,12 +165,14 @@ def gae(rewards, values, dones, gamma, lam):
     return adv
 
 
-def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux):
+def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux, time_limit="terminal"):
     """Episode ep with "v" = V(s_t), "q" = Q(s_t, a_t) and "adv" = A_t on every step. values (T+1,) = V(s_0)..V(s_T),
     q (T,) = Q(s_t, a_t). A_t is GAE on the environment rewards (with --with-aux, plus r_aux), or
     with --advantage qv the single-step Q(s_t, a_t) - V(s_t) (the ablation 'w/o GAE')."""
     rewards = [s["r_env"] + (s["r_aux"] if with_aux else 0.0) for s in ep["steps"]]
     dones = [float(s["done"]) for s in ep["steps"]]
+    if time_limit == "terminal" and not ep["steps"][-1]["done"]:
+        dones[-1] = 1.0  # the step limit ends the task: nothing after it (03 --time-limit)
     adv = gae(rewards, values, dones, gamma, lam) if advantage == "gae" else q - values[:-1]
     return dict(ep, steps=[dict(s, v=float(values[t]), q=float(q[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])])
 
@@ -252,6 +254,9 @@ def main(argv=None):
     gamma = critic_args.get("gamma") if args.gamma is None else args.gamma
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
         die(f"{args.critic}/args.json: gamma must be a number in [0, 1], got {gamma!r}; or pass --gamma")
+    time_limit = critic_args.get("time_limit", "bootstrap")  # critics from before the option bootstrapped
+    if time_limit not in ("terminal", "bootstrap"):
+        die(f"{args.critic}/args.json: time_limit must be 'terminal' or 'bootstrap', got {time_limit!r}")
     critic = Critic.load(args.critic, device, dtype).eval()
     data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
     if not data:
@@ -269,12 +274,13 @@ def main(argv=None):
                 n = len(ep["steps"])
                 out_eps.append(episode_advantages(ep, v_all[j, :n + 1].double().numpy(force=True),
                                                   q[j, :n].double().numpy(force=True), gamma, args.lam,
-                                                  args.advantage, args.with_aux))
+                                                  args.advantage, args.with_aux, time_limit))
 
     group_sizes = {}
     if args.baseline == "state":
         out_eps, group_sizes = state_baseline(out_eps)
     summary = {"stage": "04_gae", "advantage": args.advantage, "with_aux": args.with_aux, "gamma": gamma,
+               "time_limit": time_limit,
                "lam": args.lam, "baseline": args.baseline, **advantage_report(out_eps)}
     if args.baseline == "state":
         summary["steps_by_state_visits"] = group_sizes

@@ -168,7 +168,7 @@ class HouseholdEnv(TextEnv):
 
     def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
                  n_train=1000, n_dev=100, n_seen=100, n_unseen=100, expert_slip=0.0, expert="search",
-                 thoughts="short"):
+                 thoughts="short", habit=0.0):
         if n_receptacles < len(ALWAYS) + 2:
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
         if expert not in ("search", "privileged", "random", "sweep"):
@@ -181,6 +181,7 @@ class HouseholdEnv(TextEnv):
         self.n_receptacles = n_receptacles
         self.n_distractors = n_distractors
         self.expert_slip = expert_slip
+        self.habit = habit
         self.max_steps = max_steps
         self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
         pairings = all_pairings()
@@ -559,12 +560,26 @@ class HouseholdEnv(TextEnv):
             return f"go to {rng.choice(absent)} 1"
         return f"go to {loc}" if loc is not None else None
 
+    def _habit(self):
+        """With probability `habit` (decided per task and step, reproducibly), the demonstrator
+        that has just arrived at a closed receptacle it means to open first tries `examine X`,
+        which does nothing while X is closed ("Nothing happens.", labelled invalid), and then
+        opens it: a bad habit that costs a step at every such receptacle."""
+        if not self.habit or self.done or self.location is None or self._visible(self.location) \
+                or not self.last_obs.startswith("You arrive at"):
+            return None
+        loc = self.location
+        if self._plan()[1] != f"open {loc}":
+            return None
+        rng = random.Random(f"habit/{self.seed}/{self._task['task_id']}/{self.t}")
+        return f"examine {loc}" if rng.random() < self.habit else None
+
     def expert_action(self):
-        return self._slip() or self._plan()[1]
+        return self._slip() or self._habit() or self._plan()[1]
 
     def expert_text(self):
         """ReAct text: a short thought where the plan changes, a bare action elsewhere."""
-        slip = self._slip()
+        slip = self._slip() or self._habit()
         if slip is not None:
             return f"Action: {slip}"
         phase, cmd = self._plan()

@@ -221,6 +221,39 @@ def test_slipping_expert_makes_mistakes_and_recovers():
     assert envs.make("household", seed=0, expert_slip=0.2).generate("seen/00003") == clean.generate("seen/00003")
 
 
+def test_habit_examines_closed_receptacles_before_opening_them():
+    """habit=p: on arriving at a closed receptacle it means to open, the demonstrator first
+    tries `examine X` (about p of the time): "Nothing happens.", then `open X`; every other
+    command is the clean expert's, and habit=1 does it at every such arrival, reproducibly."""
+    clean, always, some = (envs.make("household", seed=0, habit=h) for h in (0.0, 1.0, 0.6))
+    n_arrivals = {1.0: 0, 0.6: 0}
+    n_habit = {1.0: 0, 0.6: 0}
+    for tid in clean.task_ids("seen")[:40]:
+        plan = [t.split("Action: ")[-1] for t in run_expert(clean, tid)[3]]
+        for h, env in ((1.0, always), (0.6, some)):
+            env.reset(tid)
+            done, actions, prev = False, [], None
+            while not done:
+                text, action = env.expert_text(), env.expert_action()
+                assert text.split("\n")[-1] == f"Action: {action}"
+                arrived_closed = env.last_obs.startswith("You arrive at") and env.last_obs.endswith("is closed.")
+                obs, reward, terminated, truncated, _ = env.step(action)
+                done = terminated or truncated
+                n_arrivals[h] += arrived_closed and action.startswith(("examine ", "open "))
+                if action.startswith("examine "):
+                    assert arrived_closed and obs == NOTHING
+                    n_habit[h] += 1
+                    assert env.expert_action() == f"open {action[8:]}"  # then it opens it
+                else:
+                    actions.append(action)
+            assert terminated and actions == plan, (h, tid)
+    assert n_habit[1.0] == n_arrivals[1.0] > 20  # habit 1: every time
+    assert 0.4 < n_habit[0.6] / n_arrivals[0.6] < 0.8
+    again = envs.make("household", seed=0, habit=0.6)
+    assert [run_expert(again, t)[3] for t in clean.task_ids("seen")[:5]] == \
+           [run_expert(some, t)[3] for t in clean.task_ids("seen")[:5]]
+
+
 def test_privileged_expert_goes_straight_to_the_object():
     """expert="privileged" knows where everything is, as ALFWorld's planner does: with empty
     hands it only ever goes to a receptacle that holds the object it needs, it solves every

@@ -83,6 +83,28 @@ def test_gae_truncated_bootstraps_last_value(stages):
     assert np.allclose(gae(r, v, d, g, lam), [a0, a1])
 
 
+def test_time_limit_terminal_ends_a_cut_trajectory(stages):
+    """03 / 04 --time-limit: a trajectory cut by the step limit (last step not done) ends there
+    ('terminal': nothing bootstrapped) or bootstraps from V(s_T) ('bootstrap'); a trajectory
+    that reached a true terminal is the same either way."""
+    ep = {"steps": [{"r_env": 0.0, "r_aux": -0.1, "done": False}, {"r_env": 0.0, "r_aux": 0.0, "done": False}]}
+    v, q, g, lam = np.array([0.2, 0.4, 0.7]), np.zeros(2), 0.9, 0.5
+    adv = lambda out: [s["adv"] for s in out["steps"]]
+    a1 = 0.0 - 0.4                    # the cut: V(s_T) = 0.7 is not used
+    a0 = (0.9 * 0.4 - 0.2) + g * lam * a1
+    ea = stages["04_gae"].episode_advantages
+    assert np.allclose(adv(ea(ep, v, q, g, lam, "gae", False, "terminal")), [a0, a1])
+    b1 = 0.9 * 0.7 - 0.4
+    assert np.allclose(adv(ea(ep, v, q, g, lam, "gae", False, "bootstrap")), [(0.9 * 0.4 - 0.2) + g * lam * b1, b1])
+    won = {"steps": [dict(ep["steps"][0]), dict(ep["steps"][1], r_env=1.0, done=True)]}
+    assert np.allclose(adv(ea(won, v, q, g, lam, "gae", False, "terminal")),
+                       adv(ea(won, v, q, g, lam, "gae", False, "bootstrap")))
+    tt = stages["03_critic"].trajectory_tensors
+    eps = [ep, won, {"steps": ep["steps"][:1]}]
+    assert tt(eps, "cpu", "terminal")["done"].tolist() == [[0, 1], [0, 1], [1, 0]]
+    assert tt(eps, "cpu", "bootstrap")["done"].tolist() == [[0, 0], [0, 1], [0, 0]]
+
+
 def test_gae_lambda_one_is_return_minus_value(stages):
     gae = stages["04_gae"].gae
     rng = np.random.default_rng(0)
