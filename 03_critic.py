@@ -15,11 +15,12 @@ the two regressions are:
     L_Q = E[ w_t * ( r_t + gamma * (1 - done_t) * V(s_{t+1}) - Q(s_t, a_t) )^2 ],  r_t = r_env + r_aux
 
 V is an upper expectile (tau > 0.5) of Q over the actions in the data; Qbar is a
-Polyak-averaged copy of the Q head. The step limit is part of the task (the agent reads
-how many turns it has taken), so with --time-limit terminal (the default) a trajectory cut
-by it ends there: done = 1 on its last step, nothing is bootstrapped, and a step that
-wastes time is worth less than one that makes progress. --time-limit bootstrap treats
-the cut as an artefact of collection instead (done = 0: it bootstraps from V(s_T)).
+Polyak-averaged copy of the Q head. A trajectory cut by the step limit has done = 0 on
+its last step, so it bootstraps from V(s_T) (--time-limit bootstrap, the default: the cut
+is an artefact of collection). With --time-limit terminal the step limit is part of the
+task instead - the agent reads how many turns it has taken - so the cut trajectory ends
+there (done = 1, nothing after it) and a step that wastes time is worth less than one that
+makes progress (docs/policy_improvement.md, 'A demonstrator with a bad habit').
 
 Design choice: V and Q share one transformer body (one forward pass per trajectory gives
 every V and Q); the target Qbar is the Polyak average of the Q head, applied to the
@@ -62,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
-    p.add_argument("--time-limit", choices=["terminal", "bootstrap"], default="terminal",
+    p.add_argument("--time-limit", choices=["bootstrap", "terminal"], default="bootstrap",
                    help="a trajectory cut by the step limit: ends with V = 0 after it, or bootstraps from V(s_T)")
     p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
     p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
@@ -151,7 +152,7 @@ def collate(tokenized, pad_id):
     return batch
 
 
-def trajectory_tensors(episodes, device, time_limit="terminal"):
+def trajectory_tensors(episodes, device, time_limit="bootstrap"):
     """Per-step tensors (B, T), zero-padded: r_env, r_aux, done, and the step mask. With
     time_limit 'terminal' the last step of a truncated trajectory is done too."""
     T = max(len(ep["steps"]) for ep in episodes)

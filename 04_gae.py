@@ -165,7 +165,7 @@ def gae(rewards, values, dones, gamma, lam):
     return adv
 
 
-def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux, time_limit="terminal"):
+def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux, time_limit="bootstrap"):
     """Episode ep with "v" = V(s_t), "q" = Q(s_t, a_t) and "adv" = A_t on every step. values (T+1,) = V(s_0)..V(s_T),
     q (T,) = Q(s_t, a_t). A_t is GAE on the environment rewards (with --with-aux, plus r_aux), or
     with --advantage qv the single-step Q(s_t, a_t) - V(s_t) (the ablation 'w/o GAE')."""
@@ -254,7 +254,7 @@ def main(argv=None):
     gamma = critic_args.get("gamma") if args.gamma is None else args.gamma
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
         die(f"{args.critic}/args.json: gamma must be a number in [0, 1], got {gamma!r}; or pass --gamma")
-    time_limit = critic_args.get("time_limit", "bootstrap")  # critics from before the option bootstrapped
+    time_limit = critic_args.get("time_limit", "bootstrap")  # as the critic learned it (older critics: bootstrap)
     if time_limit not in ("terminal", "bootstrap"):
         die(f"{args.critic}/args.json: time_limit must be 'terminal' or 'bootstrap', got {time_limit!r}")
     critic = Critic.load(args.critic, device, dtype).eval()

@@ -140,3 +140,17 @@ def test_oracle_start_marks_only_the_first_go_of_self_episodes(tmp_path):
     sc = load_module("research/start_ceiling.py", "start_ceiling")
     assert sc.likely_receptacle("put a tomato in cabinet 1.", OBS0) == "fridge 1"
     assert sc.likely_receptacle("put a tomato in fridge 1.", OBS0) == "countertop 1"
+
+
+def test_habit_rate_reads_only_the_step_after_arriving_at_a_closed_receptacle():
+    hr = load_module("research/habit_rate.py", "habit_rate")
+    ep = {"obs0": "You are in the middle of a room.", "steps": [
+        {"action": "go to cabinet 1", "obs": "You arrive at cabinet 1. The cabinet 1 is closed.", "adv": 0.1},
+        {"action": "examine cabinet 1", "obs": "Nothing happens.", "adv": -0.2},
+        {"action": "open cabinet 1", "obs": "You open the cabinet 1. The cabinet 1 is open. In it, you see nothing.", "adv": 0.0},
+        {"action": "go to drawer 1", "obs": "You arrive at drawer 1. The drawer 1 is closed.", "adv": 0.0},
+        {"action": "open drawer 1", "obs": "You open the drawer 1. The drawer 1 is open. In it, you see a mug 1.", "adv": 0.3},
+        {"action": "go to countertop 1", "obs": "You arrive at countertop 1. On the countertop 1, you see nothing.", "adv": 0.0},
+        {"action": "go to fridge 1", "obs": "You arrive at fridge 1. The fridge 1 is closed.", "adv": 0.0},
+        {"action": "", "obs": "Your reply had no 'Action:' line.", "adv": -0.5}]}
+    assert hr.closed_arrivals(ep) == [("examine", -0.2), ("open", 0.3), ("other", -0.5)]

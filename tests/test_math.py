@@ -217,6 +217,20 @@ def test_bppo_loss_clips_asymmetrically(stages):
     assert np.isclose(loss_sym, 0.8) and grad_sym.item() == 0
 
 
+def test_bppo_dual_clip_bounds_a_bad_tokens_term(stages):
+    """--dual-clip c: for A < 0 the term is at least c * A however far eta has grown; A > 0 and
+    eta inside the bound are unchanged."""
+    loss = stages["05_bppo"].bppo_loss
+    one = torch.ones(1)
+    logp_old = torch.zeros(1)
+    big = torch.log(torch.tensor([10.0]))          # eta = 10
+    assert torch.allclose(loss(big, logp_old, -one, one, 0.4, 0.2), torch.tensor([10.0]))         # -(10 * -1)
+    assert torch.allclose(loss(big, logp_old, -one, one, 0.4, 0.2, 3.0), torch.tensor([3.0]))     # -(3 * -1)
+    assert torch.allclose(loss(big, logp_old, one, one, 0.4, 0.2, 3.0), torch.tensor([-1.2]))     # A > 0: clip at 1.2
+    mid = torch.log(torch.tensor([2.0]))
+    assert torch.allclose(loss(mid, logp_old, -one, one, 0.4, 0.2, 3.0), torch.tensor([2.0]))     # eta < c: eta * A
+
+
 def test_bppo_loss_respects_the_mask(stages):
     bppo_loss = stages["05_bppo"].bppo_loss
     logp = torch.tensor([0.0, 3.0])
