@@ -31,6 +31,8 @@ Tune on `dev`; `seen` and `unseen` are for reporting only.
 With `expert_slip=p` (default 0) the demonstrator is imperfect: at each step, with
 probability p, it makes one of the mistakes a learned policy makes and then recovers (see
 `_slip`), so the demonstrations contain "Nothing happens." and what to do after it.
+With `habit=p` (default 0) it has a bad habit instead (see `_habit`): on arriving at a closed
+receptacle, with probability p it tries `examine X` before it opens X - an invalid step.
 
 The expert (`expert="search"`, the default) acts only on what it has observed: it searches
 receptacles in the order in which the object type is likely to be found (OBJECT_LOCATIONS,
