@@ -64,7 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
     p.add_argument("--time-limit", choices=["bootstrap", "terminal"], default="bootstrap",
-                   help="a trajectory cut by the step limit: ends with V = 0 after it, or bootstraps from V(s_T)")
+                   help="a trajectory cut by the step limit: 'bootstrap' from V(s_T) (the cut is an artefact), 'terminal': "
+                        "V = 0 after it (the limit is part of the task)")
     p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
     p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
     p.add_argument("--seed", type=int, default=0, help="random seed")
