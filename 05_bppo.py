@@ -755,7 +755,11 @@ def is_main():
 
 
 def finish_distributed():
+    """Tear the process group down on every rank together: a rank that left while another was
+    still writing the output could abort in gloo's teardown ("terminate called without an
+    active exception")."""
     if torch.distributed.is_initialized():
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
