@@ -58,6 +58,10 @@ def run_variant(run, seed, threads, candidates, log):
     py = sys.executable
     common = ["--seed", str(seed), "--threads", str(threads), "--metrics", f"{run}/ablation/metrics.jsonl"]
     buffer = [f"{run}/data/expert.jsonl", f"{run}/iter_1/self.jsonl"]
+    # evaluate in the run's own environment (run_all.sh's ENV / ENV_KWARGS), as 02 recorded it
+    with open(os.path.join(ROOT, run, "data", "expert.json")) as f:
+        run_args = json.load(f)["args"]
+    envargs = ["--env", run_args["env"], "--env-kwargs", run_args["env_kwargs"]]
 
     def stage(out, cmd):
         if os.path.exists(os.path.join(ROOT, out)):
@@ -67,7 +71,7 @@ def run_variant(run, seed, threads, candidates, log):
 
     def evaluate(policy, d):
         for split in SPLITS:
-            stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", policy, "--split", split, "--greedy",
+            stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", policy, *envargs, "--split", split, "--greedy",
                                         "--out", f"{d}/{split}.jsonl", *common])
 
     for name, _, changes, flags in sorted(VARIANTS, key=lambda v: v[2] == "rerank"):  # the slow rerank last
@@ -80,7 +84,7 @@ def run_variant(run, seed, threads, candidates, log):
                                   "--out", f"{d}/policy", *extra, *common])
         elif changes == "rerank":
             for split in SPLITS:
-                stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", f"{run}/policy_0", "--split", split,
+                stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", f"{run}/policy_0", *envargs, "--split", split,
                                             "--rerank", f"{run}/iter_1/critic", "--candidates", str(candidates),
                                             "--out", f"{d}/{split}.jsonl", *common])
             continue
