@@ -183,8 +183,8 @@ def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip=0.0):
     """Paper eq. (BPPO, asymmetric clipping): -masked_mean(min(eta*A, clip(eta, 1-eps_low, 1+eps_high)*A)),
     eta = exp(logp - logp_old). All arguments are per-token tensors of one shape.
     dual_clip = c > 1 also bounds a bad token's term from below, max(..., c * A) for A < 0: without
-    it a token whose eta has grown far above 1 (the KL anchor pulling back what pi_old dropped)
-    contributes eta * A without limit, and one such token can dominate a whole batch."""
+    it a token whose eta has grown far above 1 contributes eta * A without limit, and one such
+    token can dominate a whole batch (dual-clip PPO)."""
     eta = torch.exp(logp - logp_old)
     surrogate = torch.minimum(eta * adv, torch.clamp(eta, 1.0 - eps_low, 1.0 + eps_high) * adv)
     if dual_clip:
