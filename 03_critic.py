@@ -284,7 +284,9 @@ def discounted_returns(rewards, gamma):
 def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device):
     """What the critic learned, for a student to read: V and Q by data source (mean and std
     over every step) and how much of the Monte-Carlo return-to-go (with the rewards the critic
-    learned from) V explains: explained variance, 1 = perfectly, 0 = no better than a constant."""
+    learned from) V explains: explained variance, 1 = perfectly, 0 = no better than a constant;
+    and the mean return by source, which the mean V should be near (an expectile tau > 0.5 and
+    the W-IQL weights lift V above it; far above, V is optimistic and GAE blames the last steps)."""
     stats = {s: {"v": [], "q": [], "ret": []} for s in ("expert", "self")}
     with torch.no_grad():
         for i in range(0, len(data), batch_size):
@@ -305,6 +307,7 @@ def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device):
         if s["v"]:
             report[f"{src}_v_mean"], report[f"{src}_v_std"] = float(np.mean(s["v"])), float(np.std(s["v"]))
             report[f"{src}_q_mean"], report[f"{src}_q_std"] = float(np.mean(s["q"])), float(np.std(s["q"]))
+            report[f"{src}_ret_mean"] = float(np.mean(s["ret"]))  # calibration: V should be near this
     return report
 
 
@@ -394,7 +397,8 @@ def main(argv=None):
     critic.save(args.out, tokenizer, vars(args), state)
     log_metrics(args.metrics, *records, summary)
     by_src = "  ".join(f"{src}: V {summary[src + '_v_mean']:+.3f}+-{summary[src + '_v_std']:.3f} "
-                       f"Q {summary[src + '_q_mean']:+.3f}+-{summary[src + '_q_std']:.3f}"
+                       f"Q {summary[src + '_q_mean']:+.3f}+-{summary[src + '_q_std']:.3f} "
+                       f"(return {summary[src + '_ret_mean']:+.3f})"
                        for src in ("expert", "self") if src + "_v_mean" in summary)
     print(f"03_critic: explained variance of returns {summary['explained_variance']:.3f}; {by_src}; "
           f"{time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, peak memory {record['peak_mem_gb']:.2f} GB "

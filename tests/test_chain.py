@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 # SMOKE=1 sets these budgets' defaults in run_all.sh (the README's one-minute run); a value set
@@ -64,6 +66,16 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     stages_logged = {json.loads(line)["stage"] for line in open(run / "metrics.jsonl")}
     assert stages_logged == {"01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"}
     assert "Results:" in out
+    # 03 reports the mean discounted return (r_env + r_aux) per source beside V, to read V's calibration.
+    summary = [r for r in map(json.loads, open(run / "metrics.jsonl")) if r["stage"] == "03_critic" and "epoch" not in r][-1]
+    gamma, returns = json.load(open(run / "iter_1/critic/args.json"))["gamma"], []
+    for ep in map(json.loads, open(run / "iter_1/self.jsonl")):
+        g, ep_returns = 0.0, []
+        for s in reversed(ep["steps"]):
+            g = s["r_env"] + s["r_aux"] + gamma * g
+            ep_returns.append(g)
+        returns += ep_returns
+    assert summary["self_ret_mean"] == pytest.approx(sum(returns) / len(returns), abs=1e-6)
 
     # Resume: delete only the last artifact; the rerun redoes that stage and nothing else.
     mtimes = {p: os.path.getmtime(p) for p in run.rglob("*") if p.is_file()}

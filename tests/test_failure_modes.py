@@ -154,3 +154,20 @@ def test_habit_rate_reads_only_the_step_after_arriving_at_a_closed_receptacle():
         {"action": "go to fridge 1", "obs": "You arrive at fridge 1. The fridge 1 is closed.", "adv": 0.0},
         {"action": "", "obs": "Your reply had no 'Action:' line.", "adv": -0.5}]}
     assert hr.closed_arrivals(ep) == [("examine", -0.2), ("open", 0.3), ("other", -0.5)]
+
+
+def test_critic_calibration_against_hand_computed_returns():
+    cc = load_module("research/critic_calibration.py", "critic_calibration")
+
+    def st(r_env, r_aux, v, adv):
+        return {"r_env": r_env, "r_aux": r_aux, "v": v, "adv": adv}
+    won = {"source": "self", "success": True, "steps": [st(0.0, -0.1, 0.9, 0.1), st(1.0, 0.0, 0.9, 0.1)]}
+    lost = {"source": "self", "success": False, "steps": [st(0.0, 0.0, 0.8, 0.0), st(0.0, 0.0, 0.7, -0.7)]}
+    expert = {"source": "expert", "success": True, "steps": [st(1.0, 0.0, 1.0, 0.0)]}
+    assert cc.returns_to_go(won["steps"], 0.5) == [-0.1 + 0.5 * 1.0, 1.0]
+    r = cc.calibration([won, lost, expert], gamma=0.5)
+    # self returns: 0.4, 1.0, 0, 0 (mean 0.35); self V: 0.9, 0.9, 0.8, 0.7 (mean 0.825)
+    assert r["self"]["n_states"] == 4 and abs(r["self"]["ret_mean"] - 0.35) < 1e-9
+    assert abs(r["self"]["bias"] - 0.475) < 1e-9
+    assert r["self"]["last_adv_failed"] == -0.7 and r["self"]["last_adv_success"] == 0.1
+    assert r["expert"]["bias"] == 0.0 and r["expert"]["last_adv_failed"] is None
