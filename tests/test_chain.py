@@ -36,6 +36,28 @@ def test_smoke_sets_only_defaults(tmp_path):
     assert any("05_bppo.py" in c and c.endswith("--epochs 1") for c in commands)
 
 
+def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
+    """A base cached by older 00_pretrain.py / envs/ code must not be reused: the key hashes them."""
+    import shutil
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("run_all.sh", "00_pretrain.py"):
+        shutil.copy(os.path.join(ROOT, name), repo / name)
+    shutil.copytree(os.path.join(ROOT, "envs"), repo / "envs")
+
+    def base_dir():
+        env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS}
+        env.update(SMOKE="1", RUN=str(tmp_path / "run"), BASE_CACHE=str(tmp_path / "base"), PYTHON="echo")
+        out = subprocess.run(["bash", "run_all.sh"], cwd=repo, env=env, capture_output=True, text=True).stdout
+        line = next(c for c in out.splitlines() if c.startswith("== echo 00_pretrain.py"))
+        return line.split("--out ")[1].split()[0]
+    first = base_dir()
+    assert base_dir() == first  # same code and settings: the same cache entry
+    with open(repo / "envs" / "household.py", "a") as f:
+        f.write("\n# an edit\n")
+    assert base_dir() != first
+
+
 def test_samples_splits_the_self_budget_over_tasks(tmp_path):
     """SAMPLES=3: the N_SELF=6 self episodes are 2 tasks x 3 samples; SAMPLES > N_SELF is refused."""
     out = run_all(tmp_path / "run", python="echo", SAMPLES="3")
