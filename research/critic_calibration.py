@@ -13,17 +13,20 @@ take last. Run 04 on held-out episodes (e.g. the greedy `dev` evaluation) to rea
 """
 import argparse
 import json
+import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from bench._stages import load_stage  # noqa: E402
+
+discounted_returns = load_stage("03_critic").discounted_returns  # the one 03's final report uses
 
 
 def returns_to_go(steps, gamma):
     """Discounted return from every step of one episode, with the rewards 03 learns from."""
-    out, g = [], 0.0
-    for s in reversed(steps):
-        g = s["r_env"] + s["r_aux"] + gamma * g
-        out.append(g)
-    return out[::-1]
+    return discounted_returns([s["r_env"] + s["r_aux"] for s in steps], gamma)
 
 
 def calibration(episodes, gamma):

@@ -1,6 +1,7 @@
 """The whole chain end to end on the smallest budgets, and resuming after an interruption."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -38,7 +39,6 @@ def test_smoke_sets_only_defaults(tmp_path):
 
 def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
     """A base cached by older 00_pretrain.py / envs/ code must not be reused: the key hashes them."""
-    import shutil
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in ("run_all.sh", "00_pretrain.py"):
@@ -91,7 +91,7 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     # 03 reports the mean discounted return (r_env + r_aux) per source beside V, to read V's calibration.
     summary = [r for r in map(json.loads, open(run / "metrics.jsonl")) if r["stage"] == "03_critic" and "epoch" not in r][-1]
     gamma, returns = json.load(open(run / "iter_1/critic/args.json"))["gamma"], []
-    for ep in map(json.loads, open(run / "iter_1/self.jsonl")):
+    for ep in map(json.loads, open(run / "iter_1/self.jsonl")):  # by hand: g_t = r_env + r_aux + gamma * g_{t+1}
         g, ep_returns = 0.0, []
         for s in reversed(ep["steps"]):
             g = s["r_env"] + s["r_aux"] + gamma * g
