@@ -32,7 +32,8 @@ With `expert_slip=p` (default 0) the demonstrator is imperfect: at each step, wi
 probability p, it makes one of the mistakes a learned policy makes and then recovers (see
 `_slip`), so the demonstrations contain "Nothing happens." and what to do after it.
 With `habit=p` (default 0) it has a bad habit instead (see `_habit`): on arriving at a closed
-receptacle, with probability p it tries `examine X` before it opens X - an invalid step.
+receptacle, with probability p it tries `examine X` before it opens X - an invalid step
+(`habit_steps=n` times in a row: n wasted steps).
 
 The expert (`expert="search"`, the default) acts only on what it has observed: it searches
 receptacles in the order in which the object type is likely to be found (OBJECT_LOCATIONS,
@@ -170,7 +171,7 @@ class HouseholdEnv(TextEnv):
 
     def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
                  n_train=1000, n_dev=100, n_seen=100, n_unseen=100, expert_slip=0.0, expert="search",
-                 thoughts="short", habit=0.0):
+                 thoughts="short", habit=0.0, habit_steps=1):
         if n_receptacles < len(ALWAYS) + 2:
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
         if expert not in ("search", "privileged", "random", "sweep"):
@@ -183,7 +184,10 @@ class HouseholdEnv(TextEnv):
         self.n_receptacles = n_receptacles
         self.n_distractors = n_distractors
         self.expert_slip = expert_slip
+        if habit_steps < 1:
+            raise ValueError(f"habit_steps must be at least 1, got {habit_steps!r}")
         self.habit = habit
+        self.habit_steps = habit_steps
         self.max_steps = max_steps
         self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
         pairings = all_pairings()
@@ -285,6 +289,7 @@ class HouseholdEnv(TextEnv):
         # What a reader of the transcript has seen: object -> where it was last seen (None: in hand).
         self.seen = {}
         self._last_phase = None
+        self._examined = 0  # `examine X` commands in a row at the closed receptacle X it stands at
         obs = "You are in the middle of a room. Looking quickly around you, you see " + \
               _listing(g["receptacles"]) + "."
         self.last_obs = obs
@@ -394,6 +399,8 @@ class HouseholdEnv(TextEnv):
         self._check_step(self._task is not None)
         self._last_phase = self._phase()
         cmd = " ".join(str(action).strip().split())
+        closed_here = self.location is not None and not self._visible(self.location)
+        self._examined = self._examined + 1 if closed_here and cmd == f"examine {self.location}" else 0
         obs = self._execute(cmd)
         if cmd == "use desklamp 1" and obs != NOTHING and not self._success():
             self.lamp_on = False  # the lamp only counts while the object is in hand
@@ -564,14 +571,18 @@ class HouseholdEnv(TextEnv):
 
     def _habit(self):
         """With probability `habit` (decided per task and step, reproducibly), the demonstrator
-        that has just arrived at a closed receptacle it means to open first tries `examine X`,
-        which does nothing while X is closed ("Nothing happens.", labelled invalid), and then
-        opens it: a bad habit that costs a step at every such receptacle."""
-        if not self.habit or self.done or self.location is None or self._visible(self.location) \
-                or not self.last_obs.startswith("You arrive at"):
+        that has just arrived at a closed receptacle it means to open first tries `examine X`
+        `habit_steps` times in a row, which does nothing while X is closed ("Nothing happens.",
+        labelled invalid, then repeat), and then opens it: a bad habit that costs `habit_steps`
+        steps at every such receptacle, decided once, on arrival."""
+        if not self.habit or self.done or self.location is None or self._visible(self.location):
             return None
         loc = self.location
         if self._plan()[1] != f"open {loc}":
+            return None
+        if 0 < self._examined < self.habit_steps:
+            return f"examine {loc}"
+        if not self.last_obs.startswith("You arrive at"):
             return None
         rng = random.Random(f"habit/{self.seed}/{self._task['task_id']}/{self.t}")
         return f"examine {loc}" if rng.random() < self.habit else None

@@ -171,3 +171,28 @@ def test_critic_calibration_against_hand_computed_returns():
     assert abs(r["self"]["bias"] - 0.475) < 1e-9
     assert r["self"]["last_adv_failed"] == -0.7 and r["self"]["last_adv_success"] == 0.1
     assert r["expert"]["bias"] == 0.0 and r["expert"]["last_adv_failed"] is None
+
+
+def test_habit_ceiling_replaces_the_habit_and_nothing_else(monkeypatch):
+    """The demonstrator with habit=1 as the 'policy': forced, it must do exactly what the clean
+    demonstrator does (same success on every task, no examine left); unforced it keeps the habit."""
+    import envs
+    hc = load_module("research/habit_ceiling.py", "habit_ceiling")
+    kw = {"max_steps": 9, "n_distractors": 1}
+    env, clean = envs.make("household", seed=0, habit=1.0, **kw), envs.make("household", seed=0, **kw)
+    monkeypatch.setattr(hc, "reply", lambda *a: f"Action: {env.expert_action()}")
+    tids = env.task_ids("dev")[:30]
+    wins = {}
+    for force in (False, True):
+        mistakes = hc.Counter()
+        wins[force] = [hc.run(None, None, env, tid, force, 48, mistakes) for tid in tids]
+        assert (mistakes["examine at a closed receptacle"] > 10) == (not force)
+        assert mistakes["go: receptacle not in room"] == mistakes["go: already there"] == 0
+    expected = []
+    for tid in tids:
+        clean.reset(tid)
+        done = r = 0
+        while not done and clean.t < clean.max_steps:
+            _, r, done, _, _ = clean.step(clean.expert_action())
+        expected.append(bool(done and r > 0))
+    assert wins[True] == expected and sum(wins[True]) > sum(wins[False])

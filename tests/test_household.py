@@ -254,6 +254,34 @@ def test_habit_examines_closed_receptacles_before_opening_them():
            [run_expert(some, t)[3] for t in clean.task_ids("seen")[:5]]
 
 
+def test_habit_steps_repeats_the_examine_then_opens():
+    """habit_steps=n: the habit examines n times in a row at the same arrival, then opens; the
+    other commands are the clean expert's."""
+    clean, twice = envs.make("household", seed=0), envs.make("household", seed=0, habit=1.0, habit_steps=2)
+    n_runs = 0
+    for tid in clean.task_ids("seen")[:30]:
+        plan = [t.split("Action: ")[-1] for t in run_expert(clean, tid)[3]]
+        twice.reset(tid)
+        done, actions, run = False, [], 0
+        while not done:
+            action = twice.expert_action()
+            obs, reward, terminated, truncated, _ = twice.step(action)
+            done = terminated or truncated
+            if action.startswith("examine "):
+                assert obs == NOTHING
+                run += 1
+            else:
+                if run:
+                    assert run == 2 and action.startswith("open ")
+                    n_runs += 1
+                run = 0
+                actions.append(action)
+        assert terminated and actions == plan, tid
+    assert n_runs > 10
+    with pytest.raises(ValueError, match="habit_steps"):
+        envs.make("household", habit_steps=0)
+
+
 def test_privileged_expert_goes_straight_to_the_object():
     """expert="privileged" knows where everything is, as ALFWorld's planner does: with empty
     hands it only ever goes to a receptacle that holds the object it needs, it solves every

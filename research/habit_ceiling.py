@@ -1,0 +1,68 @@
+"""How much could a policy gain by unlearning only its demonstrator's habit (household `habit=p`)?
+Runs a policy greedily on a split (like `02_collect.py --greedy`), once as it is and once with
+every `examine X` at a closed receptacle X it stands at replaced by `open X` (its thought kept,
+everything else the policy's own greedy replies). The gap between the two success rates is the
+most that fixing the habit, and nothing else, could add; the counts of the other `go` mistakes
+say whether the habit-free episodes, which the demonstrations rarely show whole, lead the policy
+into mistakes it did not make before (docs/policy_improvement.md).
+
+    python research/habit_ceiling.py --policy runs/hb_s0/policy_0 \
+        --env-kwargs '{"max_steps": 9, "n_distractors": 1, "habit": 0.6}'
+"""
+import argparse
+import os
+import re
+import sys
+from collections import Counter
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._stages import load_stage  # noqa: E402
+from research.recovery_ceiling import greedy_setup, reply  # noqa: E402
+
+collect = load_stage("02_collect")
+
+
+def run(model, tok, env, tid, force, max_new, mistakes):
+    obs, info = env.reset(tid)
+    ep = {"instruction": env.instruction, "task": info["task"], "obs0": obs, "steps": []}
+    room = set(re.findall(r"(\w+ \d+)", obs.split("Your task")[0]))
+    here, r = None, 0.0
+    for _ in range(env.max_steps):
+        text = reply(model, tok, ep, True, max_new)
+        action = collect.parse_action(text)
+        closed = here is not None and f"The {here} is closed." in obs
+        if force and closed and action == f"examine {here}":
+            action = f"open {here}"
+            text = re.sub(r"Action: .*", f"Action: {action}", text)
+        if action is None:
+            obs, done, trunc = collect.FORMAT_ERROR_OBS, False, False
+        else:
+            if action.startswith("go to "):
+                target = action[len("go to "):]
+                if target == here:
+                    mistakes["go: already there"] += 1
+                elif target not in room:
+                    mistakes["go: receptacle not in room"] += 1
+                else:
+                    here = target
+            elif action.startswith("examine ") and closed:
+                mistakes["examine at a closed receptacle"] += 1
+            obs, r, done, trunc, info = env.step(action)
+        ep["steps"].append({"text": text, "obs": obs})
+        if done or trunc:
+            return bool(done and r > 0)
+    return False
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    args, model, tok, env, tids = greedy_setup(p)
+    for force in (False, True):
+        mistakes = Counter()
+        wins = sum(run(model, tok, env, tid, force, args.max_new_tokens, mistakes) for tid in tids)
+        print(f"{args.policy} {args.split} {'examine at a closed receptacle -> open' if force else 'greedy'}: "
+              f"success {wins}/{len(tids)}; steps: {dict(mistakes)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
