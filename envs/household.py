@@ -171,7 +171,7 @@ class HouseholdEnv(TextEnv):
 
     def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
                  n_train=1000, n_dev=100, n_seen=100, n_unseen=100, expert_slip=0.0, expert="search",
-                 thoughts="short", habit=0.0, habit_steps=1):
+                 thoughts="short", habit=0.0, habit_steps=1, room_questions=0.0):
         if n_receptacles < len(ALWAYS) + 2:
             raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
         if expert not in ("search", "privileged", "random", "sweep"):
@@ -188,6 +188,7 @@ class HouseholdEnv(TextEnv):
             raise ValueError(f"habit_steps must be at least 1, got {habit_steps!r}")
         self.habit = habit
         self.habit_steps = habit_steps
+        self.room_questions = room_questions
         self.max_steps = max_steps
         self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
         pairings = all_pairings()
@@ -449,6 +450,8 @@ class HouseholdEnv(TextEnv):
         reading comprehension. The most common one joins two things read far apart - the task's
         object (in the first turn) and the latest listing - which is the decision a household
         agent makes most."""
+        if self.room_questions and rng.random() < self.room_questions:
+            return self._room_question(rng)
         task_obj, seen = self._task["object"], self.seen
         here = [o for o, r in seen.items() if r == self.location]
         kinds = sorted({_kind(o) for o in seen} | {task_obj})
@@ -472,6 +475,20 @@ class HouseholdEnv(TextEnv):
         if choice < 0.85:
             return "Question: what are you carrying?", f"Answer: {self.holding or 'nothing'}."
         return "Question: which object does the task name?", f"Answer: {task_obj}."
+
+    def _room_question(self, rng):
+        """With `room_questions=p`, that share of the reading questions asks about the room
+        (listed once, in the first observation) and where the agent stands - what a `go to`
+        needs: a receptacle the room has, not the one the agent is at, one not yet looked into."""
+        recs, choice = self._task["receptacles"], rng.random()
+        if choice < 0.3:
+            return "Question: where are you?", \
+                f"Answer: {'at ' + self.location if self.location else 'in the middle of the room'}."
+        if choice < 0.7:
+            asked = f"{_kind(rng.choice(recs))} {rng.randint(1, 3)}"
+            return f"Question: is there a {asked} in the room?", f"Answer: {'yes' if asked in recs else 'no'}."
+        todo = [r for r in recs if r not in self.known and r != self.location]
+        return "Question: which receptacles have you not looked into yet?", f"Answer: {', '.join(todo) or 'none'}."
 
     # ------------------------------------------------------------------ expert
     def _search_order(self, kinds_first):

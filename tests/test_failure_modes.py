@@ -184,10 +184,16 @@ def test_habit_ceiling_replaces_the_habit_and_nothing_else(monkeypatch):
     tids = env.task_ids("dev")[:30]
     wins = {}
     for force in (False, True):
-        mistakes = hc.Counter()
-        wins[force] = [hc.run(None, None, env, tid, force, 48, mistakes) for tid in tids]
+        mistakes, episodes = hc.Counter(), []
+        wins[force] = [hc.run(None, None, env, tid, force, 48, mistakes, episodes) for tid in tids]
         assert (mistakes["examine at a closed receptacle"] > 10) == (not force)
         assert mistakes["go: receptacle not in room"] == mistakes["go: already there"] == 0
+        steps = [s for e in episodes for s in e["steps"]]
+        assert [e["success"] for e in episodes] == wins[force]
+        assert all(s["label"] == ("invalid" if s["action"].startswith("examine") else "ok") for s in steps)
+        forced = [s for s in steps if s["forced"]]
+        assert all(s["action"].startswith("open ") and s["text"] == f"Action: {s['action']}" for s in forced)
+        assert (len(forced) > 10) == force
     expected = []
     for tid in tids:
         clean.reset(tid)

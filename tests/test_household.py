@@ -419,3 +419,38 @@ def test_restate_thoughts_are_the_ground_thoughts_without_the_plan():
         assert not any(" I check " in t for t in texts)
         n_restated += sum(": not here." in t or " is here. Next, I " in t for t in texts)
     assert n_restated >= 150
+
+
+def test_room_questions_answer_from_the_room_and_the_position():
+    """room_questions=1: every reading question is about the room or where the agent stands, and
+    its answer is right; room_questions=0 (the default) asks none of them."""
+    env, plain = envs.make("household", seed=0, room_questions=1.0), envs.make("household", seed=0)
+    rng, kinds = random.Random(0), collections.Counter()
+    for tid in env.task_ids("train")[:20]:
+        obs0, _ = env.reset(tid)
+        recs = set(re.findall(r"\ban? ([a-z]+ \d+)", obs0))
+        here, looked, done = None, set(), False
+        while not done:
+            for _ in range(3):
+                q, a = env.reading_question(rng)
+                if q == "Question: where are you?":
+                    assert a == (f"Answer: at {here}." if here else "Answer: in the middle of the room.")
+                elif q.startswith("Question: is there a "):
+                    asked = q[len("Question: is there a "):-len(" in the room?")]
+                    assert a == f"Answer: {'yes' if asked in recs else 'no'}."
+                else:
+                    assert q == "Question: which receptacles have you not looked into yet?"
+                    todo = sorted(recs - looked - {here})
+                    assert sorted(a[len("Answer: "):-1].split(", ")) == (todo or ["none"])
+                kinds[q.split()[1]] += 1
+            action = env.expert_action()
+            obs, _, term, trunc, _ = env.step(action)
+            done = term or trunc
+            if action.startswith("go to ") and obs.startswith("You arrive"):
+                here = action[len("go to "):]
+            if "you see" in obs and here is not None:
+                looked.add(here)
+    assert len(kinds) == 3 and min(kinds.values()) > 20
+    plain.reset(plain.task_ids("train")[0])
+    asked = {plain.reading_question(rng)[0] for _ in range(200)}
+    assert not any("room" in q or q == "Question: where are you?" for q in asked)
