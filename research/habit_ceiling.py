@@ -54,7 +54,7 @@ def run(model, tok, env, tid, force, max_new, mistakes, episodes=None):
                     mistakes["go: receptacle not in room"] += 1
                 else:
                     here = target
-            elif action.startswith("examine ") and closed:
+            elif closed and action == f"examine {here}":
                 mistakes["examine at a closed receptacle"] += 1
             obs, r, done, trunc, info = env.step(action)
             label = "invalid" if env.is_invalid(obs) else "ok"
