@@ -590,7 +590,7 @@ class HouseholdEnv(TextEnv):
         """With probability `habit` (decided per task and step, reproducibly), the demonstrator
         that has just arrived at a closed receptacle it means to open first tries `examine X`
         `habit_steps` times in a row, which does nothing while X is closed ("Nothing happens.",
-        labelled invalid, then repeat), and then opens it: a bad habit that costs `habit_steps`
+        labelled invalid each time), and then opens it: a bad habit that costs `habit_steps`
         steps at every such receptacle, decided once, on arrival."""
         if not self.habit or self.done or self.location is None or self._visible(self.location):
             return None

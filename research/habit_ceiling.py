@@ -13,8 +13,8 @@ With --out PREFIX the episodes go to PREFIX_greedy.jsonl and PREFIX_forced.jsonl
 02_collect.py labels them ("ok" / "invalid" / "format"; no "repeat"), each step marked
 "forced" where its action was replaced - readable by research/failure_modes.py.
 """
-import json
 import argparse
+import json
 import os
 import re
 import sys
@@ -32,7 +32,7 @@ def run(model, tok, env, tid, force, max_new, mistakes, episodes=None):
     ep = {"instruction": env.instruction, "task": info["task"], "obs0": obs, "steps": []}
     if episodes is not None:
         episodes.append(ep)
-    room = set(re.findall(r"(\w+ \d+)", obs.split("Your task")[0]))
+    room = set(re.findall(r"\ban? ([a-z]+ \d+)", obs))  # the receptacles the first observation lists
     here, r = None, 0.0
     for _ in range(env.max_steps):
         text = reply(model, tok, ep, True, max_new)
