@@ -14,13 +14,13 @@ the two regressions are:
     L_V = E[ w_t * L2_tau( Qbar(s_t, a_t) - V(s_t) ) ],   L2_tau(u) = |tau - 1(u < 0)| * u^2
     L_Q = E[ w_t * ( r_t + gamma * (1 - done_t) * V(s_{t+1}) - Q(s_t, a_t) )^2 ],  r_t = r_env + r_aux
 
-V is an upper expectile (tau > 0.5) of Q over the actions in the data; Qbar is a
-Polyak-averaged copy of the Q head. A trajectory cut by the step limit has done = 0 on
-its last step, so it bootstraps from V(s_T) (--time-limit bootstrap, the default: the cut
-is an artefact of collection). With --time-limit terminal the step limit is part of the
-task instead - the agent reads how many turns it has taken - so the cut trajectory ends
-there (done = 1, nothing after it) and a step that wastes time is worth less than one that
-makes progress (docs/policy_improvement.md, 'A demonstrator with a bad habit').
+With tau > 0.5, V is an upper expectile of Q over the actions in the data; the default 0.5 is
+their mean, which kept V calibrated on household (docs/policy_improvement.md). Qbar is a
+Polyak-averaged copy of the Q head. The step limit is part of the task (--time-limit terminal,
+the default): the agent reads how many turns it has taken, a trajectory cut by the limit ends
+there (done = 1, nothing after it), and a step that wastes time is worth less than one that
+makes progress. With --time-limit bootstrap the cut is an artefact of collection instead and
+the last step bootstraps from V(s_T).
 
 Design choice: V and Q share one transformer body (one forward pass per trajectory gives
 every V and Q); the target Qbar is the Polyak average of the Q head, applied to the
@@ -54,16 +54,17 @@ def parse_args(argv=None):
     p.add_argument("--data", nargs="+", required=True, help="episode JSONL files: expert demos + self trajectories")
     p.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
     p.add_argument("--out", required=True, help="output critic directory")
-    p.add_argument("--tau", type=float, default=0.7, help="expectile of V (0.5 = mean; > 0.5 leans to the better actions)")
+    p.add_argument("--tau", type=float, default=0.5,
+                   help="expectile of V (0.5 = mean, calibrated on household; > 0.5 leans to the better actions)")
     p.add_argument("--gamma", type=float, default=0.95, help="discount factor of the Bellman backup")
     p.add_argument("--polyak", type=float, default=0.05, help="target update rate: Qbar <- (1 - polyak) Qbar + polyak Q")
-    p.add_argument("--epochs", type=int, default=3, help="passes over the buffer")
+    p.add_argument("--epochs", type=int, default=10, help="passes over the buffer (fewer leave V optimistic)")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and body)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
-    p.add_argument("--time-limit", choices=["bootstrap", "terminal"], default="bootstrap",
+    p.add_argument("--time-limit", choices=["bootstrap", "terminal"], default="terminal",
                    help="a trajectory cut by the step limit: 'bootstrap' from V(s_T) (the cut is an artefact), 'terminal': "
                         "V = 0 after it (the limit is part of the task)")
     p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")

@@ -1,4 +1,4 @@
-"""Stage 04 - process rewards: GAE advantages from the critic's V, with environment rewards only.
+"""Stage 04 - process rewards: GAE advantages from the critic's V.
 
 Reads   the buffer (the same episode JSONL files as 03) and the critic directory from 03.
 Writes  --out FILE.jsonl: the buffer with "v" (V(s_t)), "q" (Q(s_t, a_t), for inspection:
@@ -8,13 +8,21 @@ Writes  --out FILE.jsonl: the buffer with "v" (V(s_t)), "q" (Q(s_t, a_t), for in
 A single-step advantage Q - V is too noisy over long horizons, so the paper fills the
 missing intermediate rewards with multi-step advantages (paper, Key Design 3):
 
-    delta_t = r_env_t + gamma * (1 - done_t) * V(s_{t+1}) - V(s_t)
+    delta_t = r_t + gamma * (1 - done_t) * V(s_{t+1}) - V(s_t)
     A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
 
-Only environment rewards enter: the auxiliary format / invalid / repeat rewards shaped the
-critic in 03 but would bias the policy toward the heuristics if they entered A_t (the
-paper's finding; --with-aux puts them in for the ablation). A true terminal bootstraps 0;
-a trajectory cut by the step limit bootstraps from V(s_T).
+r_t is the reward the critic learned on: r_env + r_aux (r_env alone for a critic trained with
+03 --no-aux). Design choice, where this reference departs from the paper's wording: the paper
+keeps the format / invalid / repeat rewards r_aux out of A_t ("environment rewards only") while
+its critic learns on them. But a V that learned on r_aux already counts the penalties to come,
+so without r_aux in delta_t each penalised step gets its penalty back:
+
+    r_env_t + gamma V(s_{t+1}) - V(s_t)  =  (Q(s_t, a_t) - V(s_t)) - r_aux_t   (a critic at its fixed point)
+
+and an invalid step whose only cost is its penalty looks *better* than the average step
+(docs/policy_improvement.md, 'The advantage must use the critic's rewards'). --rewards env is the
+paper's placement, kept for the ablation. A true terminal bootstraps 0; a trajectory cut by the
+step limit bootstraps from V(s_T) (or ends, for a critic trained with 03 --time-limit terminal).
 
 With --baseline state, the advantages compare the actions taken at the same state: when
 02 --samples-per-task K sampled several episodes on a task, the episodes share every state
@@ -59,7 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--lam", type=float, default=0.3,
                    help="GAE lambda (1: Monte-Carlo return - V; 0: one-step TD); small keeps the blame on the step where V drops")
     p.add_argument("--advantage", choices=["gae", "qv"], default="gae", help="'qv' = single-step Q - V (ablation 'w/o GAE')")
-    p.add_argument("--with-aux", action="store_true", help="ablation: put r_aux inside the advantage too")
+    p.add_argument("--rewards", choices=["critic", "env"], default="critic",
+                   help="the r_t in delta_t: 'critic' = the rewards the critic learned on (r_env + r_aux, or r_env for "
+                        "a critic from 03 --no-aux); 'env' = r_env only (the paper's placement, ablation)")
     p.add_argument("--baseline", choices=["critic", "state"], default="critic",
                    help="'state': subtract from A_t the mean A over the steps taken at the same state "
                         "(several samples per task, 02 --samples-per-task); a state visited once gets 0")
@@ -167,7 +177,7 @@ def gae(rewards, values, dones, gamma, lam):
 
 def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux, time_limit="bootstrap"):
     """Episode ep with "v" = V(s_t), "q" = Q(s_t, a_t) and "adv" = A_t on every step. values (T+1,) = V(s_0)..V(s_T),
-    q (T,) = Q(s_t, a_t). A_t is GAE on the environment rewards (with --with-aux, plus r_aux), or
+    q (T,) = Q(s_t, a_t). A_t is GAE on the environment rewards (with_aux: plus r_aux), or
     with --advantage qv the single-step Q(s_t, a_t) - V(s_t) (the ablation 'w/o GAE')."""
     rewards = [s["r_env"] + (s["r_aux"] if with_aux else 0.0) for s in ep["steps"]]
     dones = [float(s["done"]) for s in ep["steps"]]
@@ -257,6 +267,8 @@ def main(argv=None):
     time_limit = critic_args.get("time_limit", "bootstrap")  # as the critic learned it (older critics: bootstrap)
     if time_limit not in ("terminal", "bootstrap"):
         die(f"{args.critic}/args.json: time_limit must be 'terminal' or 'bootstrap', got {time_limit!r}")
+    # delta_t uses the reward the critic learned on (the module docstring), unless --rewards env
+    with_aux = args.rewards == "critic" and not critic_args.get("no_aux", False)
     critic = Critic.load(args.critic, device, dtype).eval()
     data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
     if not data:
@@ -274,12 +286,12 @@ def main(argv=None):
                 n = len(ep["steps"])
                 out_eps.append(episode_advantages(ep, v_all[j, :n + 1].double().numpy(force=True),
                                                   q[j, :n].double().numpy(force=True), gamma, args.lam,
-                                                  args.advantage, args.with_aux, time_limit))
+                                                  args.advantage, with_aux, time_limit))
 
     group_sizes = {}
     if args.baseline == "state":
         out_eps, group_sizes = state_baseline(out_eps)
-    summary = {"stage": "04_gae", "advantage": args.advantage, "with_aux": args.with_aux, "gamma": gamma,
+    summary = {"stage": "04_gae", "advantage": args.advantage, "rewards": args.rewards, "with_aux": with_aux, "gamma": gamma,
                "time_limit": time_limit,
                "lam": args.lam, "baseline": args.baseline, **advantage_report(out_eps)}
     if args.baseline == "state":
@@ -289,7 +301,9 @@ def main(argv=None):
     log_metrics(args.metrics, summary)
     src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
     lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
-    print(f"04_gae: mean advantage by source: {src}\n"
+    print(f"04_gae: A_t = {'GAE' if args.advantage == 'gae' else 'Q - V'} on r_env{' + r_aux' if with_aux else ' only'}"
+          f"{' (the rewards the critic learned on)' if args.rewards == 'critic' else ' (--rewards env)'}\n"
+          f"04_gae: mean advantage by source: {src}\n"
           f"04_gae: mean advantage by label:  {lab}\n"
           f"04_gae: AUC of V(s_0) for success vs failure: self {summary['auc_v0_self']:.3f}, "
           f"all {summary['auc_v0_all']:.3f}\n"

@@ -17,8 +17,9 @@ probability moves, and averages over steps instead of tokens.
 Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability
 (down to 1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high), which
 suppresses harmful actions decisively while staying close to the data's support.
---dual-clip c (off by default) also bounds a bad token's term from below: max(..., c * A) for
-A < 0, so a token whose eta grew far above 1 cannot dominate a batch (dual-clip PPO).
+--dual-clip c (c = 3 by default; 0 turns it off) also bounds a bad token's term from below:
+max(..., c * A) for A < 0, so a token whose eta grew far above 1 cannot dominate a batch
+(dual-clip PPO: a safeguard the paper does not name; it acts only where eta > c).
 
 The KL anchor is the exact KL between the two next-token distributions at every action
 token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)): pi_ref's logits are computed
@@ -61,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--objective", choices=["bppo", "awr"], default="bppo", help="policy objective")
     p.add_argument("--eps-low", type=float, default=0.4, help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
     p.add_argument("--eps-high", type=float, default=0.2, help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
-    p.add_argument("--dual-clip", type=float, default=0.0,
+    p.add_argument("--dual-clip", type=float, default=3.0,
                    help="c > 1: a token with A < 0 contributes at least c * A (dual-clip PPO, Ye et al. 2020); 0: off "
                         "(a second iteration on household's habit miniature lost 24 points without it)")
     p.add_argument("--ratio", choices=["token", "step"], default="token",

@@ -9,7 +9,7 @@
 # running this again after an interruption resumes where it stopped. Settings are
 # environment variables (defaults = the fast CPU configuration):
 #
-#   RUN=runs/default  K=1  SEED=0  ENV=household  ENV_KWARGS='{}'
+#   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS (household: the default miniature below; other envs: '{}')
 #   N_EXPERT=600 expert demos, N_SELF=300 self trajectories per iteration, SAMPLES=1 of them per
 #   task (N_SELF / SAMPLES tasks; with SAMPLES > 1 add GAE_ARGS="--baseline state"),
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"), KEEP_OLD=0 (1: the buffer keeps every
@@ -39,10 +39,13 @@ if [ "${SMOKE:-0}" = 1 ]; then
 fi
 
 RUN=${RUN:-runs/default}
-K=${K:-1}
+K=${K:-2}
 SEED=${SEED:-0}
 ENV=${ENV:-household}
-ENV_KWARGS=${ENV_KWARGS:-"{}"}
+# household's default miniature (docs/design.md, 'The default miniature'): 9 steps, one distractor, a
+# demonstrator with a bad habit the agent can unlearn, and a base that also reads questions about the room
+HOUSEHOLD_KWARGS='{"max_steps": 9, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
+if [ "$ENV" = household ]; then ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS}; else ENV_KWARGS=${ENV_KWARGS:-"{}"}; fi
 N_EXPERT=${N_EXPERT:-600}
 N_SELF=${N_SELF:-300}
 SAMPLES=${SAMPLES:-1}

@@ -13,7 +13,7 @@ exactly one thing and redoes only the stages downstream of it:
     w/o RR             03_critic.py --no-aux             -> 04 -> 05
     w/o W-IQL          03_critic.py --uniform-weights    -> 04 -> 05
     w/o GAE            04_gae.py --advantage qv          -> 05
-    aux in advantage   04_gae.py --with-aux              -> 05
+    paper's r_aux      04_gae.py --rewards env           -> 05  (A_t on r_env only; docs/design.md)
     w/o PI             no policy update: policy_0 acts, the default critic reranks
                        --candidates sampled replies per step (02_collect.py --rerank; QLASS-style)
     AWR                05_bppo.py --objective awr
@@ -46,7 +46,7 @@ VARIANTS = [
     ("no_rr", "w/o retrospective rewards (--no-aux)", "03", "--no-aux"),
     ("no_wiql", "w/o weighted IQL (--uniform-weights)", "03", "--uniform-weights"),
     ("no_gae", "w/o GAE (--advantage qv)", "04", "--advantage qv"),
-    ("with_aux", "aux rewards in the advantage (--with-aux)", "04", "--with-aux"),
+    ("env_only", "r_aux in the critic only, A_t on r_env (the paper's placement, --rewards env)", "04", "--rewards env"),
     ("no_pi", "w/o policy improvement (Q-rerank of BC samples)", "rerank", ""),
     ("awr", "AWR instead of BPPO", "05", "--objective awr"),
     ("sym_clip", "symmetric clipping (eps_low = eps_high = 0.2)", "05", "--eps-low 0.2 --eps-high 0.2"),

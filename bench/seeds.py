@@ -35,7 +35,7 @@ def main():
     p.add_argument("--out", default="bench/results/seeds.md", help="markdown table to write")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     args = p.parse_args()
-    K = int(os.environ.get("K", 1))  # run_all.sh's default
+    K = int(os.environ.get("K", 2))  # run_all.sh's default
     runs = []
     procs = []
     for seed in args.seeds:

@@ -1,7 +1,12 @@
-"""The algorithm's pure functions against hand-computed values (the equations of the stages' docstrings)."""
+"""The algorithm's pure functions against hand-computed values (the equations of the stages' docstrings),
+and 04's choice of rewards end to end."""
+import json
+
 import numpy as np
 import pytest
 import torch
+from conftest import run_stage
+from transformers import AutoModel
 
 
 def test_expectile_at_half_is_half_the_mse(stages):
@@ -103,6 +108,49 @@ def test_time_limit_terminal_ends_a_cut_trajectory(stages):
     eps = [ep, won, {"steps": ep["steps"][:1]}]
     assert tt(eps, "cpu", "terminal")["done"].tolist() == [[0, 1], [0, 1], [1, 0]]
     assert tt(eps, "cpu", "bootstrap")["done"].tolist() == [[0, 0], [0, 1], [0, 0]]
+
+
+def test_td_error_without_the_critics_aux_rewards_gives_the_penalty_back(stages):
+    """04's design choice by hand: for a critic at its fixed point on r_env + r_aux
+    (Q = r_env + r_aux + gamma V(s')), the one-step advantage on those rewards is Q - V, while
+    the paper's 'env rewards only' gives Q - V - r_aux: a penalised step scores |r_aux| higher."""
+    g = 0.9
+    ep = {"steps": [{"r_env": 0.0, "r_aux": -0.1, "done": False}, {"r_env": 1.0, "r_aux": 0.0, "done": True}]}
+    v = np.array([0.5, 0.8, 0.0])
+    q = np.array([0.0 - 0.1 + g * 0.8, 1.0])  # the Bellman fixed point of 03's L_Q
+    ea = stages["04_gae"].episode_advantages
+    adv = lambda with_aux, kind: [s["adv"] for s in ea(ep, v, q, g, 0.0, kind, with_aux)["steps"]]
+    assert np.allclose(adv(True, "gae"), q - v[:2])
+    assert np.allclose(adv(True, "gae"), [-0.1 + 0.72 - 0.5, 0.2])
+    assert np.allclose(adv(False, "gae"), [0.72 - 0.5, 0.2])  # the invalid step gets its 0.1 back
+    assert np.allclose(adv(False, "qv"), q - v[:2])  # Q - V already holds r_aux
+
+
+def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path):
+    """04 end to end with lambda 0: the default advantage minus '--rewards env' is r_aux on every
+    step for a critic trained with r_aux, and 0 for a critic trained with 03 --no-aux."""
+    c3 = stages["03_critic"]
+    torch.manual_seed(0)
+    critic = c3.Critic(AutoModel.from_pretrained(tiny_run / "policy_0", local_files_only=True))
+    eps = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:3]
+    for ep in eps:  # an invalid step and a repeat in every episode, with their r_aux
+        ep["steps"][0].update(label="invalid", r_aux=-0.1)
+        ep["steps"][1].update(label="repeat", r_aux=-0.25)
+    data = tmp_path / "buf.jsonl"
+    data.write_text("".join(json.dumps(ep) + "\n" for ep in eps))
+
+    def advantages(no_aux, *flags):
+        d = tmp_path / f"critic_{no_aux}"
+        if not d.exists():
+            critic.save(str(d), c3.load_tokenizer(str(tiny_run / "policy_0")), {"gamma": 0.9, "no_aux": no_aux})
+        out = tmp_path / f"adv_{no_aux}_{len(flags)}.jsonl"
+        run_stage("04_gae", "--data", data, "--critic", d, "--out", out, "--lam", 0, "--threads", 1, *flags)
+        return np.array([s["adv"] for line in open(out) for s in json.loads(line)["steps"]])
+
+    r_aux = np.array([s["r_aux"] for ep in eps for s in ep["steps"]])
+    assert np.allclose(advantages(False) - advantages(False, "--rewards", "env"), r_aux, atol=1e-5)
+    assert np.allclose(advantages(True), advantages(True, "--rewards", "env"), atol=1e-6)
+    assert np.allclose(advantages(True), advantages(False, "--rewards", "env"), atol=1e-6)
 
 
 def test_gae_lambda_one_is_return_minus_value(stages):
