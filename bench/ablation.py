@@ -2,7 +2,7 @@
 baselines: one row per variant, seen / unseen success and average reward as mean +- std over
 seeds, and the environment steps each used. A measurement, not a test.
 
-Every variant starts from the same artifacts of a default run (run_all.sh, K=1), which are
+Every variant starts from the same artifacts of a default run (run_all.sh, iteration 1), which are
 reused, never recomputed: the expert demos, the BC policy (policy_0), the self-collected
 buffer of iteration 1 and the default critic / advantages / Q-Evolve policy. A variant changes
 exactly one thing and redoes only the stages downstream of it:
