@@ -58,6 +58,26 @@ def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
     assert base_dir() != first
 
 
+def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):
+    """Without SMOKE, run_all.sh's defaults: household plays the miniature of docs/design.md
+    ('The default miniature') for K = 2 iterations; another environment gets '{}', not
+    household's keywords; ENV_KWARGS set by the caller wins."""
+    def commands(**settings):
+        env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS + ["SMOKE"]}
+        env.update(RUN=str(tmp_path / "run"), BASE_CACHE=str(tmp_path / "base"), PYTHON="echo", **settings)
+        proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return [line for line in proc.stdout.splitlines() if line.startswith("== echo")]
+    household = commands()
+    miniature = '{"max_steps": 9, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
+    assert all(f"--env-kwargs {miniature}" in c for c in household if "--env " in c)
+    assert any("05_bppo.py" in c and "--out " + str(tmp_path / "run" / "policy_2") in c for c in household)
+    assert not any("policy_3" in c for c in household)
+    shop = commands(ENV="shop")
+    assert all("--env shop --env-kwargs {}" in c for c in shop if "--env " in c)
+    assert all("--env-kwargs {}" in c for c in commands(ENV_KWARGS="{}") if "--env " in c)
+
+
 def test_samples_splits_the_self_budget_over_tasks(tmp_path):
     """SAMPLES=3: the N_SELF=6 self episodes are 2 tasks x 3 samples; SAMPLES > N_SELF is refused."""
     out = run_all(tmp_path / "run", python="echo", SAMPLES="3")
