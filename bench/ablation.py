@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -163,7 +164,7 @@ def main():
 
     sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
     lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
-             f"`python bench/ablation.py{' --parallel' if args.parallel else ''}` (seeds "
+             f"`{' '.join(['python', 'bench/ablation.py'] + [shlex.quote(a) for a in sys.argv[1:]])}` (seeds "
              f"{' '.join(map(str, args.seeds))}; one iteration; 100 greedy episodes per split, w/o PI samples "
              f"{args.candidates} candidates per step at temperature 1"
              + ("" if args.table_only else f"; this call took {(time.time() - t0) / 60:.0f} min") + ").",
