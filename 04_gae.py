@@ -22,7 +22,8 @@ so without r_aux in delta_t each penalised step gets its penalty back:
 and an invalid step whose only cost is its penalty looks *better* than the average step
 (docs/policy_improvement.md, 'The advantage must use the critic's rewards'). --rewards env is the
 paper's placement, kept for the ablation. A true terminal bootstraps 0; a trajectory cut by the
-step limit bootstraps from V(s_T) (or ends, for a critic trained with 03 --time-limit terminal).
+step limit ends there too with a critic trained with 03 --time-limit terminal (03's default), and
+bootstraps from V(s_T) with one trained with --time-limit bootstrap.
 
 With --baseline state, the advantages compare the actions taken at the same state: when
 02 --samples-per-task K sampled several episodes on a task, the episodes share every state
@@ -301,8 +302,12 @@ def main(argv=None):
     log_metrics(args.metrics, summary)
     src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
     lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
-    print(f"04_gae: A_t = {'GAE' if args.advantage == 'gae' else 'Q - V'} on r_env{' + r_aux' if with_aux else ' only'}"
-          f"{' (the rewards the critic learned on)' if args.rewards == 'critic' else ' (--rewards env)'}\n"
+    if args.advantage == "qv":
+        how = "Q - V"
+    else:
+        how = "GAE on r_env + r_aux" if with_aux else "GAE on r_env only"
+        how += " (the critic's rewards)" if args.rewards == "critic" else " (--rewards env)"
+    print(f"04_gae: A_t = {how}\n"
           f"04_gae: mean advantage by source: {src}\n"
           f"04_gae: mean advantage by label:  {lab}\n"
           f"04_gae: AUC of V(s_0) for success vs failure: self {summary['auc_v0_self']:.3f}, "
