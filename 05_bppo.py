@@ -7,6 +7,7 @@ Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json.
 The objective (paper, Key Design 4), per action token:
 
     L = - E[ min( eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A ) ] + alpha * KL(pi_theta || pi_ref)
+        (+ lambda * BC, below)
     eta = pi_theta(token) / pi_old(token)
 
 Every token of action a_t carries the step's process reward A_t (from 04). The advantages
@@ -27,6 +28,14 @@ batch by batch next to pi_theta's, so no sampling estimator (and no variance) is
 --ref-cache instead computes log pi_ref(v) at every action token once, before training
 (4 * vocabulary-size bytes per action token, kept on the CPU), and frees pi_ref: the same
 results (docs/distributed.md), worth it only for a large model with a small vocabulary / buffer.
+
+--bc-coef lambda (1 by default; 0 gives the paper's objective) adds a behavior-cloning term on the
+successful episodes of the buffer (expert demos and successful self episodes alike):
+    L += lambda * E[ 1[episode succeeded] * (-log pi_theta(token)) ]
+The advantages alone remove a mistake the critic sees (a wasted step) but, in the miniature, also
+move probability the tiny policy needs elsewhere (reading a listing, recovering after a failed
+take); the BC term keeps that competence, as RFT does, while the advantages change what they rate
+(docs/policy_improvement.md, 'Keeping competence: the BC term'; docs/design.md lists it as a departure).
 
 --objective awr swaps in the paper's weaker alternative, advantage-weighted regression:
     L = - E[ min(exp(A / beta), w_max) * log pi_theta(token) ]
@@ -69,6 +78,8 @@ def parse_args(argv=None):
                    help="eta per action token, or per step: pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole "
                         "reply (lost 39 points on household's seed 0: docs/policy_improvement.md)")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
+    p.add_argument("--bc-coef", type=float, default=1.0,
+                   help="lambda, weight of a behavior-cloning term -log pi_theta on the action tokens of successful episodes")
     p.add_argument("--adv-norm", choices=["none", "mean", "std", "center"], default="none",
                    help="'none' uses A_t as 04 wrote it; 'mean' subtracts the buffer's mean; 'std' divides by the "
                         "std over the buffer (signs kept); 'center' does both (on household every one but 'none' "
@@ -249,6 +260,9 @@ def policy_loss(logits, logr, batch, logp_old, args):
     steps) each clip holds (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
     pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
     logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])
+    # --bc-coef: the NLL of the successful episodes' tokens (batch["success"] is 1 there, 0 elsewhere),
+    # averaged over every reply token of the batch
+    bc = -(logp * batch["success"]).mean() if args.bc_coef > 0 else torch.zeros((), device=logits.device)
     adv = batch["adv"]
     mask = torch.ones_like(adv)
     if args.ratio == "step":  # one eta per step: log-probabilities summed over the reply's tokens
@@ -259,7 +273,7 @@ def policy_loss(logits, logr, batch, logp_old, args):
     else:
         loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
     kl_ref = torch.zeros((), device=logits.device) if logr is None else kl_to_ref(logits, logr)
-    loss = loss_pi + args.kl_coef * kl_ref
+    loss = loss_pi + args.kl_coef * kl_ref + args.bc_coef * bc
     with torch.no_grad():
         log_ratio = logp - logp_old
         eta = log_ratio.exp()
@@ -269,6 +283,7 @@ def policy_loss(logits, logr, batch, logp_old, args):
                 # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
                 "approx_kl_old": masked_mean((eta - 1) - log_ratio, mask).item(),
                 "kl_ref": kl_ref.item(),
+                "bc": bc.item(),
                 "ratio": masked_mean(eta, mask).item()}
     return loss, info
 
@@ -276,7 +291,7 @@ def policy_loss(logits, logr, batch, logp_old, args):
 def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only by a finished policy.
-    check_flags(args, eps_low="in (0, 1]", eps_high="positive", kl_coef="non-negative", dual_clip="non-negative", awr_beta="positive",
+    check_flags(args, eps_low="in (0, 1]", eps_high="positive", kl_coef="non-negative", bc_coef="non-negative", dual_clip="non-negative", awr_beta="positive",
                 awr_max_weight="positive", epochs="at least 1", batch_size="at least 1", grad_accum="at least 1",
                 lr="positive", grad_clip="positive", threads="non-negative", lora="non-negative")
     if 0 < args.dual_clip <= 1:
@@ -318,6 +333,8 @@ def main(argv=None):
             step_adv[i, :len(ep["steps"])] = (torch.tensor([s["adv"] for s in ep["steps"]]) - adv_shift) / adv_scale
         batch["step_adv"] = step_adv                                   # (B, T)
         batch["adv"] = token_advantages(batch, step_adv)              # (N,) one per reply token
+        success = torch.tensor([float(ep["success"]) for ep, _ in items], device=device)
+        batch["success"] = token_advantages(batch, success[:, None].expand(-1, T))  # (N,) 1 in successful episodes
         return batch
 
     # log pi_old of every token, once: pi_old is the policy as it entered the stage.
@@ -354,7 +371,7 @@ def main(argv=None):
                disable=not is_main())
     step, t0, records, n_tok = 0, time.time(), [], 0
     for epoch in range(args.epochs):
-        sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "ratio")}
+        sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "bc", "ratio")}
         n_batches = 0
         for idx in length_batches(lengths, args.batch_size, rng):
             mine, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch

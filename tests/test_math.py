@@ -1,6 +1,7 @@
 """The algorithm's pure functions against hand-computed values (the equations of the stages' docstrings),
 and 04's choice of rewards end to end."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -358,7 +359,8 @@ def test_reply_matches_by_hand(stages):
 def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     """05's policy_loss: the BPPO loss plus alpha * KL, and the diagnostics the stage prints, by hand."""
     pp = stages["05_bppo"]
-    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o"])  # eps 0.4 / 0.2, alpha 0.05
+    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o",
+                          "--bc-coef", "0"])  # eps 0.4 / 0.2, alpha 0.05; the BC term has its own test
     torch.manual_seed(0)
     logits = torch.randn(4, 3)  # (N, V) at the 4 reply tokens (positions 1-4)
     batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "action_step": torch.tensor([[-1, 0, 0, 1, 1]]),
@@ -375,12 +377,33 @@ def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     assert info["loss"] == pytest.approx(loss.item())
 
 
+def test_policy_loss_bc_term_is_the_nll_of_successful_episodes_tokens(stages):
+    """--bc-coef lambda adds lambda * mean over every reply token of -log pi_theta * 1[episode
+    succeeded]: tokens of failed episodes add nothing. By hand, with the BPPO and KL terms off
+    (eta = 1 and A = 0 give a zero surrogate)."""
+    pp = stages["05_bppo"]
+    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--kl-coef", "0",
+                          "--bc-coef", "0.5"])
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6], [0.7, 0.2, 0.1]]))
+    batch = {"input_ids": torch.tensor([[0, 0, 1, 2, 0]]), "action_step": torch.tensor([[-1, 0, 0, 1, 1]]),
+             "step_mask": torch.tensor([[1.0, 1.0]]), "adv": torch.zeros(4),
+             "success": torch.tensor([1.0, 1.0, 0.0, 0.0])}  # the first two tokens' episode succeeded
+    logp = pp.token_logprobs(logits, torch.tensor([0, 1, 2, 0]))
+    loss, info = pp.policy_loss(logits, None, batch, logp.detach(), args)
+    # tokens 0 and 1 predict 0 (p 0.5) and 1 (p 0.8); the other two are from a failed episode
+    expected = -(math.log(0.5) + math.log(0.8)) / 4
+    assert info["bc"] == pytest.approx(expected, abs=1e-6)
+    assert loss.item() == pytest.approx(0.5 * expected, abs=1e-6)
+    off = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--kl-coef", "0", "--bc-coef", "0"])
+    assert pp.policy_loss(logits, None, batch, logp.detach(), off)[0].item() == pytest.approx(0.0, abs=1e-6)
+
+
 def test_policy_loss_with_a_step_ratio_clips_whole_replies(stages):
     """--ratio step: eta_t is the product of the reply's token ratios, clipped once per step, and
     the loss averages over steps. Two steps of two tokens each, by hand."""
     pp = stages["05_bppo"]
     args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--ratio", "step",
-                          "--kl-coef", "0"])  # eps 0.4 / 0.2
+                          "--kl-coef", "0", "--bc-coef", "0"])  # eps 0.4 / 0.2
     torch.manual_seed(0)
     logits = torch.randn(4, 3)
     batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "action_step": torch.tensor([[-1, 0, 0, 1, 1]]),
@@ -394,7 +417,8 @@ def test_policy_loss_with_a_step_ratio_clips_whole_replies(stages):
     assert info["ratio"] == pytest.approx(sum(step_eta) / 2)
     # min(eta A, clip(eta) A) per step: min(1.265, 1.2) * 1 and 0.855 * -1, averaged over the 2 steps
     assert loss.item() == pytest.approx(-(1.2 - 0.855) / 2, abs=1e-5)
-    token_args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--kl-coef", "0"])
+    token_args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--kl-coef", "0",
+                                "--bc-coef", "0"])
     token_loss, token_info = pp.policy_loss(logits, None, batch, logp - eta.log(), token_args)
     assert token_info["clip_high"] == 0.0  # per token nothing is clipped
     assert token_loss.item() == pytest.approx(-(1.15 + 1.1 - 0.9 - 0.95) / 4, abs=1e-5)
