@@ -7,7 +7,7 @@ Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json.
 The objective (paper, Key Design 4), per action token:
 
     L = - E[ min( eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A ) ] + alpha * KL(pi_theta || pi_ref)
-        (+ lambda * BC, below)
+        (+ lambda * BC with --bc-coef, below)
     eta = pi_theta(token) / pi_old(token)
 
 Every token of action a_t carries the step's process reward A_t (from 04). The advantages
@@ -29,13 +29,12 @@ batch by batch next to pi_theta's, so no sampling estimator (and no variance) is
 (4 * vocabulary-size bytes per action token, kept on the CPU), and frees pi_ref: the same
 results (docs/distributed.md), worth it only for a large model with a small vocabulary / buffer.
 
---bc-coef lambda (1 by default; 0 gives the paper's objective) adds a behavior-cloning term on the
+--bc-coef lambda (0 by default: the paper's objective) adds a behavior-cloning term on the
 successful episodes of the buffer (expert demos and successful self episodes alike):
     L += lambda * E[ 1[episode succeeded] * (-log pi_theta(token)) ]
-The advantages alone remove a mistake the critic sees (a wasted step) but, in the miniature, also
-move probability the tiny policy needs elsewhere (reading a listing, recovering after a failed
-take); the BC term keeps that competence, as RFT does, while the advantages change what they rate
-(docs/policy_improvement.md, 'Keeping competence: the BC term'; docs/design.md lists it as a departure).
+an RFT-style anchor to what worked, tried to keep competence while the advantages change what
+they rate; on `dev` it gave no gain once the seed of 05's batch order is varied too
+(docs/policy_improvement.md, 'A BC term in 05, and how much 05's batch order moves a result').
 
 --objective awr swaps in the paper's weaker alternative, advantage-weighted regression:
     L = - E[ min(exp(A / beta), w_max) * log pi_theta(token) ]
@@ -78,7 +77,7 @@ def parse_args(argv=None):
                    help="eta per action token, or per step: pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole "
                         "reply (lost 39 points on household's seed 0: docs/policy_improvement.md)")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
-    p.add_argument("--bc-coef", type=float, default=1.0,
+    p.add_argument("--bc-coef", type=float, default=0.0,
                    help="lambda, weight of a behavior-cloning term -log pi_theta on the action tokens of successful episodes")
     p.add_argument("--adv-norm", choices=["none", "mean", "std", "center"], default="none",
                    help="'none' uses A_t as 04 wrote it; 'mean' subtracts the buffer's mean; 'std' divides by the "
