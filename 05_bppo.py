@@ -88,6 +88,8 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=1, help="passes over the buffer")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
+    p.add_argument("--anneal-lr", action="store_true",
+                   help="decay the learning rate linearly to 0 over the stage's steps (CleanRL's --anneal-lr)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
@@ -399,6 +401,9 @@ def main(argv=None):
                 infos.append(part_info)
             info = average_info(infos, shares, world)
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+            if args.anneal_lr:
+                for group in optimizer.param_groups:
+                    group["lr"] = args.lr * (1.0 - step / bar.total)
             optimizer.step()
             for k in sums:
                 sums[k] += info[k]
@@ -407,7 +412,7 @@ def main(argv=None):
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
         record = {"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
-                  **{k: v / n_batches for k, v in sums.items()}, **cost(n_tok, time.time() - t0, device)}
+                  "lr": optimizer.param_groups[0]["lr"], **{k: v / n_batches for k, v in sums.items()}, **cost(n_tok, time.time() - t0, device)}
         records.append(record)
         tqdm.write(f"epoch {epoch + 1}: loss {record['loss']:+.4f}  clip low {record['clip_low']:.3f} high "
                    f"{record['clip_high']:.3f}  approx KL(old) {record['approx_kl_old']:.4f}  KL(ref) "

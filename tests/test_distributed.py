@@ -168,3 +168,22 @@ def test_collect_on_two_ranks_writes_the_same_episodes(tmp_path):
     one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert (one["episodes"], one["env_steps"]) == (two["episodes"], two["env_steps"])
     assert sorted(os.listdir(tmp_path)) == ["one.json", "one.jsonl", "two.json", "two.jsonl"]
+
+
+def test_bppo_anneal_lr_and_bc_term(tiny_run, bppo_adv, bc_one_rank, tmp_path):
+    """--anneal-lr: the learning rate falls linearly to 0 over the stage's steps (2 epochs of one
+    step: lr, then lr / 2). --bc-coef: the BC term is the NLL of successful episodes only - it
+    is positive on the expert buffer and 0 once every episode is marked failed."""
+    out = tmp_path / "annealed"
+    run_stage("05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out, batch_size=64, epochs=2),
+              "--anneal-lr", "--bc-coef", 1)
+    rows = [json.loads(line) for line in open(f"{out}.jsonl")]
+    assert [r["lr"] for r in rows] == [pytest.approx(1e-3), pytest.approx(5e-4)]
+    assert all(r["bc"] > 0 for r in rows)
+    failed = tmp_path / "failed.jsonl"
+    with open(bppo_adv) as f, open(failed, "w") as g:
+        for line in f:
+            g.write(json.dumps({**json.loads(line), "success": False, "reward": 0.0}) + "\n")
+    out = tmp_path / "failed_bc"
+    run_stage("05_bppo", *bppo_args(tiny_run, failed, bc_one_rank, out, batch_size=64), "--bc-coef", 1)
+    assert json.loads(open(f"{out}.jsonl").readline())["bc"] == 0.0
