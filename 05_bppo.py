@@ -205,6 +205,12 @@ def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip=0.0):
     return -masked_mean(surrogate, mask)
 
 
+def bc_loss(logp, success):
+    """--bc-coef: E[1[episode succeeded] * (-log pi_theta(token))], the NLL of the successful
+    episodes' reply tokens averaged over every reply token (success is 1 there, 0 elsewhere)."""
+    return -(logp * success).mean()
+
+
 def awr_loss(logp, adv, mask, beta, max_weight):
     """Advantage-weighted regression (the paper's weaker alternative): weights exp(A/beta), clipped."""
     weight = torch.clamp(torch.exp(adv / beta), max=max_weight)
@@ -261,9 +267,7 @@ def policy_loss(logits, logr, batch, logp_old, args):
     steps) each clip holds (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
     pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
     logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])
-    # --bc-coef: the NLL of the successful episodes' tokens (batch["success"] is 1 there, 0 elsewhere),
-    # averaged over every reply token of the batch
-    bc = -(logp * batch["success"]).mean() if args.bc_coef > 0 else torch.zeros((), device=logits.device)
+    bc = bc_loss(logp, batch["success"]) if args.bc_coef > 0 else torch.zeros((), device=logits.device)
     adv = batch["adv"]
     mask = torch.ones_like(adv)
     if args.ratio == "step":  # one eta per step: log-probabilities summed over the reply's tokens
@@ -368,8 +372,8 @@ def main(argv=None):
     print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
           f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}, adv scale {adv_scale:.3f}")
     rng = random.Random(args.seed)
-    bar = tqdm(total=args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size), desc="05_bppo", unit="step",
-               disable=not is_main())
+    n_steps = args.epochs * len(length_batches(lengths, args.batch_size, random.Random(0)))
+    bar = tqdm(total=n_steps, desc="05_bppo", unit="step", disable=not is_main())
     step, t0, records, n_tok = 0, time.time(), [], 0
     for epoch in range(args.epochs):
         sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "bc", "ratio")}
@@ -403,7 +407,7 @@ def main(argv=None):
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             if args.anneal_lr:
                 for group in optimizer.param_groups:
-                    group["lr"] = args.lr * (1.0 - step / bar.total)
+                    group["lr"] = args.lr * (1.0 - step / n_steps)
             optimizer.step()
             for k in sums:
                 sums[k] += info[k]

@@ -23,21 +23,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._stages import load_stage  # noqa: E402
+from research.habit_rate import closed_arrival_steps  # noqa: E402
 
 bppo = load_stage("05_bppo")
-
-
-def closed_arrivals(episodes):
-    """(prefix episode, receptacle X) for each step taken right after 'You arrive at X. The X is closed.'"""
-    out = []
-    for ep in episodes:
-        prev = ep["obs0"]
-        for t, step in enumerate(ep["steps"]):
-            if prev.startswith("You arrive at ") and prev.endswith(" is closed."):
-                where = prev[len("You arrive at "):].split(".", 1)[0]
-                out.append(({**ep, "steps": ep["steps"][:t]}, where))
-            prev = step["obs"]
-    return out
 
 
 def reply_logprob(model, tokenizer, prefixes, texts, batch_size=32):
@@ -65,7 +53,9 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     with open(args.states) as f:
-        states = closed_arrivals([json.loads(line) for line in f if line.strip()])
+        episodes = [json.loads(line) for line in f if line.strip()]
+    # (the episode up to the decision, receptacle X) at every closed arrival
+    states = [({**ep, "steps": ep["steps"][:t]}, x) for ep in episodes for t, x in closed_arrival_steps(ep)]
     prefixes = [s for s, _ in states]
     print(f"{len(states)} closed-arrival states from {args.states}\n")
     print("| policy | P(open) | open > examine |")

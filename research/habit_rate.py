@@ -16,15 +16,24 @@ import json
 import statistics
 
 
+def closed_arrival_steps(episode):
+    """(t, X) for each step t taken right after 'You arrive at X. The X is closed.'"""
+    out, last_obs = [], episode["obs0"]
+    for t, step in enumerate(episode["steps"]):
+        if last_obs.startswith("You arrive at") and last_obs.endswith("is closed."):
+            out.append((t, last_obs[len("You arrive at "):].split(".", 1)[0]))
+        last_obs = step["obs"]
+    return out
+
+
 def closed_arrivals(episode):
     """(verb, adv) of each step taken right after arriving at a closed receptacle: verb is
     'examine', 'open' or 'other'; adv is the step's advantage (None without one)."""
-    out, last_obs = [], episode["obs0"]
-    for step in episode["steps"]:
-        if last_obs.startswith("You arrive at") and last_obs.endswith("is closed."):
-            verb = (step["action"] or "").split(" ")[0]
-            out.append((verb if verb in ("examine", "open") else "other", step.get("adv")))
-        last_obs = step["obs"]
+    out = []
+    for t, _ in closed_arrival_steps(episode):
+        step = episode["steps"][t]
+        verb = (step["action"] or "").split(" ")[0]
+        out.append((verb if verb in ("examine", "open") else "other", step.get("adv")))
     return out
 
 
