@@ -205,7 +205,7 @@ def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip=0.0):
     return -masked_mean(surrogate, mask)
 
 
-def bc_loss(logp, success):
+def success_nll(logp, success):
     """--bc-coef: E[1[episode succeeded] * (-log pi_theta(token))], the NLL of the successful
     episodes' reply tokens averaged over every reply token (success is 1 there, 0 elsewhere)."""
     return -(logp * success).mean()
@@ -267,7 +267,7 @@ def policy_loss(logits, logr, batch, logp_old, args):
     steps) each clip holds (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
     pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
     logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])
-    bc = bc_loss(logp, batch["success"]) if args.bc_coef > 0 else torch.zeros((), device=logits.device)
+    bc = success_nll(logp, batch["success"]) if args.bc_coef > 0 else torch.zeros((), device=logits.device)
     adv = batch["adv"]
     mask = torch.ones_like(adv)
     if args.ratio == "step":  # one eta per step: log-probabilities summed over the reply's tokens
