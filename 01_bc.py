@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default="tiny", help="'tiny' (from scratch) or a local Hugging Face model directory")
     p.add_argument("--filter", choices=["all", "success"], default="all",
                    help="'success' keeps only successful trajectories (rejection-sampling fine-tuning, RFT)")
-    p.add_argument("--epochs", type=int, default=16, help="passes over the training trajectories")
+    p.add_argument("--epochs", type=int, default=10, help="passes over the training trajectories")
     p.add_argument("--batch-size", type=int, default=8, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW); use ~1e-5 for a pretrained --model PATH")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")

@@ -21,7 +21,7 @@ observation only, with precedence format > invalid > repeat > ok:
 and r_aux = --r-fmt / --r-inv / --r-repeat for those labels, else 0. These auxiliary
 rewards train the critic only (03); advantages use environment rewards alone (04).
 
-    python 02_collect.py --policy expert --split train --episodes 600 --out runs/demo/data/expert.jsonl
+    python 02_collect.py --policy expert --split train --episodes 1000 --out runs/demo/data/expert.jsonl
     python 02_collect.py --policy runs/demo/policy_0 --split seen --greedy --out runs/demo/eval/policy_0_seen.jsonl
 
 Performance / extension (skip on a first reading; the code sits below main, in this order).

@@ -10,7 +10,7 @@
 # environment variables (defaults = the fast CPU configuration):
 #
 #   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS (household: the default miniature below; other envs: '{}')
-#   N_EXPERT=600 expert demos, N_SELF=300 self trajectories per iteration, SAMPLES=1 of them per
+#   N_EXPERT=1000 expert demos (household: every train task), N_SELF=300 self trajectories per iteration, SAMPLES=1 of them per
 #   task (N_SELF / SAMPLES tasks; with SAMPLES > 1 add GAE_ARGS="--baseline state"),
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"), KEEP_OLD=0 (1: the buffer keeps every
 #   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python
@@ -46,7 +46,7 @@ ENV=${ENV:-household}
 # demonstrator with a bad habit the agent can unlearn, and a base that also reads questions about the room
 HOUSEHOLD_KWARGS='{"max_steps": 9, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
 if [ "$ENV" = household ]; then ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS}; else ENV_KWARGS=${ENV_KWARGS:-"{}"}; fi
-N_EXPERT=${N_EXPERT:-600}
+N_EXPERT=${N_EXPERT:-1000}
 N_SELF=${N_SELF:-300}
 SAMPLES=${SAMPLES:-1}
 if ! [ "$SAMPLES" -ge 1 ] 2>/dev/null || [ "$SAMPLES" -gt "$N_SELF" ]; then
