@@ -156,6 +156,10 @@ def run_worker(**kw):
     return json.loads(lines[-1][7:])
 
 
+# run_all.sh's defaults: demonstrations, BC epochs, self episodes, eval tasks per split, critic epochs
+DEFAULT_CHAIN = (1000, 10, 300, 100, 4)
+
+
 def chain_minutes(res, demos, bc_epochs, n_self, n_eval, critic_epochs, val_frac=0.05):
     """Minutes per stage of one run_all.sh iteration (K=1) at the measured one-thread rates.
     A trajectory (expert or self) is taken to be as long as the expert demos, and a policy to
@@ -215,7 +219,7 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results/model_throughput.md"), help="markdown output")
     p.add_argument("--budget", default="100,2,40,20,1",
                    help="the reduced chain to estimate: demos, BC epochs, self episodes, eval tasks per split, "
-                        "critic epochs (the default chain, 600,16,300,100,3, is estimated too)")
+                        "critic epochs (the default chain's first iteration, %s, is estimated too)" % ",".join(map(str, DEFAULT_CHAIN)))
     # the worker's arguments
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stage", help=argparse.SUPPRESS)
@@ -245,8 +249,9 @@ def main():
               "the generated tokens (the prefill of prompts and observations is in the time). Expert demos average "
               + ", ".join(f"{n} {next(r[8] for r in rows if r[0] == n):.0f}" for n in models)
               + " tokens per trajectory (mixed with the model's own episodes for 03-05)."]
-    budgets = {"default (600 demos, 16 BC epochs, 300 self, 100 eval tasks per split, 3 critic epochs)":
-               (600, 16, 300, 100, 3)}
+    d = DEFAULT_CHAIN
+    budgets = {f"default ({d[0]} demos, {d[1]} BC epochs, {d[2]} self, {d[3]} eval tasks per split, {d[4]} critic "
+               "epochs)": d}
     b = tuple(int(x) for x in a.budget.split(","))
     budgets[f"reduced ({b[0]} demos, {b[1]} BC epochs, {b[2]} self, {b[3]} eval tasks per split, {b[4]} critic "
             "epoch(s))"] = b
@@ -261,10 +266,11 @@ def main():
             lines.append(f"| {stage} | " + " | ".join(f"{est[n][stage]:,.1f}" for n in models) + " |")
         lines += ["| **total** | " + " | ".join(f"**{sum(est[n].values()):,.0f}**" for n in models) + " |", ""]
     lines += ["Check against a measured run: for the tiny model, the default chain is estimated at "
-              + (f"{sum(chain_minutes(results['tiny'], 600, 16, 300, 100, 3).values()):.0f} min"
+              + (f"{sum(chain_minutes(results['tiny'], *DEFAULT_CHAIN).values()):.0f} min"
                  if "tiny" in results else "(tiny not measured)")
-              + "; `bash run_all.sh` took 14.6 min alone on 2 quiet cores (2 threads, the stages' own batch "
-              "sizes; README). The estimate leaves out loading the model in every stage (seconds) and "
+              + " for one iteration; `bash run_all.sh` (two iterations) took 13.7 min alone on 2 quiet cores, "
+              "BC 4.0 min and each critic 2.3 min of it (2 threads, the stages' own batch sizes; README, "
+              "docs/policy_improvement.md). The estimate leaves out loading the model in every stage (seconds) and "
               "the expert demos. Collection here ran policies after 3 BC steps, whose replies run to "
               "`--max-new-tokens`; a trained policy's shorter replies make the prefill a larger share, "
               "so expect fewer generated tokens/s from it.", ""]
