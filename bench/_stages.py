@@ -1,8 +1,8 @@
-"""The one stage loader of bench/ and research/: a numbered stage file (00_pretrain.py ...
-05_bppo.py) as a module. Its name starts with a digit, so `import` cannot name it; loading it
-runs no main() (every stage guards it with `if __name__ == "__main__"`).
+"""The stage loader of bench/: a numbered stage file (00_pretrain.py ... 05_bppo.py) as a
+module. Its name starts with a digit, so `import` cannot name it; loading it runs no main()
+(every stage guards it with `if __name__ == "__main__"`).
 
-    sys.path.insert(0, ROOT)  # in a script of bench/ or research/: the repo root
+    sys.path.insert(0, ROOT)  # in a script of bench/: the repo root
     from bench._stages import load_stage
     gae = load_stage("04_gae").gae
 """

@@ -18,7 +18,6 @@ exactly one thing and redoes only the stages downstream of it:
                        --candidates sampled replies per step (02_collect.py --rerank; QLASS-style)
     AWR                05_bppo.py --objective awr
     symmetric clip     05_bppo.py --eps-low 0.2 (= --eps-high)
-    + BC term          05_bppo.py --bc-coef 1  (an RFT-style term on successful episodes; not the paper's)
 
     python bench/ablation.py --parallel          # seeds 0 1 2: runs/seed<k> (made by bench/seeds.py if missing)
     python bench/ablation.py --seeds 0           # one seed, one process
@@ -52,7 +51,6 @@ VARIANTS = [
     ("no_pi", "w/o policy improvement (Q-rerank of BC samples)", "rerank", ""),
     ("awr", "AWR instead of BPPO", "05", "--objective awr"),
     ("sym_clip", "symmetric clipping (eps_low = eps_high = 0.2)", "05", "--eps-low 0.2 --eps-high 0.2"),
-    ("bc_term", "+ a BC term on successful episodes in 05 (--bc-coef 1)", "05", "--bc-coef 1"),
 ]
 
 

@@ -3,8 +3,8 @@ per-seed and mean +- std success on seen / unseen for BC and every Q-Evolve iter
 plus wall time and peak memory of each run. A measurement, not a test.
 
     python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/seeds.md
-    python bench/seeds.py --seeds 0 --prefix runs/quick
-    BC_ARGS="--epochs 48" python bench/seeds.py --parallel --prefix runs/long_s --out bench/results/seeds_long.md
+    EVAL_SPLITS='dev seen unseen' python bench/seeds.py --parallel   # the README's table (also dev)
+    CRITIC_ARGS="--epochs 6" python bench/seeds.py --parallel --prefix runs/c6_s --out /tmp/seeds_c6.md
 
 run_all.sh's settings (K, ENV_KWARGS, BC_ARGS, COLLECT_ARGS, BPPO_ARGS, N_EXPERT, N_SELF, ...)
 are read from the environment as usual; the ones that are set are named in the table's header.

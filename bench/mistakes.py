@@ -1,0 +1,85 @@
+"""Where a household policy's episodes go wrong, read from episode JSONL files (02 or 04 output).
+One line per file:
+
+- the habit: right after arriving at a closed receptacle ("You arrive at X. The X is closed."),
+  does the policy `examine` it (the demonstrator's habit: "Nothing happens.", labelled invalid)
+  or `open` it? The habit rate is the share of such arrivals that it examines. On a 04 buffer,
+  also the mean advantage A of each (source, verb): does the critic rate `open` above `examine`?
+- the first mistake (the first step not labelled ok) of each episode, and how many episodes with
+  a mistake still succeed (recover).
+
+    python bench/mistakes.py runs/default/eval/policy_0_dev.jsonl runs/default/eval/policy_2_dev.jsonl
+    python bench/mistakes.py runs/default/iter_1/adv.jsonl
+"""
+import argparse
+import collections
+import json
+import re
+import statistics
+
+
+def closed_arrivals(episode):
+    """(verb, A) of each step taken right after arriving at a closed receptacle; verb is
+    'examine', 'open' or 'other', A the step's advantage (None in a buffer without one)."""
+    out, last_obs = [], episode["obs0"]
+    for step in episode["steps"]:
+        if last_obs.startswith("You arrive at") and last_obs.endswith("is closed."):
+            verb = (step["action"] or "").split(" ")[0]
+            out.append((verb if verb in ("examine", "open") else "other", step.get("adv")))
+        last_obs = step["obs"]
+    return out
+
+
+def first_mistake(episode):
+    """The kind of the first step not labelled ok, or None for a clean episode."""
+    rooms = set(re.findall(r"\ban? ([a-z]+ \d+)", episode["obs0"]))  # the receptacles obs0 lists
+    here, last_obs = None, episode["obs0"]
+    for step in episode["steps"]:
+        action = step["action"] or ""
+        if step["label"] != "ok":
+            if step["label"] == "format" or not action:
+                return "format"
+            if action.startswith("go to "):
+                target = action[len("go to "):]
+                return "go: already there" if target == here else \
+                    "go: receptacle not in room" if target not in rooms else "go: other"
+            if action.startswith("take ") and " from " in action:
+                kind = action[len("take "):].split(" from ")[0].rsplit(" ", 1)[0]
+                seen = re.search(rf"\b{re.escape(kind)} \d", last_obs)
+                return "take: object in last obs" if seen else "take: object not in last obs"
+            return action.split()[0]  # e.g. the habit's `examine`
+        if action.startswith("go to ") and step["obs"].startswith("You arrive"):
+            here = action[len("go to "):]
+        last_obs = step["obs"]
+    return None
+
+
+def summary(episodes):
+    verbs, advs = collections.Counter(), collections.defaultdict(list)
+    for ep in episodes:
+        for verb, adv in closed_arrivals(ep):
+            verbs[verb] += 1
+            if adv is not None:
+                advs[(ep.get("source", "self"), verb)].append(adv)
+    firsts = [(first_mistake(ep), ep["success"]) for ep in episodes]
+    mistaken = [(kind, won) for kind, won in firsts if kind is not None]
+    kinds = collections.Counter(kind for kind, _ in mistaken).most_common()
+    line = (f"success {sum(ep['success'] for ep in episodes)}/{len(episodes)}; at a closed receptacle: examine "
+            f"{verbs['examine']}, open {verbs['open']}, other {verbs['other']} (habit rate "
+            f"{verbs['examine'] / max(sum(verbs.values()), 1):.2f}); with a mistake {len(mistaken)} (recovered "
+            f"{sum(won for _, won in mistaken)}), first mistake: " + (", ".join(f"{k} {n}" for k, n in kinds) or "-"))
+    if advs:
+        line += "; mean A: " + ", ".join(f"{s} {v} {statistics.mean(a):+.3f} (n={len(a)})" for (s, v), a in sorted(advs.items()))
+    return line
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", help="episode JSONL files (02_collect.py or 04_gae.py output)")
+    for path in p.parse_args(argv).files:
+        with open(path) as f:
+            print(f"{path}: {summary([json.loads(line) for line in f if line.strip()])}")
+
+
+if __name__ == "__main__":
+    main()

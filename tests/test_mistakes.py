@@ -1,0 +1,60 @@
+"""bench/mistakes.py: the habit rate and the first mistake of each episode, on hand-made episodes."""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT, load_module
+
+mistakes = load_module("bench/mistakes.py", "mistakes")
+
+OBS0 = "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, and a fridge 1."
+ARRIVE = {"action": "go to countertop 1", "obs": "You arrive at countertop 1. On the countertop 1, you see a egg 1.",
+          "label": "ok"}
+NOTHING = "Nothing happens."
+
+
+def episode(steps, success=False):
+    return {"obs0": OBS0, "steps": steps, "success": success}
+
+
+def bad(action, label="invalid"):
+    return {"action": action, "obs": NOTHING, "label": label}
+
+
+def test_closed_arrivals_read_only_the_step_after_arriving_at_a_closed_receptacle():
+    ep = {"obs0": "You are in the middle of a room.", "steps": [
+        {"action": "go to cabinet 1", "obs": "You arrive at cabinet 1. The cabinet 1 is closed.", "adv": 0.1},
+        {"action": "examine cabinet 1", "obs": NOTHING, "adv": -0.2},
+        {"action": "open cabinet 1", "obs": "You open the cabinet 1. The cabinet 1 is open. In it, you see nothing.", "adv": 0.0},
+        {"action": "go to drawer 1", "obs": "You arrive at drawer 1. The drawer 1 is closed.", "adv": 0.0},
+        {"action": "open drawer 1", "obs": "You open the drawer 1. The drawer 1 is open. In it, you see a mug 1.", "adv": 0.3},
+        {"action": "go to countertop 1", "obs": "You arrive at countertop 1. On the countertop 1, you see nothing.", "adv": 0.0},
+        {"action": "go to fridge 1", "obs": "You arrive at fridge 1. The fridge 1 is closed.", "adv": 0.0},
+        {"action": "", "obs": "Your reply had no 'Action:' line.", "adv": -0.5}]}
+    assert mistakes.closed_arrivals(ep) == [("examine", -0.2), ("open", 0.3), ("other", -0.5)]
+
+
+def test_first_mistake_kinds():
+    fm = mistakes.first_mistake
+    assert fm(episode([ARRIVE])) is None
+    assert fm(episode([ARRIVE, bad("take bowl 1 from countertop 1")])) == "take: object not in last obs"
+    assert fm(episode([ARRIVE, bad("take egg 2 from countertop 1")])) == "take: object in last obs"
+    assert fm(episode([bad("go to garbagecan 1")])) == "go: receptacle not in room"
+    assert fm(episode([ARRIVE, bad("go to countertop 1")])) == "go: already there"
+    assert fm(episode([bad(None, "format")])) == "format"
+    assert fm(episode([bad("examine cabinet 1")])) == "examine"
+    # only the first mistake counts
+    assert fm(episode([ARRIVE, bad("put egg 1 in/on fridge 1"), bad("go to sinkbasin 1")])) == "put"
+
+
+def test_the_printed_line_counts_habit_mistakes_and_recoveries(tmp_path):
+    closed = {"action": "go to cabinet 1", "obs": "You arrive at cabinet 1. The cabinet 1 is closed.", "label": "ok"}
+    take = bad("take bowl 1 from countertop 1")
+    eps = [episode([closed, bad("examine cabinet 1"), ARRIVE], True), episode([closed, ARRIVE], True),
+           episode([ARRIVE], False), episode([take, ARRIVE], True), episode([take], False)]
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in eps))
+    out = subprocess.run([sys.executable, "bench/mistakes.py", str(path)], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out == (f"{path}: success 3/5; at a closed receptacle: examine 1, open 0, other 1 (habit rate 0.50); "
+                   "with a mistake 3 (recovered 2), first mistake: take: object not in last obs 2, examine 1\n")
