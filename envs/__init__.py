@@ -24,11 +24,6 @@ REGISTRY = {
 }
 
 
-def register(name, entry_point):
-    """Register an environment class under `name` ("module:Class")."""
-    REGISTRY[name] = entry_point
-
-
 def make(name, **kwargs):
     """Build environment `name` with keyword arguments (seed=..., size knobs). A keyword the
     environment does not take, or a value of another type than its default, is a ValueError."""
@@ -50,4 +45,4 @@ def make(name, **kwargs):
     return cls(**kwargs)
 
 
-__all__ = ["TextEnv", "REGISTRY", "register", "make"]
+__all__ = ["TextEnv", "REGISTRY", "make"]

@@ -54,9 +54,3 @@ class TextEnv:
     def _check_split(self, split):
         if split not in self.splits:
             raise ValueError(f"unknown split {split!r} for env {self.name!r}; valid: {', '.join(self.splits)}")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

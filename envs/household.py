@@ -28,28 +28,19 @@ Every task type has both kinds of pairing. Instances come from separate random
 streams, so train, dev and seen share no task (tests check this on the whole default splits).
 Tune on `dev`; `seen` and `unseen` are for reporting only.
 
-With `expert_slip=p` (default 0) the demonstrator is imperfect: at each step, with
-probability p, it makes one of the mistakes a learned policy makes and then recovers (see
-`_slip`), so the demonstrations contain "Nothing happens." and what to do after it.
-With `habit=p` (default 0) it has a bad habit instead (see `_habit`): on arriving at a closed
-receptacle, with probability p it tries `examine X` before it opens X - an invalid step
-(`habit_steps=n` times in a row: n wasted steps).
+The expert acts only on what it has observed: it searches receptacles in the order in which
+the object type is likely to be found (OBJECT_LOCATIONS, then the rest), opens closed ones,
+then carries out the task. It writes ReAct text: a short `Thought:` line where its plan
+changes and a bare `Action:` elsewhere. With `habit=p` (default 0) it has a bad habit (see
+`_habit`): on arriving at a closed receptacle, with probability p it first tries `examine X`,
+which does nothing while X is closed - one invalid, wasted step - and then opens X.
+`room_questions=p` (default 0) is the share of 00_pretrain.py's reading questions
+(`reading_question`) that ask about the room and where the agent stands.
 
-The expert (`expert="search"`, the default) acts only on what it has observed: it searches
-receptacles in the order in which the object type is likely to be found (OBJECT_LOCATIONS,
-then the rest), opens closed ones, then carries out the task. Two other demonstrators:
-`expert="privileged"` knows where every object is and goes straight to it, as ALFWorld's
-planner does; `expert="random"` searches in a random order (one per task), as a
-demonstrator that does not know where things tend to be - it still solves every task, in
-more steps. Each writes ReAct text: a short `Thought:` line where its plan changes and a
-bare `Action:` elsewhere. With `thoughts="plan"` the thought that opens a search also lists
-the receptacles still to check, in the order the search will visit them ("I check drawer 1,
-countertop 1, ... in turn, starting with drawer 1."), as the ReAct prompts for ALFWorld do;
-the actions are the same. `thoughts="ground"` writes the plan and, at every receptacle the
-search has looked into, restates the listing against the goal: "I look for a mug: not here."
-or "I look for a mug: mug 2 is here. Next, I take it." (the word that decides comes right
-after the object's name, so matching the name with the listing is a short, local lookup).
+A keyword value out of range (a step limit or split size below 1, a probability outside
+[0, 1], ...) is a ValueError naming the key.
 """
+import math
 import random
 import zlib
 
@@ -122,6 +113,7 @@ TASK_TYPES = {
 ALWAYS = ["fridge", "microwave", "sinkbasin", "countertop", "cabinet", "drawer"]
 OPTIONAL = {"cabinet": 4, "drawer": 3, "countertop": 2, "shelf": 2, "diningtable": 1,
             "coffeemachine": 1, "garbagecan": 1, "desk": 1, "sidetable": 2}
+MAX_RECEPTACLES = sum(OPTIONAL.get(k, 1) for k in set(ALWAYS) | set(OPTIONAL))  # the fullest room: 20
 
 
 def is_unseen_pairing(obj, goal):
@@ -163,31 +155,27 @@ def _kind(name):
 
 
 class HouseholdEnv(TextEnv):
-    """See the module docstring. Size knobs: n_receptacles, n_distractors, max_steps,
-    and the number of tasks per split."""
+    """See the module docstring. Size knobs: n_receptacles, n_distractors, max_steps and the
+    number of tasks per split; the demonstrator's habit; 00's room_questions."""
 
     name = "household"
     splits = ("train", "dev", "seen", "unseen")
 
     def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
-                 n_train=1000, n_dev=100, n_seen=100, n_unseen=100, expert_slip=0.0, expert="search",
-                 thoughts="short", habit=0.0, habit_steps=1, room_questions=0.0):
-        if n_receptacles < len(ALWAYS) + 2:
-            raise ValueError(f"n_receptacles must be at least {len(ALWAYS) + 2}")
-        if expert not in ("search", "privileged", "random", "sweep"):
-            raise ValueError(f"expert must be 'search', 'privileged', 'random' or 'sweep', got {expert!r}")
-        if thoughts not in ("short", "plan", "ground", "restate"):
-            raise ValueError(f"thoughts must be 'short', 'plan', 'ground' or 'restate', got {thoughts!r}")
-        self.expert = expert
-        self.thoughts = thoughts
+                 n_train=1000, n_dev=100, n_seen=100, n_unseen=100, habit=0.0, room_questions=0.0):
+        inf = math.inf
+        for key, value, low, high in [("n_receptacles", n_receptacles, len(ALWAYS) + 2, MAX_RECEPTACLES),
+                                      ("n_distractors", n_distractors, 0, inf), ("max_steps", max_steps, 1, inf),
+                                      ("n_train", n_train, 1, inf), ("n_dev", n_dev, 1, inf),
+                                      ("n_seen", n_seen, 1, inf), ("n_unseen", n_unseen, 1, inf),
+                                      ("habit", habit, 0, 1), ("room_questions", room_questions, 0, 1)]:
+            if not low <= value <= high:  # NaN fails too
+                bound = f"at least {low}" if high == inf else f"in [{low}, {high}]"
+                raise ValueError(f"household: {key} must be {bound}, got {value!r}")
         self.seed = seed
         self.n_receptacles = n_receptacles
         self.n_distractors = n_distractors
-        self.expert_slip = expert_slip
-        if habit_steps < 1:
-            raise ValueError(f"habit_steps must be at least 1, got {habit_steps!r}")
         self.habit = habit
-        self.habit_steps = habit_steps
         self.room_questions = room_questions
         self.max_steps = max_steps
         self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
@@ -290,7 +278,6 @@ class HouseholdEnv(TextEnv):
         # What a reader of the transcript has seen: object -> where it was last seen (None: in hand).
         self.seen = {}
         self._last_phase = None
-        self._examined = 0  # `examine X` commands in a row at the closed receptacle X it stands at
         obs = "You are in the middle of a room. Looking quickly around you, you see " + \
               _listing(g["receptacles"]) + "."
         self.last_obs = obs
@@ -400,8 +387,6 @@ class HouseholdEnv(TextEnv):
         self._check_step(self._task is not None)
         self._last_phase = self._phase()
         cmd = " ".join(str(action).strip().split())
-        closed_here = self.location is not None and not self._visible(self.location)
-        self._examined = self._examined + 1 if closed_here and cmd == f"examine {self.location}" else 0
         obs = self._execute(cmd)
         if cmd == "use desklamp 1" and obs != NOTHING and not self._success():
             self.lamp_on = False  # the lamp only counts while the object is in hand
@@ -492,41 +477,20 @@ class HouseholdEnv(TextEnv):
 
     # ------------------------------------------------------------------ expert
     def _search_order(self, kinds_first):
-        if self.expert == "random":  # a demonstrator without the prior: one random order per task
-            order = list(self._task["receptacles"])
-            random.Random(f"order/{self.seed}/{self._task['task_id']}").shuffle(order)
-            return order
-        if self.expert == "sweep":  # the room's listing from a random start, wrapping around
-            order = list(self._task["receptacles"])
-            i = random.Random(f"start/{self.seed}/{self._task['task_id']}").randrange(len(order))
-            return order[i:] + order[:i]
         order = []
         for k in kinds_first:
             order += [r for r in self._task["receptacles"] if _kind(r) == k]
         order += [r for r in self._task["receptacles"] if r not in order]
         return order
 
-    def _known(self):
-        """What the expert knows: what it has observed, or (privileged) where everything is."""
-        if self.expert == "privileged":
-            return {r: self._here(r) for r in self._task["receptacles"]}
-        return self.known
-
-    def _unsearched(self, kinds, want, known):
-        """Receptacles not yet looked into, in search order; the target never holds the object
-        (empty only if everything was searched, which cannot happen for generated tasks)."""
-        tgt = f"{self._task['target']} 1"
-        return [r for r in self._search_order(kinds)
-                if r not in known and not (want == self._task["object"] and r == tgt)]
-
     def _plan(self):
-        """(phase, command) of the expert from the current state and the agent's knowledge."""
+        """(phase, command) of the expert from the current state and what it has observed."""
         g = self._task
         obj, task_type = g["object"], g["task_type"]
         tgt = f"{g['target']} 1"
         need, appliance, verb = TASK_TYPES[task_type][1:]
         loc = self.location
-        known = self._known()
+        known = self.known
 
         def reach(rec, then):
             """Go to rec, open it if needed, then `then`."""
@@ -537,7 +501,9 @@ class HouseholdEnv(TextEnv):
             return then
 
         def search(kinds, phase, want):
-            todo = self._unsearched(kinds, want, known)
+            # Receptacles not yet looked into, in search order; the target never holds the object
+            # (empty only if everything was searched, which cannot happen for generated tasks).
+            todo = [r for r in self._search_order(kinds) if r not in known and not (want == obj and r == tgt)]
             return phase, (reach(todo[0], None) or f"examine {todo[0]}") if todo else "look"
 
         if self.holding is not None and _kind(self.holding) != obj:
@@ -565,64 +531,32 @@ class HouseholdEnv(TextEnv):
     def _phase(self):
         return self._plan()[0] if self._task is not None and not self.done else None
 
-    def _slip(self):
-        """With probability expert_slip (decided per task and step, reproducibly), the
-        demonstrator makes one of the mistakes a learned policy makes - `take` the object
-        from a receptacle that does not hold it, `go to` a likely receptacle the room lacks,
-        `go to` where it stands - and gets "Nothing happens.". Its knowledge is unchanged,
-        so its next command is the plan it had: the demonstrations then show recoveries."""
-        if not self.expert_slip or self.done:
-            return None
-        g = self._task
-        rng = random.Random(f"slip/{self.seed}/{g['task_id']}/{self.t}")
-        if rng.random() >= self.expert_slip:
-            return None
-        obj, loc = g["object"], self.location
-        if loc is not None and self.holding is None and self._visible(loc) \
-                and not any(_kind(o) == obj for o in self._here(loc)):
-            return f"take {obj} 1 from {loc}"
-        absent = [k for k in OBJECT_LOCATIONS[obj] if not any(_kind(r) == k for r in g["receptacles"])]
-        if absent:
-            return f"go to {rng.choice(absent)} 1"
-        return f"go to {loc}" if loc is not None else None
-
     def _habit(self):
         """With probability `habit` (decided per task and step, reproducibly), the demonstrator
-        that has just arrived at a closed receptacle it means to open first tries `examine X`
-        `habit_steps` times in a row, which does nothing while X is closed ("Nothing happens.",
-        labelled invalid each time), and then opens it: a bad habit that costs `habit_steps`
-        steps at every such receptacle, decided once, on arrival."""
+        that has just arrived at a closed receptacle it means to open first tries `examine X`,
+        which does nothing while X is closed ("Nothing happens.", labelled invalid); its next
+        command is the `open X` it meant. A bad habit that costs a step at such arrivals."""
         if not self.habit or self.done or self.location is None or self._visible(self.location):
             return None
         loc = self.location
-        if self._plan()[1] != f"open {loc}":
-            return None
-        if 0 < self._examined < self.habit_steps:
-            return f"examine {loc}"
-        if not self.last_obs.startswith("You arrive at"):
+        if self._plan()[1] != f"open {loc}" or not self.last_obs.startswith("You arrive at"):
             return None
         rng = random.Random(f"habit/{self.seed}/{self._task['task_id']}/{self.t}")
         return f"examine {loc}" if rng.random() < self.habit else None
 
     def expert_action(self):
-        return self._slip() or self._habit() or self._plan()[1]
+        return self._habit() or self._plan()[1]
 
     def expert_text(self):
         """ReAct text: a short thought where the plan changes, a bare action elsewhere."""
-        slip = self._slip() or self._habit()
-        if slip is not None:
-            return f"Action: {slip}"
+        habit = self._habit()
+        if habit is not None:
+            return f"Action: {habit}"
         phase, cmd = self._plan()
+        if phase == self._last_phase:
+            return f"Action: {cmd}"
         g = self._task
         obj = g["object"]
-        want = "desklamp" if phase in ("find lamp", "use lamp") else obj
-        looked = self.location is not None and self._visible(self.location)
-        if phase == self._last_phase:
-            if self.thoughts in ("ground", "restate") and phase in ("search", "find lamp") and looked:
-                # Restate the observation against the goal: the word after "a {want}:" is the
-                # decision, one token after the name it must be matched with.
-                return f"Thought: I look for a {want}: not here.\nAction: {cmd}"
-            return f"Action: {cmd}"
         thoughts = {
             "search": f"I need to find a {obj}.",
             "take": f"I found a {obj}. Next, I take it.",
@@ -638,16 +572,6 @@ class HouseholdEnv(TextEnv):
             thoughts["search"] = f"To solve the task, I need to find a {obj}."
         if phase == "search" and g["task_type"] == "pick_two_obj_and_place" and self._last_phase == "place":
             thoughts["search"] = f"Now I need to find the second {obj}."
-        if self.thoughts in ("ground", "restate") and looked and cmd.startswith(("take ", "use ")) \
-                and self._last_phase in ("search", "find lamp"):
-            thoughts[phase] = f"I look for a {want}: {cmd.split()[1]} 1 is here. Next, I {cmd.split()[0]} it." \
-                if phase == "use lamp" else f"I look for a {want}: {cmd.split()[1]} {cmd.split()[2]} is here. Next, I take it."
-        if self.thoughts in ("plan", "ground") and phase in ("search", "find lamp"):
-            # ReAct's ALFWorld prompts write the search plan out; the policy can then copy the
-            # next receptacle from its own thought instead of recalling the room and the prior.
-            kinds, want = (OBJECT_LOCATIONS[obj], obj) if phase == "search" else (LAMP_LOCATIONS, "desklamp")
-            todo = self._unsearched(kinds, want, self._known())
-            thoughts[phase] += f" I check {', '.join(todo)} in turn, starting with {todo[0]}."
         return f"Thought: {thoughts[phase]}\nAction: {cmd}"
 
     # ------------------------------------------------------------------ baseline
