@@ -2,7 +2,7 @@
 random-command success on every split; for shop, whose reward is graded, also the average
 reward. A measurement, not a test.
 
-    python bench/env_speed.py [--seed 0] [--env-kwargs '{"expert": "privileged"}']
+    python bench/env_speed.py [--seed 0] [--env-kwargs '{"habit": 0.6}']
     python bench/env_speed.py --env shop
 """
 import argparse
@@ -48,7 +48,7 @@ def main():
         print("|---|---|---|---|---|---|---|---|")
     else:
         print(f"household (seed {args.seed}): n_receptacles {env.n_receptacles}, n_distractors {env.n_distractors}, "
-              f"max_steps {env.max_steps}, expert {env.expert!r}, expert_slip {env.expert_slip}")
+              f"max_steps {env.max_steps}, habit {env.habit}")
         print("| split | tasks | expert success | expert avg steps | random success | random steps/s |")
         print("|---|---|---|---|---|---|")
     for split in env.splits:
