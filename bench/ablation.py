@@ -47,7 +47,8 @@ VARIANTS = [
     ("no_rr", "w/o retrospective rewards (--no-aux)", "03", "--no-aux"),
     ("no_wiql", "w/o weighted IQL (--uniform-weights)", "03", "--uniform-weights"),
     ("no_gae", "w/o GAE (--advantage qv)", "04", "--advantage qv"),
-    ("env_only", "r_aux in the critic only, A_t on r_env (the paper's placement, --rewards env)", "04", "--rewards env"),
+    ("env_only", "r_aux in the critic only, A_t on r_env (the paper's placement, --rewards env)", "04",
+     "--rewards env"),
     ("no_pi", "w/o policy improvement (Q-rerank of BC samples)", "rerank", ""),
     ("awr", "AWR instead of BPPO", "05", "--objective awr"),
     ("sym_clip", "symmetric clipping (eps_low = eps_high = 0.2)", "05", "--eps-low 0.2 --eps-high 0.2"),
@@ -85,7 +86,8 @@ def run_variant(run, seed, threads, candidates, log):
                                   "--out", f"{d}/policy", *extra, *common])
         elif changes == "rerank":
             for split in SPLITS:
-                stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", f"{run}/policy_0", *envargs, "--split", split,
+                stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", f"{run}/policy_0", *envargs,
+                                            "--split", split,
                                             "--rerank", f"{run}/iter_1/critic", "--candidates", str(candidates),
                                             "--out", f"{d}/{split}.jsonl", *common])
             continue

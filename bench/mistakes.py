@@ -69,7 +69,8 @@ def summary(episodes):
             f"{verbs['examine'] / max(sum(verbs.values()), 1):.2f}); with a mistake {len(mistaken)} (recovered "
             f"{sum(won for _, won in mistaken)}), first mistake: " + (", ".join(f"{k} {n}" for k, n in kinds) or "-"))
     if advs:
-        line += "; mean A: " + ", ".join(f"{s} {v} {statistics.mean(a):+.3f} (n={len(a)})" for (s, v), a in sorted(advs.items()))
+        line += "; mean A: " + ", ".join(f"{s} {v} {statistics.mean(a):+.3f} (n={len(a)})"
+                                         for (s, v), a in sorted(advs.items()))
     return line
 
 

@@ -24,8 +24,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
-RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS",
-                    "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
+RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS",
+                    "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
 
 
 def main():
@@ -68,7 +68,8 @@ def main():
     lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
              f"`{command}` "
              f"(K={K}, {'these' if settings else 'default'} settings of run_all.sh; seeds run {how}).", "",
-             "| policy | " + " | ".join(f"seed {r['seed']} seen / unseen" for r in runs) + " | mean +- std seen | mean +- std unseen |",
+             "| policy | " + " | ".join(f"seed {r['seed']} seen / unseen" for r in runs)
+             + " | mean +- std seen | mean +- std unseen |",
              "|---|" + "---|" * (len(runs) + 2)]
     for k in range(K + 1):
         seen = [rate(r["run"], k, "seen") for r in runs]

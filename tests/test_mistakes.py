@@ -7,7 +7,8 @@ from conftest import ROOT, load_module
 
 mistakes = load_module("bench/mistakes.py", "mistakes")
 
-OBS0 = "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, and a fridge 1."
+OBS0 = ("You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, "
+        "and a fridge 1.")
 ARRIVE = {"action": "go to countertop 1", "obs": "You arrive at countertop 1. On the countertop 1, you see a egg 1.",
           "label": "ok"}
 NOTHING = "Nothing happens."
@@ -22,15 +23,17 @@ def bad(action, label="invalid"):
 
 
 def test_closed_arrivals_read_only_the_step_after_arriving_at_a_closed_receptacle():
+    def s(action, obs, adv):
+        return {"action": action, "obs": obs, "adv": adv}
     ep = {"obs0": "You are in the middle of a room.", "steps": [
-        {"action": "go to cabinet 1", "obs": "You arrive at cabinet 1. The cabinet 1 is closed.", "adv": 0.1},
-        {"action": "examine cabinet 1", "obs": NOTHING, "adv": -0.2},
-        {"action": "open cabinet 1", "obs": "You open the cabinet 1. The cabinet 1 is open. In it, you see nothing.", "adv": 0.0},
-        {"action": "go to drawer 1", "obs": "You arrive at drawer 1. The drawer 1 is closed.", "adv": 0.0},
-        {"action": "open drawer 1", "obs": "You open the drawer 1. The drawer 1 is open. In it, you see a mug 1.", "adv": 0.3},
-        {"action": "go to countertop 1", "obs": "You arrive at countertop 1. On the countertop 1, you see nothing.", "adv": 0.0},
-        {"action": "go to fridge 1", "obs": "You arrive at fridge 1. The fridge 1 is closed.", "adv": 0.0},
-        {"action": "", "obs": "Your reply had no 'Action:' line.", "adv": -0.5}]}
+        s("go to cabinet 1", "You arrive at cabinet 1. The cabinet 1 is closed.", 0.1),
+        s("examine cabinet 1", NOTHING, -0.2),
+        s("open cabinet 1", "You open the cabinet 1. The cabinet 1 is open. In it, you see nothing.", 0.0),
+        s("go to drawer 1", "You arrive at drawer 1. The drawer 1 is closed.", 0.0),
+        s("open drawer 1", "You open the drawer 1. The drawer 1 is open. In it, you see a mug 1.", 0.3),
+        s("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see nothing.", 0.0),
+        s("go to fridge 1", "You arrive at fridge 1. The fridge 1 is closed.", 0.0),
+        s("", "Your reply had no 'Action:' line.", -0.5)]}
     assert mistakes.closed_arrivals(ep) == [("examine", -0.2), ("open", 0.3), ("other", -0.5)]
 
 
