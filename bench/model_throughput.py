@@ -269,8 +269,7 @@ def main():
               + (f"{sum(chain_minutes(results['tiny'], *DEFAULT_CHAIN).values()):.0f} min"
                  if "tiny" in results else "(tiny not measured)")
               + " for one iteration; `bash run_all.sh` (two iterations) took 13.7 min alone on 2 quiet cores, "
-              "BC 4.0 min and each critic 2.3 min of it (2 threads, the stages' own batch sizes; README, "
-              "docs/policy_improvement.md). The estimate leaves out loading the model in every stage (seconds) and "
+              "BC 4.0 min and each critic 2.3 min of it (2 threads, the stages' own batch sizes; README). The estimate leaves out loading the model in every stage (seconds) and "
               "the expert demos. Collection here ran policies after 3 BC steps, whose replies run to "
               "`--max-new-tokens`; a trained policy's shorter replies make the prefill a larger share, "
               "so expect fewer generated tokens/s from it.", ""]
