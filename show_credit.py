@@ -27,11 +27,12 @@ import sys
 STEP_KEYS = ("action", "text", "obs", "label", "r_env", "r_aux", "v", "adv")
 EPISODE_KEYS = ("task_id", "task", "steps", "success", "source")
 MARKED = {"invalid": "tab:red", "format": "tab:orange", "repeat": "tab:purple"}  # labels other than "ok"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def die(msg):
     """Bad input: one line on stderr, exit code 2, nothing written."""
-    print(f"error: {msg}", file=sys.stderr)
+    print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
     sys.exit(2)
 
 
@@ -48,7 +49,7 @@ def parse_args(argv=None):
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--index", type=int, help="the episode on line N of the file (0 = the first)")
     which.add_argument("--task-id", help="the first episode of this task id (and of --source)")
-    which.add_argument("--pick", choices=["success", "failure"], help="the first successful / failed episode of --source")
+    which.add_argument("--pick", choices=["success", "failure"], help="the first successful / failed one of --source")
     p.add_argument("--source", choices=["self", "expert", "any"], default="self",
                    help="which episodes --task-id and --pick look at (self: the policy's own)")
     p.add_argument("--png", metavar="FILE", help="also plot the episode to this PNG (needs matplotlib)")
@@ -65,28 +66,33 @@ def read_buffer(path):
     """Every episode of a 04 buffer; a line that is not one is a one-line error."""
     if not os.path.isfile(path):
         die(f"{path}: no such file; pass the JSONL that 04_gae.py wrote (e.g. runs/default/iter_1/adv.jsonl)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:  # binary, not UTF-8, unreadable
+        die(f"{path}: not a readable text JSONL ({e.__class__.__name__}); pass the JSONL that 04_gae.py wrote")
     episodes = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                ep = json.loads(line)
-            except json.JSONDecodeError as e:
-                die(f"{path}:{lineno}: not valid JSON ({e.msg})")
-            where = f"{path}:{lineno}"
-            if not isinstance(ep, dict) or any(k not in ep for k in EPISODE_KEYS) or not isinstance(ep["steps"], list) \
-                    or not ep["steps"]:
-                die(f"{where}: not an episode with {', '.join(EPISODE_KEYS)}; pass the JSONL that 04_gae.py wrote")
-            for t, s in enumerate(ep["steps"]):
-                missing = [k for k in STEP_KEYS if not isinstance(s, dict) or k not in s]
-                if missing:
-                    hint = " (an episode buffer before 04_gae.py?)" if set(missing) <= {"v", "adv"} else ""
-                    die(f"{where}: step {t} lacks {', '.join(missing)}{hint}; pass the JSONL that 04_gae.py wrote")
-                bad = [k for k in ("r_env", "r_aux", "v", "adv") + (("q",) if "q" in s else ()) if not is_number(s[k])]
-                if bad:
-                    die(f"{where}: step {t}: {bad[0]} is not a finite number")
-            episodes.append(ep)
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            ep = json.loads(line)
+        except json.JSONDecodeError as e:
+            die(f"{path}:{lineno}: not valid JSON ({e.msg})")
+        where = f"{path}:{lineno}"
+        if not isinstance(ep, dict) or any(k not in ep for k in EPISODE_KEYS) or not isinstance(ep["steps"], list) \
+                or not ep["steps"]:
+            die(f"{where}: not an episode with {', '.join(EPISODE_KEYS)}; pass the JSONL that 04_gae.py wrote")
+        for t, s in enumerate(ep["steps"]):
+            missing = [k for k in STEP_KEYS if not isinstance(s, dict) or k not in s]
+            if missing:
+                hint = " (an episode buffer before 04_gae.py?)" if set(missing) <= {"v", "adv"} else ""
+                die(f"{where}: step {t} lacks {', '.join(missing)}{hint}; pass the JSONL that 04_gae.py wrote")
+            bad = [k for k in ("r_env", "r_aux", "v", "adv") + (("q",) if "q" in s else ()) if not is_number(s[k])]
+            bad += [k for k in ("action", "text", "obs", "label") if not isinstance(s[k], str)]
+            if bad:
+                die(f"{where}: step {t}: {bad[0]} is not a {'string' if bad[0] in STEP_KEYS[:4] else 'finite number'}")
+        episodes.append(ep)
     if not episodes:
         die(f"{path}: no episodes")
     return episodes
@@ -121,9 +127,7 @@ def reply_of(step):
 
 
 def outcome(ep):
-    if ep["success"]:
-        return "success"
-    return "failure (cut by the step limit)" if ep.get("truncated") else "failure"
+    return "success" if ep["success"] else "failure (cut by the step limit)" if ep.get("truncated") else "failure"
 
 
 def table(ep, index, args):
@@ -143,10 +147,8 @@ def table(ep, index, args):
         lines.append(f"{t:>3}  {s['label']:<7} {s['r_env']:>6.3f} {s['r_aux']:>6.3f} {s['v']:>8.4f} "
                      + (f"{s['q']:>10.4f} " if has_q else "")
                      + f"{s['adv']:>+8.4f}  {reply:<{w}}  {shorten(s['obs'], args.width)}")
-    lines.append("")
-    lines.append("V(s_t): the critic's value before reply t; A_t: the GAE advantage 05_bppo.py trains on"
-                 + ("; Q(s_t,a_t): the critic's value of reply t." if has_q else
-                    ". No Q column: this buffer has no 'q' on its steps."))
+    note = "; Q(s_t,a_t): the critic's value of reply t." if has_q else ". No Q column: this buffer has no 'q'."
+    lines += ["", "V(s_t): the critic's value before reply t; A_t: the GAE advantage 05_bppo.py trains on" + note]
     return "\n".join(lines)
 
 
@@ -160,7 +162,6 @@ def plot(ep, index, args):
 
     steps = ep["steps"]
     t = list(range(len(steps)))
-    colours = [MARKED.get(s["label"], "tab:gray") for s in steps]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 4.2), gridspec_kw={"height_ratios": [3, 2]})
     top.plot(t, [s["v"] for s in steps], "-o", color="tab:blue", markersize=4, label="V(s_t)")
     if all("q" in s for s in steps):
@@ -168,24 +169,22 @@ def plot(ep, index, args):
     paid = [x for x, s in zip(t, steps) if s["r_env"] != 0]
     if paid:
         top.plot(paid, [steps[x]["v"] for x in paid], "*", color="gold", markeredgecolor="black", markersize=14,
-                 label="r_env > 0 at this step" if all(steps[x]["r_env"] > 0 for x in paid) else "r_env != 0 at this step")
+                 label=f"r_env {'>' if all(steps[x]['r_env'] > 0 for x in paid) else '!='} 0 at this step")
     for x, s in zip(t, steps):
         if s["label"] in MARKED:
             for ax in (top, bottom):
                 ax.axvspan(x - 0.5, x + 0.5, color=MARKED[s["label"]], alpha=0.15, linewidth=0)
-    top.set_ylabel("value")
-    top.grid(alpha=0.3)
-    bottom.bar(t, [s["adv"] for s in steps], color=colours)
+    bottom.bar(t, [s["adv"] for s in steps], color=[MARKED.get(s["label"], "tab:gray") for s in steps])
     bottom.axhline(0, color="black", linewidth=0.8)
-    bottom.set_ylabel("A_t")
-    bottom.set_xlabel("step t")
+    top.set(ylabel="value")
+    bottom.set(ylabel="A_t", xlabel="step t")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
-    bottom.grid(alpha=0.3)
-    labels_here = [lab for lab in MARKED if any(s["label"] == lab for s in steps)]
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    here = [lab for lab in MARKED if any(s["label"] == lab for s in steps)]
     handles, names = top.get_legend_handles_labels()
-    handles += [Patch(color=MARKED[lab], alpha=0.5) for lab in labels_here]
-    names += [f"{lab} step" for lab in labels_here]
-    top.legend(handles, names, fontsize=8, loc="best")
+    top.legend(handles + [Patch(color=MARKED[lab], alpha=0.5) for lab in here], names + [f"{lab} step" for lab in here],
+               fontsize=8, loc="best")
     title = f"{ep['source']} episode {ep['task_id']}: {outcome(ep).upper()} - {shorten(ep['task'], 50)}"
     top.set_title(title, fontsize=10, color="tab:green" if ep["success"] else "tab:red")
     fig.tight_layout()
@@ -195,11 +194,31 @@ def plot(ep, index, args):
         fig.savefig(tmp, dpi=args.dpi)
         os.replace(tmp, args.png)
     except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
         die(f"{args.png}: cannot write the plot ({e.strerror})")
-    finally:
+    finally:  # also on Ctrl-C: no temporary stays
         plt.close(fig)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+def check_png(path, buffer):
+    """--png, before any work: a new .png or an existing PNG (its 8-byte signature), never the buffer
+    nor any other file (a model's weights, a JSONL) that a mistyped path would destroy."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        die("--png needs matplotlib: pip install -r requirements-plot.txt")
+    if not path.endswith(".png") or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        die(f"--png {path}: " + ("its directory does not exist" if path.endswith(".png") else "must end in .png"))
+    if os.path.realpath(path) == os.path.realpath(buffer):
+        die(f"--png {path} is the input buffer; write the plot elsewhere")
+    try:
+        with open(path, "rb") as f:
+            is_png = f.read(8) == PNG_SIGNATURE
+    except OSError:  # no such file yet: fine (unless a dangling link); a directory, unreadable: refused
+        is_png = not os.path.lexists(path)
+    if not is_png:
+        die(f"--png {path} exists and is not a PNG; refusing to replace it (pick another path)")
 
 
 def main(argv=None):
@@ -207,14 +226,8 @@ def main(argv=None):
     if args.dpi < 10 or args.width < 10:
         die("--dpi and --width must be at least 10")
     if args.png:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            die("--png needs matplotlib: pip install -r requirements-plot.txt")
-        if not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
-            die(f"{args.png}: its directory does not exist")
-    episodes = read_buffer(args.buffer)
-    index, ep = choose(episodes, args)
+        check_png(args.png, args.buffer)
+    index, ep = choose(read_buffer(args.buffer), args)
     print(table(ep, index, args))
     if args.png:
         plot(ep, index, args)

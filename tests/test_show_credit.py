@@ -1,4 +1,5 @@
-"""show_credit.py: the table shows the buffer's own numbers, the plot is written, bad input exits 2."""
+"""show_credit.py: the table shows the buffer's own numbers, the plot is written (and replaces only a PNG),
+bad input exits 2."""
 import json
 import os
 import subprocess
@@ -8,10 +9,12 @@ import pytest
 
 from conftest import ROOT
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
 
 def step(action, obs, label, r_env, r_aux, v, adv, done=False, **extra):
-    return {"text": f"Action: {action}" if action else "take it", "action": action, "obs": obs, "r_env": r_env,
-            "label": label, "r_aux": r_aux, "done": done, "v": v, "adv": adv, **extra}
+    return {"text": f"Action: {action}" if action else "take it", "action": action, "obs": obs,
+            "r_env": r_env, "label": label, "r_aux": r_aux, "done": done, "v": v, "adv": adv, **extra}
 
 
 EPISODES = [
@@ -20,12 +23,14 @@ EPISODES = [
      "truncated": True, "steps": [
          step("go to cabinet 1", "You arrive at cabinet 1. The cabinet 1 is closed.", "ok", 0.0, 0.0, 0.8125, -0.0625),
          step("take mug 1 from cabinet 1", "Nothing happens.", "invalid", 0.0, -0.1, 0.7031, -0.3047),
-         step("", "Invalid reply. End your reply with one line: Action: <command>", "format", 0.0, -0.2, 0.4219, 0.0156),
+         step("", "Invalid reply. End your reply with one line: Action: <command>", "format", 0.0, -0.2, 0.4219,
+              0.0156),
          step("look", "Nothing happens.", "repeat", 0.0, -0.05, 0.3984, -0.0234)]},
     {"env": "household", "task_id": "train/00002", "source": "self", "instruction": "Rules.",
      "task": "put a cup in desk 1.", "obs0": "You are in the middle of a room.", "reward": 1.0, "success": True,
      "truncated": False, "steps": [
-         step("go to desk 1", "You arrive at desk 1. On it, you see a cup 1.", "ok", 0.0, 0.0, 0.6875, 0.1250, q=0.7500),
+         step("go to desk 1", "You arrive at desk 1. On it, you see a cup 1.", "ok", 0.0, 0.0, 0.6875, 0.1250,
+              q=0.7500),
          step("take cup 1 from desk 1", "You pick up the cup 1.", "ok", 0.0, 0.0, 0.8125, 0.0938, q=0.9062),
          step("put cup 1 in/on desk 1", "You put the cup 1 in/on the desk 1.", "ok", 1.0, 0.0, 0.9375, 0.0625,
               done=True, q=1.0)]},
@@ -78,8 +83,41 @@ def test_png_is_written(buffer, tmp_path):
         png = tmp_path / f"{pick}.png"
         proc = show(buffer, "--pick", pick, "--png", png)
         assert proc.returncode == 0, proc.stderr
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png.read_bytes()[:8] == PNG_SIGNATURE
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adv.jsonl", "failure.png", "success.png"]
+    old = (tmp_path / "success.png").read_bytes()  # an existing PNG (an earlier plot) is replaced
+    proc = show(buffer, "--pick", "failure", "--png", tmp_path / "success.png")
+    assert proc.returncode == 0, proc.stderr
+    new = (tmp_path / "success.png").read_bytes()
+    assert new[:8] == PNG_SIGNATURE and new != old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adv.jsonl", "failure.png", "success.png"]
+
+
+def test_png_never_replaces_another_file(buffer, tmp_path):
+    """--png names a new .png or an existing PNG: never the buffer, a model's weights, a text file, a directory
+    (each refused with one line before any work, the file unchanged)."""
+    pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install -r requirements-plot.txt)")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "notes.png").write_text("not a picture\n")  # the right name, not a PNG
+    (tmp_path / "weights.png").write_bytes(weights.read_bytes())
+    (tmp_path / "dir.png").mkdir()
+    (tmp_path / "link.png").symlink_to(buffer)  # a link to the buffer is the buffer
+    (tmp_path / "dangling.png").symlink_to(tmp_path / "nowhere")
+    buffer_png = tmp_path / "buffer.png"  # a buffer whose name ends in .png
+    buffer_png.write_text(buffer.read_text())
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    names = sorted(os.listdir(tmp_path))
+    cases = [(buffer, buffer), (buffer, weights), (buffer, tmp_path / "notes.txt"), (buffer, tmp_path / "notes.png"),
+             (buffer, tmp_path / "weights.png"), (buffer, tmp_path / "dir.png"), (buffer, tmp_path / "link.png"),
+             (buffer, tmp_path / "dangling.png"), (buffer_png, buffer_png)]
+    for buf, png in cases:
+        proc = show(buf, "--index", 0, "--png", png)
+        assert proc.returncode == 2 and proc.stdout == "", (png, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("error: --png ") and proc.stderr.count("\n") == 1, (png, proc.stderr)
+    assert sorted(os.listdir(tmp_path)) == names
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
 def test_png_without_matplotlib_is_one_line_and_exit_2(buffer, tmp_path):
@@ -101,6 +139,12 @@ def test_bad_input_exits_2_with_one_line(buffer, tmp_path):
     garbage.write_text("{not json\n")
     only_failures = tmp_path / "failures.jsonl"
     only_failures.write_text(json.dumps(EPISODES[0]) + "\n")
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(bytes(range(256)) * 4)
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(json.dumps(EPISODES[0]).replace("mug", "m\u00fcg").encode("latin-1") + b"\n")
+    bad_label = tmp_path / "bad_label.jsonl"
+    bad_label.write_text(json.dumps({**EPISODES[0], "steps": [{**EPISODES[0]["steps"][0], "label": None}]}) + "\n")
     png = tmp_path / "out.png"
     cases = [
         [tmp_path / "missing.jsonl", "--index", 0],
@@ -111,6 +155,10 @@ def test_bad_input_exits_2_with_one_line(buffer, tmp_path):
         [only_failures, "--pick", "success"],
         [not_04, "--index", 0],
         [garbage, "--index", 0],
+        [binary, "--index", 0],
+        [latin1, "--index", 0],
+        [bad_label, "--index", 0],
+        [tmp_path, "--index", 0],  # a directory
         [buffer],  # no episode chosen
         [buffer, "--index", 0, "--pick", "success"],
         [buffer, "--index", 0, "--png", tmp_path / "no_dir" / "x.png"],
