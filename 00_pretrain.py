@@ -1,33 +1,27 @@
 """Stage 00 - the base language model: a tiny Llama pretrained on text of the environment.
 
-Reads   nothing but the environment (its `train` worlds; never a dev / seen / unseen task)
-Writes  --out DIR: a save_pretrained causal LM (safetensors + tokenizer + chat template +
-        config) and DIR/args.json; one line per epoch to --metrics.
+Reads   nothing but the environment: its `train` worlds (never a dev / seen / unseen task)
+Writes  --out DIR: a save_pretrained causal LM (safetensors, tokenizer, chat template, config),
+        DIR/args.json and DIR/corpus_sample.txt (one transcript, for a human); one line per
+        epoch to --metrics.
 
-The paper fine-tunes a pretrained chat LLM. A model that has never read anything must learn
-to read from 600 demonstrations, and does so badly (the task's object named far back, its
-presence in the latest listing: two hops). So the default path first pretrains the tiny model
-on a corpus of the environment's text, as a real LLM's pretraining teaches it language:
+The paper fine-tunes a pretrained chat LLM. The tiny model has read nothing, so it is first
+pretrained on the environment's text, as an LLM's pretraining teaches it language. The corpus
+is chats laid out like the episodes (docs/design.md, 'The chat layout'), replies by an explorer
+that never sees the goal (no expert action is in the corpus):
 
-  * exploration transcripts: chats laid out like the episodes (system = instruction, user =
-    task + first observation, then reply / observation turns) whose replies are commands of
-    a random explorer - per step, with probability 1 - p_random an admissible command
-    (env.admissible_actions()) chosen by verb with VERB_WEIGHTS, else a random command of the
-    grammar (env.random_action(), which mostly gets "Nothing happens.");
-  * reading comprehension, inside the same transcripts: after an observation, with
-    probability --qa, a question turn and its answer about what the agent has read, from
-    env.reading_question(rng) - household: is the task's object here, which objects are
-    here, where was a kind of object seen, what is it carrying; shop: which results are of
-    the asked type, is this item of that type, within the budget. An environment without
-    the method (the ScienceWorld / TextWorld / ALFWorld adapters) gets transcripts only.
+  * each step, with probability 1 - p_random an admissible command (env.admissible_actions())
+    drawn by its verb's weight (VERB_WEIGHTS), else a random command of the grammar
+    (env.random_action(), which mostly gets "Nothing happens.");
+  * after an observation, with probability --qa, a question and its answer about what the
+    agent has read (env.reading_question(rng); an environment without it gets transcripts only).
 
-No expert action is in the corpus; the explorer never sees the goal. The loss is plain
-next-token prediction on every token after the system prompt:
+The loss is next-token prediction on every token after the system turn:
 
     L = - E_{x ~ corpus} [ sum_{i > |system|} log p(x_i | x_<i) ]
 
-01_bc.py --model DIR then fine-tunes this model on the demonstrations (run_all.sh does it
-and caches the base per environment and settings).
+01_bc.py --model DIR fine-tunes the result on the demonstrations (run_all.sh builds it once per
+environment and settings, under runs/base/):
 
     python 00_pretrain.py --out runs/base/household
     python 01_bc.py --model runs/base/household --lr 1e-3 --data runs/demo/data/expert.jsonl --out runs/demo/policy_0
@@ -54,7 +48,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Stage 00: pretrain the tiny base language model on environment text.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="output model directory (save_pretrained format)")
-    p.add_argument("--env", default="household", help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
+    p.add_argument("--env", default="household",
+                   help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
     p.add_argument("--env-seed", type=int, default=0, help="the environment's world seed (which tasks exist)")
     p.add_argument("--episodes", type=int, default=3000, help="exploration transcripts of `train` worlds")
@@ -75,6 +70,26 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: next-token prediction after the system turn.
+# ----------------------------------------------------------------------------------------
+def tokenize_transcript(tokenizer, msgs):
+    """(input_ids, loss_mask): the whole chat, and 1 on every token after the system turn."""
+    ids = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=False)
+    system = tokenizer.apply_chat_template(msgs[:1], tokenize=True, return_dict=False)
+    return ids, [0] * len(system) + [1] * (len(ids) - len(system))
+
+
+def token_logprobs(logits, targets):
+    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...)."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+def lm_loss(logp, mask):
+    """L: the mean NLL of the masked tokens. logp, mask (B, L - 1): the predicted tokens 1..L-1."""
+    return -(logp * mask).sum() / mask.sum().clamp(min=1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -114,37 +129,18 @@ def transcript(env, task_id, rng, p_random, qa):
 
 
 def build_corpus(env, n, rng, p_random, qa):
+    """n transcripts, cycling through the `train` tasks in order."""
     ids = env.task_ids("train")
     return [transcript(env, ids[i % len(ids)], rng, p_random, qa) for i in tqdm(range(n), desc="00_pretrain corpus")]
 
 
-# ----------------------------------------------------------------------------------------
-# ALGO LOGIC: next-token prediction after the system prompt.
-# ----------------------------------------------------------------------------------------
-def tokenize_transcript(tokenizer, msgs):
-    """(input_ids, loss_mask): the whole chat, and 1 on every token after the system turn."""
-    ids = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=False)
-    system = tokenizer.apply_chat_template(msgs[:1], tokenize=True, return_dict=False)
-    if ids[:len(system)] != system:
-        raise ValueError("the system turn does not tokenize as a prefix of the chat")
-    return ids, [0] * len(system) + [1] * (len(ids) - len(system))
-
-
-def token_logprobs(logits, targets):
-    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...)."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-
-
-def lm_loss(logp, mask):
-    """Mean NLL of the masked tokens. logp, mask (B, L - 1): the predicted tokens 1..L-1."""
-    return -(logp * mask).sum() / mask.sum().clamp(min=1)
-
-
 def main(argv=None):
     args = parse_args(argv)
-    check_flags(args, episodes="at least 1", epochs="at least 1", batch_size="at least 1", d_model="at least 1",
-                n_layers="at least 1", n_heads="at least 1", vocab_size="at least 1", max_len="at least 1",
-                p_random="in [0, 1]", qa="in [0, 1]", lr="positive", warmup="in [0, 1]", grad_clip="positive")
+    # Every input is checked before any work, and --out is replaced only by a finished model.
+    check_flags(args, episodes="at least 1", epochs="at least 1", batch_size="at least 1", lr="positive",
+                weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", p_random="in [0, 1]",
+                qa="in [0, 1]", d_model="at least 1", n_layers="at least 1", n_heads="at least 1",
+                vocab_size="at least 1", max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative")
     if args.d_model % args.n_heads:
         die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
     check_out(args.out, "policy")
@@ -159,17 +155,18 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
-    device, dtype = pick_device()
+    device, _ = pick_device()  # the tiny model trains in fp32 on any device
 
     try:
         env = envs.make(args.env, seed=args.env_seed, **env_kwargs)
     except (ValueError, ImportError) as e:  # a keyword the env does not take, a missing package
-        die(" ".join(str(e).split()))
+        die(e)
     if not hasattr(env, "admissible_actions"):
         die(f"env {args.env!r} has no admissible_actions(); the explorer needs it")
     rng = random.Random(args.seed)
     corpus = build_corpus(env, args.episodes, rng, args.p_random, args.qa)
     env.close()
+    # The instruction is the same in every transcript: count it once.
     texts = [corpus[0][0]["content"]] + [m["content"] for msgs in corpus for m in msgs[1:]]
     tokenizer = train_tiny_tokenizer(texts, args.vocab_size)
     model = build_tiny_model(tokenizer, args).to(device)
@@ -181,14 +178,14 @@ def main(argv=None):
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     total_steps = args.epochs * math.ceil(len(data) / args.batch_size)
-    step, t0 = 0, time.time()
+    step, t0, records = 0, time.time(), []
     model.train()
     bar = tqdm(total=total_steps, desc="00_pretrain", unit="step")
     for epoch in range(args.epochs):
         epoch_loss, n_batches = 0.0, 0
         for idx in length_batches([len(ids) for ids, _ in data], args.batch_size, rng):
             L = max(len(data[j][0]) for j in idx)
-            input_ids = torch.full((len(idx), L), tokenizer.pad_token_id, dtype=torch.long)
+            input_ids = torch.full((len(idx), L), tokenizer.pad_token_id, dtype=torch.long)  # (B, L), right-padded
             attention_mask, mask = torch.zeros((len(idx), L), dtype=torch.long), torch.zeros((len(idx), L))
             for r, j in enumerate(idx):
                 ids, m = data[j]
@@ -198,7 +195,7 @@ def main(argv=None):
             input_ids, attention_mask, mask = input_ids.to(device), attention_mask.to(device), mask.to(device)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
             loss = lm_loss(token_logprobs(logits[:, :-1], input_ids[:, 1:]), mask[:, 1:])  # position i predicts i + 1
             if not torch.isfinite(loss):
                 die(f"loss became {loss.item()} at step {step}; lower --lr")
@@ -211,90 +208,107 @@ def main(argv=None):
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
-        record = {"stage": "00_pretrain", "epoch": epoch + 1, "step": step, "train_loss": epoch_loss / n_batches,
-                  "elapsed_s": time.time() - t0}
-        log_metrics(args.metrics, record)
-        tqdm.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}")
+        records.append({"stage": "00_pretrain", "epoch": epoch + 1, "step": step, "train_loss": epoch_loss / n_batches,
+                        "elapsed_s": time.time() - t0})
+        tqdm.write(f"epoch {epoch + 1}: train loss {records[-1]['train_loss']:.4f}")
     bar.close()
+
+    check_finite(model.parameters(), "the base model")
 
     def save(tmp):
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "args.json"), "w") as f:
-            json.dump(vars(args), f, indent=2)
+            json.dump({"stage": "00_pretrain", **vars(args)}, f, indent=2)
         with open(os.path.join(tmp, "corpus_sample.txt"), "w") as f:  # what the model read, for a human
             f.write(tokenizer.apply_chat_template(corpus[0], tokenize=False))
     write_atomic(args.out, save)
-    print(f"00_pretrain: wrote {args.out} (train loss {record['train_loss']:.4f}, {time.time() - t0:.0f}s)")
+    log_metrics(args.metrics, *records)
+    print(f"00_pretrain: wrote {args.out} (train loss {records[-1]['train_loss']:.4f}, {time.time() - t0:.0f}s)")
 
 
-# ----------------------------------------------------------------------------------------
-# Plumbing identical in every stage; skip on a first reading. Copied on purpose (CleanRL style)
-# so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
-# checks), and a stage carries only the helpers it calls.
-# ----------------------------------------------------------------------------------------
+# ========================================================================================
+# Plumbing, copied byte-identical into every stage that needs it (tests/test_stage_copies.py);
+# skip it on a first reading. The promises (docs/design.md, 'Conventions'): bad input is one
+# `error:` line and exit 2 before any work; a stage writes only its own output, atomically.
+# ========================================================================================
 def die(msg):
-    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
-    print(f"error: {msg}", file=sys.stderr)
+    """Bad input: one line on stderr, exit code 2, nothing written."""
+    print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
     sys.exit(2)
 
 
+RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
+         "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
+         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32}
+
+
 def check_flags(args, **rules):
-    """Numeric flags, checked before any work: each rule says what the flag must be."""
-    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
-             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
+    """Numeric flags, before any work: each rule (RULES) says what the flag must be."""
     for name, rule in rules.items():
         value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and tests[rule](value)):
+        if value is not None and not (math.isfinite(value) and RULES[rule](value)):
             die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
 
 
-ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
-             "critic": "a critic directory written by 03_critic.py",
-             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
-             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
-             "log": "a metrics JSONL"}
+# What each kind of output is, and which stages write it (their name is in args.json / the summary).
+ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py / 05_bppo.py",
+                        ("00_pretrain", "01_bc", "05_bppo")),
+             "critic": ("a critic directory written by 03_critic.py", ("03_critic",)),
+             "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
+             "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
+             "log": ("a metrics JSONL", ())}
 
 
-def replaceable(path, kind):
-    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
-    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
-    A run directory, a checkout, '.' or another stage's output never is one."""
+def read_json(path):
+    """A JSON object from a file, or None when the file is not one (missing, binary, not JSON, not a dict)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def owned(path, kind):
+    """Whether an existing path is an artifact of this kind that a stage may replace (a log: append
+    to). Judged from all of it: a directory holds only plain files and an args.json naming its stage;
+    a summary names its stage; every line of a JSONL is an episode of the kind (or a metrics record)."""
+    what, stages = ARTIFACTS[kind]
     if kind in ("policy", "critic"):
         names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
-        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
-                and all(os.path.isfile(os.path.join(path, n)) for n in names))
-    if not os.path.isfile(path):
+        return (bool(names) and all(os.path.isfile(os.path.join(path, n)) for n in names)
+                and ("heads.safetensors" in names) == (kind == "critic")
+                and (read_json(os.path.join(path, "args.json")) or {}).get("stage") in stages)
+    if os.path.islink(path) or not os.path.isfile(path):
         return False
-    try:
-        with open(path) as f:
-            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
-        obj = json.loads(text) if text.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    if not isinstance(obj, dict) or not obj:
-        return obj == {}  # an empty file holds nothing to lose
-    if kind == "log":
-        return "stage" in obj
     if path.endswith(".json"):
-        return obj.get("stage") == kind
-    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
-    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
+        return os.path.getsize(path) == 0 or (read_json(path) or {}).get("stage") in stages
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (UnicodeDecodeError, ValueError):
+        return False
+    if kind == "log":
+        return all(isinstance(r, dict) and "stage" in r for r in rows)
+    keys = {**STEP_KEYS, "adv": float} if kind == "04_gae" else STEP_KEYS
+    return all(episode_error(r, keys) is None and ("adv" in r["steps"][0]) == (kind == "04_gae") for r in rows)
 
 
 def check_out(path, kind, inputs=()):
-    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
-    never an input (or a directory holding one) nor anything else; its parent must be writable.
-    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
+    """Before any work: an output names nothing yet or an artifact of the stage's own kind (owned),
+    never an input, nor a directory that holds one or lies inside one; its parent must be writable.
+    A JSONL (02, 04, metrics) ends in .jsonl; 02 and 04 write their summary beside it as .json."""
     real = os.path.realpath(path)
-    for p in inputs:
-        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
-            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
-    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
-        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
+    for p in map(os.path.realpath, inputs):
+        if real == p or p.startswith(real + os.sep) or real.startswith(p + os.sep):
+            die(f"{path} is (or holds) an input of this stage, or lies inside one; write the output elsewhere")
+    if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
+        die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl"
+            + ("" if kind == "log" else " (the summary goes beside it with .json)"))
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if os.path.lexists(p) and not replaceable(p, kind):
-            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
+        if os.path.lexists(p) and not owned(p, kind):
+            die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -304,6 +318,99 @@ def check_out(path, kind, inputs=()):
         os.remove(probe)
     except OSError as e:
         die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
+
+
+def write_atomic(path, write_fn):
+    """Write a file or directory through a temporary sibling and one rename: a killed stage leaves
+    the old artifact or none, never half of one (a SIGKILL may leave its path.tmpPID behind)."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp, old = f"{path}.tmp{os.getpid()}", f"{path}.old{os.getpid()}"
+    try:
+        write_fn(tmp)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException as e:  # disk full (OSError, safetensors' own error), Ctrl-C: no temporary stays
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
+        elif os.path.lexists(tmp):
+            os.remove(tmp)
+        if isinstance(e, Exception):
+            die(f"could not write {path} ({getattr(e, 'strerror', None) or e}); it was left as it was")
+        raise
+
+
+def save_text(path, text):
+    """Write a text file atomically (write_atomic)."""
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    write_atomic(path, write)
+
+
+def log_metrics(path, *records):
+    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics), atomically: a full disk
+    leaves the file as it was. A stage logs once its artifact is written, so a rerun adds no duplicates."""
+    if path:
+        old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+        save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
+
+
+EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
+                "reward": float, "success": bool, "source": str}
+STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
+MAX_REWARD = 100.0  # |r_env|, |r_aux|, |reward|, |adv| above this is a broken buffer, not a reward
+
+
+def field_error(obj, types):
+    """What is wrong with a JSON object given the types of its keys (float: a finite number of at
+    most MAX_REWARD in size), or None."""
+    if not isinstance(obj, dict):
+        return f"not a JSON object but {json.dumps(obj)[:40]}"
+    for key, t in types.items():
+        value = obj.get(key)
+        if key not in obj:
+            return f"lacks {key}"
+        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_REWARD):
+            return f"{key} must be a finite number of at most {MAX_REWARD:g} in size, got {json.dumps(value)[:40]}"
+        if t is not float and not isinstance(value, t):
+            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
+    return None
+
+
+def episode_error(ep, step_keys):
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None."""
+    problem = field_error(ep, EPISODE_KEYS)
+    if problem or not ep["steps"]:
+        return problem or "has no steps"
+    for t, step in enumerate(ep["steps"]):
+        problem = field_error(step, step_keys)
+        if problem:
+            return f"{problem} at step {t}"
+    return None
+
+
+def check_finite(tensors, what):
+    """A diverged update (non-finite weights) is refused instead of saved."""
+    if not all(torch.isfinite(t).all() for t in tensors):
+        die(f"{what} has non-finite weights (the update diverged); nothing written - lower --lr")
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
 
 
 def length_batches(lengths, batch_size, rng):
@@ -323,79 +430,10 @@ def lr_at(step, total, peak, warmup_frac):
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def stale(pid):
-    """Whether no process has this id any more (its temporary files are leftovers)."""
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def remove(path):
-    """Delete a file or a directory tree, if it is there."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-def write_atomic(path, write_fn):
-    """Write a file or directory via a temporary sibling and one rename: a killed stage
-    leaves the previous state or nothing, never half an artifact. The temporaries of a
-    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    for entry in os.listdir(parent):
-        pid = entry[len(name) + 4:]
-        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
-            remove(os.path.join(parent, entry))
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        write_fn(tmp)
-    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
-        remove(tmp)
-        if isinstance(e, OSError):
-            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
-        raise
-    if os.path.isdir(path) and not os.path.islink(path):
-        old = f"{path}.old{os.getpid()}"
-        os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, path)
-
-
-def log_metrics(path, *records):
-    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
-    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "a") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def pick_device():
-    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
-
-
-# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
-# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
-# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
+# ----------------------------------------------------------------------------------------
+# The tiny model (copied in 00 and 01): a byte-level BPE tokenizer trained on the text, and a
+# small Llama.
+# ----------------------------------------------------------------------------------------
 SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
            "assistant": "<|assistant|>"}
 
@@ -425,6 +463,8 @@ def train_tiny_tokenizer(texts, vocab_size):
 
 
 def build_tiny_model(tokenizer, args):
+    """A small Llama for this tokenizer (args: d_model, n_layers, n_heads, max_len), its input and
+    output embeddings tied."""
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
         num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,

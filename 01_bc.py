@@ -1,18 +1,22 @@
 """Stage 01 - behavior cloning (pi_0): imitate expert demonstrations.
 
-Reads   one or more episode JSONL files (docs/design.md, 'The episode JSONL'), e.g. data/expert.jsonl
-Writes  --out DIR: a save_pretrained policy (safetensors + tokenizer + chat template + config)
-        and DIR/args.json; one line per epoch to --metrics.
+Reads   episode JSONL file(s) (docs/design.md, 'The episode JSONL'), e.g. data/expert.jsonl;
+        --model DIR: the model to start from (00_pretrain.py's, or a local Hugging Face causal LM)
+Writes  --out DIR: a save_pretrained policy (safetensors, tokenizer, chat template, config) and
+        DIR/args.json; one line per epoch to --metrics.
 
-The loss is the paper's BC objective, negative log-likelihood of the action tokens only:
+The paper's BC objective, the negative log-likelihood of the action tokens only:
+
     L_BC = - E_{tau ~ D_expert} [ sum_t sum_{tokens y of a_t} log pi(y | s_t, y_<) ]
-Observations and instructions are read by the model but never trained on.
 
---model tiny (default) trains a byte-level BPE tokenizer on the data and builds a small
-Llama-style transformer from scratch; --model PATH fine-tunes any local Hugging Face
-causal LM that has a chat template. Nothing is downloaded.
+Observations and instructions are read by the model but never trained on. `--filter success`
+keeps only the trajectories that reached the goal: rejection-sampling fine-tuning (RFT).
 
-    python 02_collect.py --policy expert --split train --episodes 600 --out runs/demo/data/expert.jsonl
+--model tiny (default) trains a byte-level BPE tokenizer on the data and builds a small Llama
+from scratch; --model DIR fine-tunes any local causal LM that has a chat template. Nothing is
+downloaded.
+
+    python 02_collect.py --policy expert --split train --episodes 1000 --out runs/demo/data/expert.jsonl
     python 01_bc.py --data runs/demo/data/expert.jsonl --out runs/demo/policy_0
 """
 import argparse
@@ -37,18 +41,20 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", nargs="+", required=True, help="episode JSONL file(s) to imitate")
     p.add_argument("--out", required=True, help="output policy directory (save_pretrained format)")
-    p.add_argument("--model", default="tiny", help="'tiny' (from scratch) or a local Hugging Face model directory")
+    p.add_argument("--model", default="tiny",
+                   help="'tiny' (a new model, trained from scratch) or a local model directory to fine-tune")
     p.add_argument("--filter", choices=["all", "success"], default="all",
                    help="'success' keeps only successful trajectories (rejection-sampling fine-tuning, RFT)")
     p.add_argument("--epochs", type=int, default=10, help="passes over the training trajectories")
     p.add_argument("--batch-size", type=int, default=8, help="trajectories per optimizer step")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW); use ~1e-5 for a pretrained --model PATH")
+    p.add_argument("--lr", type=float, default=3e-3,
+                   help="peak learning rate (AdamW); a pretrained LLM wants a much smaller one (~1e-5)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     p.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     p.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
-    p.add_argument("--val-frac", type=float, default=0.05, help="fraction of trajectories held out for validation loss")
+                   help="micro-batches per optimizer step: the same step in less memory (still --batch-size)")
+    p.add_argument("--val-frac", type=float, default=0.05, help="fraction of trajectories held out for validation")
     p.add_argument("--d-model", type=int, default=128, help="tiny model: hidden size")
     p.add_argument("--n-layers", type=int, default=3, help="tiny model: transformer layers")
     p.add_argument("--n-heads", type=int, default=4, help="tiny model: attention heads")
@@ -60,8 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
     p.add_argument("--lora", type=int, default=0, metavar="R",
-                   help="train rank-R LoRA adapters (peft) instead of every weight, merged before saving; 0: full "
-                        "fine-tuning (SmolLM2 on 2 CPU cores: 1.3x the tokens/s at R = 16, docs/real_model.md)")
+                   help="train rank-R LoRA adapters (peft) instead of every weight, merged in before saving; "
+                        "0: every weight")
     return p.parse_args(argv)
 
 
@@ -91,6 +97,9 @@ def tokenize_episode(tokenizer, ep):
     The chat template is rendered as text for growing prefixes of the conversation, and
     the full text is tokenized once; character offsets locate each turn."""
     msgs = episode_messages(ep)
+    control = [s for s in tokenizer.get_added_vocab() for m in msgs if s in m["content"]]
+    if control:  # text data never makes a control token: it would change the chat layout silently
+        die(f"episode {ep['task_id']}: its text contains the tokenizer's control token {control[0]!r}")
 
     def render(m, gen):
         return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
@@ -104,8 +113,8 @@ def tokenize_episode(tokenizer, ep):
         k = 2 + 2 * t  # index of assistant message t
         prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
         if not (full.startswith(prompt) and full.startswith(after)):
-            raise ValueError("the chat template does not render a conversation as a prefix of its "
-                             "continuation; this model's template is not supported")
+            die("the chat template does not render a conversation as a prefix of its continuation; "
+                "this model's template is not supported")
         first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
         last = bisect.bisect_left(ends, len(after))      # token that ends turn t
         state_pos.append(first - 1)
@@ -142,6 +151,9 @@ def collate(tokenized, pad_id):
     return batch
 
 
+# ----------------------------------------------------------------------------------------
+# ALGO LOGIC: the behavior-cloning loss, and what to watch while it trains.
+# ----------------------------------------------------------------------------------------
 def reply_logits(model, batch):
     """Next-token logits only where they predict a reply token -> (N, V), one row per reply token of
     the batch, row-major: the order of batch["input_ids"][batch["action_step"] >= 0]. transformers'
@@ -157,12 +169,9 @@ def token_logprobs(logits, targets):
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
-# ----------------------------------------------------------------------------------------
-# ALGO LOGIC: the behavior-cloning loss, and what to watch while it trains.
-# ----------------------------------------------------------------------------------------
 def bc_loss(logp):
-    """NLL of the reply tokens (paper: BC warm start). logp (N,): log pi of each reply token of the
-    batch -> (loss, info), info: the loss as a number (what the stage prints)."""
+    """L_BC: the NLL of the reply tokens. logp (N,): log pi of each reply token of the batch
+    -> (loss, info), info: the loss as a number (what the stage prints)."""
     loss = -logp.mean()
     return loss, {"loss": loss.item()}
 
@@ -182,11 +191,9 @@ def reply_matches(logits, batch):
 
 def evaluate(model, data, pad_id, batch_size, device):
     """Validation: action-token NLL, the fraction of replies greedy decoding reproduces, and the
-    fraction of trajectories it reproduces at every turn. The last is the one to watch: greedy
-    decoding that reproduces a demonstration at every turn replays it in the environment (same
-    task, same actions, same outcome), and a BC policy rarely recovers once it departs from one,
-    so on successful demonstrations it tracks greedy success (research/expert_path.py), while the
-    loss is dominated by easy tokens."""
+    fraction of trajectories it reproduces at every turn. Watch the last: greedy decoding that
+    reproduces a demonstration at every turn replays it in the environment (same task, same
+    actions, same outcome), while the loss is dominated by easy tokens."""
     model.eval()
     total, count, turns, replies, episodes = 0.0, 0.0, 0, 0, 0
     with torch.no_grad():
@@ -210,7 +217,7 @@ def main(argv=None):
     check_flags(args, epochs="at least 1", batch_size="at least 1", grad_accum="at least 1", lr="positive",
                 weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", val_frac="in (0, 1)",
                 d_model="at least 1", n_layers="at least 1", n_heads="at least 1", vocab_size="at least 1",
-                max_len="at least 1", threads="non-negative", lora="non-negative")
+                max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative", lora="non-negative")
     if args.model == "tiny" and args.d_model % args.n_heads:
         die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
     if args.lora and args.model == "tiny":
@@ -221,8 +228,6 @@ def main(argv=None):
     check_out(args.out, "policy", inputs)
     if args.metrics:
         check_out(args.metrics, "log", inputs + [args.out])
-    if args.model != "tiny":
-        check_model_dir(args.model, "policy")
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
@@ -245,7 +250,7 @@ def main(argv=None):
         model = build_tiny_model(tokenizer, args)
     else:
         tokenizer = load_tokenizer(args.model)
-        model = add_lora(load_pretrained(AutoModelForCausalLM, args.model, dtype), args.lora)
+        model = add_lora(load_model(AutoModelForCausalLM, args.model, dtype), args.lora)
     model.to(device)
     train_model = distribute(model, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the model itself
     max_len = model.config.max_position_embeddings
@@ -306,99 +311,105 @@ def main(argv=None):
     bar.close()
 
     state = full_state(model, args.fsdp)  # distributed --fsdp: gather the shards; else None
+    if not is_main():  # distributed: rank 0 alone writes
+        return finish_distributed()
+    check_finite(model.parameters() if state is None else state.values(), "the policy")
 
     def save(tmp):
         merged_for_saving(model, args.lora).save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "args.json"), "w") as f:
-            json.dump(vars(args), f, indent=2)
-    if not is_main():  # distributed: rank 0 alone writes
-        return finish_distributed()
+            json.dump({"stage": "01_bc", **vars(args)}, f, indent=2)
     write_atomic(args.out, save)
     log_metrics(args.metrics, *records)
     print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
-          f"{time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, peak memory {record['peak_mem_gb']:.2f} GB)")
+          f"{time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, "
+          f"peak memory {record['peak_mem_gb']:.2f} GB)")
     finish_distributed()
 
 
-# ----------------------------------------------------------------------------------------
-# Plumbing identical in every stage; skip on a first reading. Copied on purpose (CleanRL style)
-# so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
-# checks), and a stage carries only the helpers it calls.
-# ----------------------------------------------------------------------------------------
-def cost(n_tokens, seconds, device):
-    """What the stage costs, for its printout and metrics: tokens through the model per second
-    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
-    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**30
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
-    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
-
-
+# ========================================================================================
+# Plumbing, copied byte-identical into every stage that needs it (tests/test_stage_copies.py);
+# skip it on a first reading. The promises (docs/design.md, 'Conventions'): bad input is one
+# `error:` line and exit 2 before any work; a stage writes only its own output, atomically.
+# ========================================================================================
 def die(msg):
-    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
-    print(f"error: {msg}", file=sys.stderr)
+    """Bad input: one line on stderr, exit code 2, nothing written."""
+    print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
     sys.exit(2)
 
 
+RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
+         "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
+         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32}
+
+
 def check_flags(args, **rules):
-    """Numeric flags, checked before any work: each rule says what the flag must be."""
-    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
-             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
+    """Numeric flags, before any work: each rule (RULES) says what the flag must be."""
     for name, rule in rules.items():
         value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and tests[rule](value)):
+        if value is not None and not (math.isfinite(value) and RULES[rule](value)):
             die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
 
 
-ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
-             "critic": "a critic directory written by 03_critic.py",
-             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
-             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
-             "log": "a metrics JSONL"}
+# What each kind of output is, and which stages write it (their name is in args.json / the summary).
+ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py / 05_bppo.py",
+                        ("00_pretrain", "01_bc", "05_bppo")),
+             "critic": ("a critic directory written by 03_critic.py", ("03_critic",)),
+             "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
+             "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
+             "log": ("a metrics JSONL", ())}
 
 
-def replaceable(path, kind):
-    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
-    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
-    A run directory, a checkout, '.' or another stage's output never is one."""
+def read_json(path):
+    """A JSON object from a file, or None when the file is not one (missing, binary, not JSON, not a dict)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def owned(path, kind):
+    """Whether an existing path is an artifact of this kind that a stage may replace (a log: append
+    to). Judged from all of it: a directory holds only plain files and an args.json naming its stage;
+    a summary names its stage; every line of a JSONL is an episode of the kind (or a metrics record)."""
+    what, stages = ARTIFACTS[kind]
     if kind in ("policy", "critic"):
         names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
-        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
-                and all(os.path.isfile(os.path.join(path, n)) for n in names))
-    if not os.path.isfile(path):
+        return (bool(names) and all(os.path.isfile(os.path.join(path, n)) for n in names)
+                and ("heads.safetensors" in names) == (kind == "critic")
+                and (read_json(os.path.join(path, "args.json")) or {}).get("stage") in stages)
+    if os.path.islink(path) or not os.path.isfile(path):
         return False
-    try:
-        with open(path) as f:
-            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
-        obj = json.loads(text) if text.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    if not isinstance(obj, dict) or not obj:
-        return obj == {}  # an empty file holds nothing to lose
-    if kind == "log":
-        return "stage" in obj
     if path.endswith(".json"):
-        return obj.get("stage") == kind
-    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
-    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
+        return os.path.getsize(path) == 0 or (read_json(path) or {}).get("stage") in stages
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (UnicodeDecodeError, ValueError):
+        return False
+    if kind == "log":
+        return all(isinstance(r, dict) and "stage" in r for r in rows)
+    keys = {**STEP_KEYS, "adv": float} if kind == "04_gae" else STEP_KEYS
+    return all(episode_error(r, keys) is None and ("adv" in r["steps"][0]) == (kind == "04_gae") for r in rows)
 
 
 def check_out(path, kind, inputs=()):
-    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
-    never an input (or a directory holding one) nor anything else; its parent must be writable.
-    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
+    """Before any work: an output names nothing yet or an artifact of the stage's own kind (owned),
+    never an input, nor a directory that holds one or lies inside one; its parent must be writable.
+    A JSONL (02, 04, metrics) ends in .jsonl; 02 and 04 write their summary beside it as .json."""
     real = os.path.realpath(path)
-    for p in inputs:
-        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
-            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
-    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
-        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
+    for p in map(os.path.realpath, inputs):
+        if real == p or p.startswith(real + os.sep) or real.startswith(p + os.sep):
+            die(f"{path} is (or holds) an input of this stage, or lies inside one; write the output elsewhere")
+    if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
+        die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl"
+            + ("" if kind == "log" else " (the summary goes beside it with .json)"))
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if os.path.lexists(p) and not replaceable(p, kind):
-            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
+        if os.path.lexists(p) and not owned(p, kind):
+            die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -410,55 +421,149 @@ def check_out(path, kind, inputs=()):
         die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
 
 
-def check_model_dir(path, kind):
-    """Before any work: path is a 'policy' (01 / 05 output, or a local Hugging Face causal LM)
-    or a 'critic' (03 output) directory with the files that kind needs, its JSON readable."""
-    what = "a model directory from 01_bc.py / 05_bppo.py (or a local Hugging Face model)" \
-        if kind == "policy" else "a critic directory from 03_critic.py"
-    if not os.path.isdir(path):
-        die(f"{path}: no such directory; pass {what}")
-    need = ["config.json", "tokenizer_config.json"] + (["heads.safetensors", "args.json"] if kind == "critic" else [])
-    missing = [name for name in need if not os.path.isfile(os.path.join(path, name))]
-    if missing:
-        die(f"{path} is not {what} (no {', '.join(missing)})")
-    if kind == "policy" and os.path.exists(os.path.join(path, "heads.safetensors")):
-        die(f"{path} is a critic directory (03_critic.py output), not a policy")
-    for name in ("config.json", "args.json"):
-        if os.path.isfile(os.path.join(path, name)):
-            try:
-                with open(os.path.join(path, name)) as f:
-                    assert isinstance(json.load(f), dict)
-            except (UnicodeDecodeError, json.JSONDecodeError, AssertionError):
-                die(f"{os.path.join(path, name)}: not a valid JSON object")
-    with open(os.path.join(path, "config.json")) as f:
-        if "model_type" not in json.load(f):
-            die(f"{os.path.join(path, 'config.json')}: no model_type; this is not a Hugging Face model config")
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors") and not complete_safetensors(os.path.join(path, name)):
-            die(f"{os.path.join(path, name)}: truncated, or not a safetensors file")
-
-
-def complete_safetensors(path):
-    """Whether a .safetensors file is whole: an 8-byte header size, a JSON header, and the
-    bytes of every tensor it lists (read before loading anything, so nothing is half loaded)."""
-    size = os.path.getsize(path)
+def write_atomic(path, write_fn):
+    """Write a file or directory through a temporary sibling and one rename: a killed stage leaves
+    the old artifact or none, never half of one (a SIGKILL may leave its path.tmpPID behind)."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp, old = f"{path}.tmp{os.getpid()}", f"{path}.old{os.getpid()}"
     try:
+        write_fn(tmp)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException as e:  # disk full (OSError, safetensors' own error), Ctrl-C: no temporary stays
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
+        elif os.path.lexists(tmp):
+            os.remove(tmp)
+        if isinstance(e, Exception):
+            die(f"could not write {path} ({getattr(e, 'strerror', None) or e}); it was left as it was")
+        raise
+
+
+def save_text(path, text):
+    """Write a text file atomically (write_atomic)."""
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    write_atomic(path, write)
+
+
+def log_metrics(path, *records):
+    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics), atomically: a full disk
+    leaves the file as it was. A stage logs once its artifact is written, so a rerun adds no duplicates."""
+    if path:
+        old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+        save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
+
+
+EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
+                "reward": float, "success": bool, "source": str}
+STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
+MAX_REWARD = 100.0  # |r_env|, |r_aux|, |reward|, |adv| above this is a broken buffer, not a reward
+
+
+def field_error(obj, types):
+    """What is wrong with a JSON object given the types of its keys (float: a finite number of at
+    most MAX_REWARD in size), or None."""
+    if not isinstance(obj, dict):
+        return f"not a JSON object but {json.dumps(obj)[:40]}"
+    for key, t in types.items():
+        value = obj.get(key)
+        if key not in obj:
+            return f"lacks {key}"
+        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_REWARD):
+            return f"{key} must be a finite number of at most {MAX_REWARD:g} in size, got {json.dumps(value)[:40]}"
+        if t is not float and not isinstance(value, t):
+            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
+    return None
+
+
+def episode_error(ep, step_keys):
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None."""
+    problem = field_error(ep, EPISODE_KEYS)
+    if problem or not ep["steps"]:
+        return problem or "has no steps"
+    for t, step in enumerate(ep["steps"]):
+        problem = field_error(step, step_keys)
+        if problem:
+            return f"{problem} at step {t}"
+    return None
+
+
+def read_episodes(paths, step_keys=STEP_KEYS):
+    """Read episode JSONL files; reject a bad line (or a binary file) with its file and line number."""
+    episodes = []
+    for path in paths:
+        if not os.path.isfile(path):
+            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
         with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n)) if 8 + n <= size else None
-        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
-        return 8 + n + max(ends, default=0) <= size
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
-        return False
+            for lineno, line in enumerate(f, 1):
+                try:
+                    ep = json.loads(line.decode("utf-8")) if line.strip() else None
+                except (UnicodeDecodeError, ValueError) as e:
+                    die(f"{path}:{lineno}: not a line of JSON text ({type(e).__name__})")
+                problem = None if ep is None else episode_error(ep, step_keys)
+                if problem:
+                    die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
+                episodes += [ep] if ep is not None else []
+    if not episodes:
+        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
+    return episodes
 
 
-def load_pretrained(auto_class, path, dtype):
-    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run); a
-    broken directory (truncated weights, a config it cannot use) is one error line."""
+def load_tokenizer(path):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    if not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+        die(f"{path}: no tokenizer_config.json; pass a model directory from 01_bc.py / 05_bppo.py")
+    if os.path.exists(os.path.join(path, "heads.safetensors")):
+        die(f"{path} is a critic directory (03_critic.py output), not a policy")
     try:
-        return auto_class.from_pretrained(path, local_files_only=True, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a file it cannot read, or one that needs a library not installed
+        die(f"{path}: cannot load the tokenizer ({e})")
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template (docs/design.md, 'The chat layout')")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(auto_class, path, dtype):
+    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run), refused
+    when it is broken or lacks a tensor (transformers would fill that in with random weights)."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        die(f"{path}: no config.json; pass a model directory from 01_bc.py / 05_bppo.py")
+    try:
+        model, info = auto_class.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
     except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
-        die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
+        die(f"{path}: cannot load the model ({e})")
+    if info["missing_keys"]:
+        die(f"{path}: the checkpoint lacks {len(info['missing_keys'])} tensors ({sorted(info['missing_keys'])[0]}, ...)")
+    return model
+
+
+def check_finite(tensors, what):
+    """A diverged update (non-finite weights) is refused instead of saved."""
+    if not all(torch.isfinite(t).all() for t in tensors):
+        die(f"{what} has non-finite weights (the update diverged); nothing written - lower --lr")
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
 
 
 def add_lora(model, rank):
@@ -478,78 +583,6 @@ def add_lora(model, rank):
 def merged_for_saving(model, rank):
     """The model to save_pretrained: with --lora, the base model with the adapters merged in."""
     return model.merge_and_unload() if rank else model
-
-
-def load_tokenizer(path, kind="policy"):
-    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    check_model_dir(path, kind)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
-        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
-    if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
-                "reward": float, "success": bool, "source": str}
-
-
-STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
-
-
-def field_error(obj, types):
-    """What is wrong with a JSON object given the types of its keys (float: a finite number,
-    at most 1e6 in size, so that no loss overflows), or None when nothing is."""
-    if not isinstance(obj, dict):
-        return f"not a JSON object but {json.dumps(obj)[:40]}"
-    for key, t in types.items():
-        if key not in obj:
-            return f"lacks {key}"
-        value = obj[key]
-        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= 1e6):
-            return f"{key} must be a finite number (at most 1e6 in size), got {json.dumps(value)[:40]}"
-        if t is not float and not isinstance(value, t):
-            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
-    return None
-
-
-def episode_error(ep, step_keys):
-    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None when nothing is."""
-    problem = field_error(ep, EPISODE_KEYS)
-    if problem or not ep["steps"]:
-        return problem or "has no steps"
-    for t, step in enumerate(ep["steps"]):
-        problem = field_error(step, step_keys)
-        if problem:
-            return f"{problem} at step {t}"
-    return None
-
-
-def read_episodes(paths, step_keys=STEP_KEYS):
-    """Read episode JSONL files (docs/design.md, 'The episode JSONL'); reject a bad line with file and line number."""
-    episodes = []
-    for path in paths:
-        if not os.path.isfile(path):
-            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    ep = json.loads(line)
-                except json.JSONDecodeError as e:
-                    die(f"{path}:{lineno}: not valid JSON ({e.msg})")
-                problem = episode_error(ep, step_keys)
-                if problem:
-                    die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
-                episodes.append(ep)
-    if not episodes:
-        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
-    return episodes
 
 
 def tokenize_all(tokenizer, episodes, max_len):
@@ -574,6 +607,17 @@ def length_batches(lengths, batch_size, rng):
     return batches
 
 
+def cost(n_tokens, seconds, device):
+    """What the stage costs, for its printout and metrics: tokens through the model per second
+    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
+    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
+
+
 def lr_at(step, total, peak, warmup_frac):
     """Linear warmup then cosine decay to 10% of the peak."""
     warm = max(1, int(total * warmup_frac))
@@ -581,76 +625,6 @@ def lr_at(step, total, peak, warmup_frac):
         return peak * (step + 1) / warm
     progress = (step - warm) / max(1, total - warm)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def stale(pid):
-    """Whether no process has this id any more (its temporary files are leftovers)."""
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def remove(path):
-    """Delete a file or a directory tree, if it is there."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-def write_atomic(path, write_fn):
-    """Write a file or directory via a temporary sibling and one rename: a killed stage
-    leaves the previous state or nothing, never half an artifact. The temporaries of a
-    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    for entry in os.listdir(parent):
-        pid = entry[len(name) + 4:]
-        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
-            remove(os.path.join(parent, entry))
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        write_fn(tmp)
-    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
-        remove(tmp)
-        if isinstance(e, OSError):
-            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
-        raise
-    if os.path.isdir(path) and not os.path.islink(path):
-        old = f"{path}.old{os.getpid()}"
-        os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, path)
-
-
-def log_metrics(path, *records):
-    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
-    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "a") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def pick_device():
-    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
 
 
 # Several processes (torchrun); skip unless you launch a stage with torchrun (docs/distributed.md).
@@ -755,9 +729,10 @@ def grad_sync(model, world, fsdp, on):
         model.require_backward_grad_sync = on
 
 
-# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
-# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
-# The tiny model: a byte-level BPE tokenizer trained on the data, and a small Llama.
+# ----------------------------------------------------------------------------------------
+# The tiny model (copied in 00 and 01): a byte-level BPE tokenizer trained on the text, and a
+# small Llama.
+# ----------------------------------------------------------------------------------------
 SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
            "assistant": "<|assistant|>"}
 
@@ -787,6 +762,8 @@ def train_tiny_tokenizer(texts, vocab_size):
 
 
 def build_tiny_model(tokenizer, args):
+    """A small Llama for this tokenizer (args: d_model, n_layers, n_heads, max_len), its input and
+    output embeddings tied."""
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
         num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,

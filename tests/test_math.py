@@ -356,6 +356,14 @@ def test_reply_matches_by_hand(stages):
     assert reply_matches(at_replies(wrong2), b).tolist() == [[True, True], [False, False]]
 
 
+def test_bc_loss_is_the_mean_nll_of_the_reply_tokens(stages):
+    """01's L_BC: every reply token of the batch weighs the same."""
+    logp = torch.log(torch.tensor([0.5, 0.25, 1.0]))
+    loss, info = stages["01_bc"].bc_loss(logp)
+    assert loss.item() == pytest.approx(-(np.log(0.5) + np.log(0.25)) / 3)
+    assert info == {"loss": pytest.approx(loss.item())}
+
+
 def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     """05's policy_loss: the BPPO loss plus alpha * KL, and the diagnostics the stage prints, by hand."""
     pp = stages["05_bppo"]

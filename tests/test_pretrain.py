@@ -4,6 +4,9 @@ import json
 import random
 import re
 
+import pytest
+import torch
+
 import envs
 from conftest import run_stage
 
@@ -64,11 +67,42 @@ def test_pretrain_lowers_the_loss_and_bc_fine_tunes_it(tmp_path):
     assert len(losses) == 3 and losses[2] < losses[0] * 0.8, losses
     assert (base / "model.safetensors").exists() and (base / "tokenizer.json").exists()
     args = json.load(open(base / "args.json"))
-    assert args["episodes"] == 48 and args["env"] == "household"
+    assert args["stage"] == "00_pretrain" and args["episodes"] == 48 and args["env"] == "household"
     run_stage("02_collect", "--policy", "expert", "--split", "train", "--episodes", 6, "--out", tmp_path / "e.jsonl")
     run_stage("01_bc", "--model", base, "--data", tmp_path / "e.jsonl", "--out", tmp_path / "policy_0",
               "--epochs", 1, "--threads", 1)
     assert (tmp_path / "policy_0" / "model.safetensors").exists()
+    assert json.load(open(tmp_path / "policy_0" / "args.json"))["stage"] == "01_bc"
+
+
+def test_lm_loss_reads_every_token_after_the_system_turn(stages):
+    """The loss mask is 0 on the system turn and 1 from the first user token on; lm_loss is the
+    mean NLL of the masked tokens only."""
+    pre = stages["00_pretrain"]
+    msgs = [{"role": "system", "content": "Rules."}, {"role": "user", "content": "Your task is to: look."},
+            {"role": "assistant", "content": "Action: look"}]
+    tokenizer = pre.train_tiny_tokenizer([m["content"] for m in msgs], 300)
+    ids, mask = pre.tokenize_transcript(tokenizer, msgs)
+    first = mask.index(1)
+    assert len(ids) == len(mask) and set(mask[first:]) == {1} and not any(mask[:first])
+    assert tokenizer.decode(ids[:first]) == "<|system|>Rules.<|end|>"
+    logp, m = torch.tensor([[-1.0, -2.0, -9.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    assert pre.lm_loss(logp, m).item() == pytest.approx(1.5)
+
+
+def test_lr_at_warms_up_then_decays_to_a_tenth(stages):
+    lr_at = stages["00_pretrain"].lr_at
+    assert lr_at(0, 100, 1.0, 0.1) == pytest.approx(0.1) and lr_at(9, 100, 1.0, 0.1) == pytest.approx(1.0)
+    assert lr_at(10, 100, 1.0, 0.1) == pytest.approx(1.0) and lr_at(100, 100, 1.0, 0.1) == pytest.approx(0.1)
+    assert all(lr_at(s, 100, 1.0, 0.1) >= lr_at(s + 1, 100, 1.0, 0.1) for s in range(10, 100))
+
+
+@pytest.mark.parametrize("flag,value,message", [("--seed", -1, "--seed must be a seed in [0, 2**32)"),
+                                                ("--n-heads", 3, "must be a multiple of --n-heads")])
+def test_bad_flags_are_one_line_and_nothing_written(tmp_path, flag, value, message):
+    proc = run_stage("00_pretrain", "--out", tmp_path / "base", flag, value, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert message in proc.stderr and not (tmp_path / "base").exists()
 
 
 def test_shop_corpus_fills_searches_and_answers_from_the_page(stages):
