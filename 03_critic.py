@@ -1,32 +1,27 @@
-"""Stage 03 - the in-distribution critic: weighted implicit Q-learning on a fixed buffer.
+"""Stage 03 - the in-distribution critic: weighted implicit Q-learning (IQL) on a fixed buffer.
 
-Reads   the hybrid buffer D = D_expert U D_self (episode JSONL files with labels, from 02),
-        and the policy whose transformer initialises the critic (--policy, pi_{k-1}).
-Writes  --out DIR: the critic (backbone save_pretrained + heads.safetensors + args.json).
+Reads   the buffer D = D_expert U D_self (episode JSONL files with labels, from 02) and the policy
+        pi_{k-1} whose transformer initialises the critic (--policy).
+Writes  --out DIR: the critic - its transformer (save_pretrained), heads.safetensors (the V and Q
+        heads) and args.json.
 
-IQL learns values only on actions that are in the data - no max over actions the data
-never took - so the values stay in distribution (paper, Key Design 2). With step weights
+IQL regresses values on the actions in the data only - no max over actions the data never took -
+so the values stay in distribution (paper, Key Design 2). With the W-IQL step weights
 
-    w_t = (t/T + d) * 0.5 + 0.5,  t = 1..T,  d = 1 if the trajectory's final env reward != 0
+    w_t = (t/T + d) * 0.5 + 0.5,   t = 1..T,   d = 1 if the trajectory's final env reward != 0
 
-the two regressions are:
+the two losses are
 
     L_V = E[ w_t * L2_tau( Qbar(s_t, a_t) - V(s_t) ) ],   L2_tau(u) = |tau - 1(u < 0)| * u^2
-    L_Q = E[ w_t * ( r_t + gamma * (1 - done_t) * V(s_{t+1}) - Q(s_t, a_t) )^2 ],  r_t = r_env + r_aux
+    L_Q = E[ w_t * ( r_t + gamma * (1 - done_t) * V(s_{t+1}) - Q(s_t, a_t) )^2 ],   r_t = r_env + r_aux
 
-With tau > 0.5, V is an upper expectile of Q over the actions in the data; the default 0.5 is
-their mean, which kept V calibrated on household (docs/policy_improvement.md). Qbar is a
-Polyak-averaged copy of the Q head. The step limit is part of the task (--time-limit terminal,
-the default): the agent reads how many turns it has taken, a trajectory cut by the limit ends
-there (done = 1, nothing after it), and a step that wastes time is worth less than one that
-makes progress. With --time-limit bootstrap the cut is an artefact of collection instead and
-the last step bootstraps from V(s_T).
+where Qbar is a Polyak-averaged copy of the Q head. tau = 0.5 makes V the mean of Q over the
+data's actions, tau > 0.5 an upper expectile (docs/design.md, 'Where this reference departs from
+the paper'). The step limit is part of the task: a trajectory cut by it ends there (done = 1,
+V = 0 after it), so a step that wastes time is worth less than one that makes progress.
+V and Q share one transformer: one forward pass over a trajectory gives every V and every Q.
 
-Design choice: V and Q share one transformer body (one forward pass per trajectory gives
-every V and Q); the target Qbar is the Polyak average of the Q head, applied to the
-body's features with gradients stopped.
-
-    python 03_critic.py --policy runs/demo/policy_0 --out runs/demo/iter_1/critic
+    python 03_critic.py --policy runs/demo/policy_0 --out runs/demo/iter_1/critic \
         --data runs/demo/data/expert.jsonl runs/demo/iter_1/self.jsonl
 """
 import argparse
@@ -55,25 +50,21 @@ def parse_args(argv=None):
     p.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
     p.add_argument("--out", required=True, help="output critic directory")
     p.add_argument("--tau", type=float, default=0.5,
-                   help="expectile of V (0.5 = mean, calibrated on household; > 0.5 leans to the better actions)")
+                   help="expectile of V over Q (0.5: the mean; > 0.5 leans to the better actions)")
     p.add_argument("--gamma", type=float, default=0.95, help="discount factor of the Bellman backup")
-    p.add_argument("--polyak", type=float, default=0.05, help="target update rate: Qbar <- (1 - polyak) Qbar + polyak Q")
-    p.add_argument("--epochs", type=int, default=4, help="passes over the buffer (fewer leave V optimistic)")
+    p.add_argument("--polyak", type=float, default=0.05, help="target rate: Qbar <- (1 - polyak) Qbar + polyak Q")
+    p.add_argument("--epochs", type=int, default=4, help="passes over the buffer")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and body)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and transformer)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
-    p.add_argument("--time-limit", choices=["bootstrap", "terminal"], default="terminal",
-                   help="a trajectory cut by the step limit: 'bootstrap' from V(s_T) (the cut is an artefact), 'terminal': "
-                        "V = 0 after it (the limit is part of the task)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (same step, less memory)")
     p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
     p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     p.add_argument("--fsdp", action="store_true",
-                   help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
+                   help="under torchrun: shard the model (FSDP2) instead of a copy per process (DDP)")
     return p.parse_args(argv)
 
 
@@ -103,6 +94,9 @@ def tokenize_episode(tokenizer, ep):
     The chat template is rendered as text for growing prefixes of the conversation, and
     the full text is tokenized once; character offsets locate each turn."""
     msgs = episode_messages(ep)
+    control = [s for s in tokenizer.get_added_vocab() for m in msgs if s in m["content"]]
+    if control:  # text data never makes a control token: it would change the chat layout silently
+        die(f"episode {ep['task_id']}: its text contains the tokenizer's control token {control[0]!r}")
 
     def render(m, gen):
         return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
@@ -116,8 +110,8 @@ def tokenize_episode(tokenizer, ep):
         k = 2 + 2 * t  # index of assistant message t
         prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
         if not (full.startswith(prompt) and full.startswith(after)):
-            raise ValueError("the chat template does not render a conversation as a prefix of its "
-                             "continuation; this model's template is not supported")
+            die("the chat template does not render a conversation as a prefix of its continuation; "
+                "this model's template is not supported")
         first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
         last = bisect.bisect_left(ends, len(after))      # token that ends turn t
         state_pos.append(first - 1)
@@ -154,25 +148,9 @@ def collate(tokenized, pad_id):
     return batch
 
 
-def trajectory_tensors(episodes, device, time_limit="bootstrap"):
-    """Per-step tensors (B, T), zero-padded: r_env, r_aux, done, and the step mask. With
-    time_limit 'terminal' the last step of a truncated trajectory is done too."""
-    T = max(len(ep["steps"]) for ep in episodes)
-    out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
-    for i, ep in enumerate(episodes):
-        n = len(ep["steps"])
-        out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
-        out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
-        out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
-        if time_limit == "terminal" and not ep["steps"][-1]["done"]:  # cut by the step limit
-            out["done"][i, n - 1] = 1.0
-        out["mask"][i, :n] = 1.0
-    return out
-
-
 # ----------------------------------------------------------------------------------------
-# ALGO LOGIC: weighted IQL, and the critic it trains: the policy's transformer body
-# with a V head and a Q head (the Critic class is copied in 02 and 04).
+# ALGO LOGIC: weighted IQL, and the critic it trains - the policy's transformer with a V head
+# and a Q head (Critic is copied byte-identical into 02 for --rerank and into 04).
 # ----------------------------------------------------------------------------------------
 def step_weights(T, d):
     """Paper eq. (W-IQL step weight): w_t = (t/T + d) * 0.5 + 0.5 for t = 1..T -> (T,)."""
@@ -181,8 +159,8 @@ def step_weights(T, d):
 
 
 def expectile_loss(u, tau, weight=None):
-    """Paper eq. (IQL value loss): weighted mean of |tau - 1(u < 0)| * u^2.
-    weight None means uniform; zero weights drop entries (padding)."""
+    """Paper eq. (IQL value loss): the mean of |tau - 1(u < 0)| * u^2, weighted by weight
+    (None: uniform; a zero weight drops an entry, e.g. padding)."""
     loss = torch.abs(tau - (u < 0).float()) * u ** 2
     if weight is None:
         return loss.mean()
@@ -192,6 +170,21 @@ def expectile_loss(u, tau, weight=None):
 def weighted_mse(u, weight):
     """Paper eq. (IQL Q loss), weighted like expectile_loss."""
     return (weight * u ** 2).sum() / weight.sum().clamp(min=1e-8)
+
+
+def trajectory_tensors(episodes, device):
+    """Per-step tensors (B, T), zero on padding: r_env, r_aux, done, mask. The last step is done
+    whether it reached a true terminal or the step limit: the limit ends the task, V = 0 after it."""
+    T = max(len(ep["steps"]) for ep in episodes)
+    out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
+    for i, ep in enumerate(episodes):
+        n = len(ep["steps"])
+        out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
+        out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
+        out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
+        out["done"][i, n - 1] = 1.0
+        out["mask"][i, :n] = 1.0
+    return out
 
 
 def batch_weights(episodes, uniform, device):
@@ -205,9 +198,8 @@ def batch_weights(episodes, uniform, device):
 
 
 def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux):
-    """One forward pass -> (L_V + L_Q, info). Per-step tensors (traj, weights) are (B, T).
-    info holds what the stage prints: L_V, L_Q, and the mean V(s_t) and Q(s_t, a_t) over the
-    batch's real steps."""
+    """One forward pass -> (L_V + L_Q, info); traj and weights are (B, T). info: L_V, L_Q and the
+    mean V(s_t) and Q(s_t, a_t) over the batch's real steps."""
     h_action, v_all, q = critic(batch)                 # v_all (B, T+1), q (B, T)
     v, v_next = v_all[:, :-1], v_all[:, 1:].detach()
     with torch.no_grad():
@@ -224,22 +216,19 @@ def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux)
 
 
 class Critic(torch.nn.Module):
-    """One forward pass over a trajectory gives every V(s_t) (read at state positions,
-    the last token of each generation prompt) and every Q(s_t, a_t) (read at action
-    positions, the last token of each reply)."""
+    """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
+    token of the generation prompt before reply t), Q(s_t, a_t) at each action position (the last
+    token of reply t) - docs/design.md, 'The chat layout'. One forward pass gives all of them."""
 
     def __init__(self, backbone):
         super().__init__()
         self.backbone = backbone
         d = backbone.config.hidden_size
-
-        def head():
-            return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1))
-        self.v_head, self.q_head = head(), head()
+        self.v_head, self.q_head = (torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1))
+                                    for _ in range(2))
 
     def forward(self, batch):
-        """-> the body's features at the action positions (B, T, d) (03 applies its target Q head
-        to them), V (B, T+1) at every state, Q (B, T) at every action."""
+        """-> the features at the action positions (B, T, d) (for 03's target Q head), V (B, T+1), Q (B, T)."""
         h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         d = h.shape[-1]
         h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
@@ -247,34 +236,41 @@ class Critic(torch.nn.Module):
         return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
 
     def save(self, out_dir, tokenizer, args, state=None):
-        """state: the whole state dict when the critic is sharded (03 --fsdp); by default its own."""
+        """Atomically: the transformer (save_pretrained), its tokenizer, heads.safetensors and args.json.
+        state: the whole state dict (03 --fsdp gathers it); by default the critic's own."""
         state = self.state_dict() if state is None else state
 
         def write(tmp):
             backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
             self.backbone.save_pretrained(tmp, state_dict=backbone)
             tokenizer.save_pretrained(tmp)
-            heads = {k: v for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
-            save_file({k: v.contiguous().cpu() for k, v in heads.items()}, os.path.join(tmp, "heads.safetensors"))
+            heads = {k: v.contiguous().cpu() for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
+            save_file(heads, os.path.join(tmp, "heads.safetensors"))
             with open(os.path.join(tmp, "args.json"), "w") as f:
-                json.dump(args, f, indent=2)
+                json.dump({"stage": "03_critic", **args}, f, indent=2)
         write_atomic(out_dir, write)
 
     @classmethod
     def load(cls, path, device, dtype):
-        """A critic directory written by 03_critic.py (backbone + heads.safetensors)."""
-        check_model_dir(path, "critic")
-        critic = cls(load_pretrained(AutoModel, path, dtype))
-        try:
+        """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
+        if not owned(path, "critic"):
+            die(f"{path} is not {ARTIFACTS['critic'][0]}")
+        try:  # the small files first: a broken one is one line before the transformer is loaded
             heads = load_file(os.path.join(path, "heads.safetensors"))
-            critic.v_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("v_head.")})
-            critic.q_head.load_state_dict({k[7:]: v for k, v in heads.items() if k.startswith("q_head.")})
-        except Exception as e:  # a truncated file, or heads of another size than the backbone's
-            die(f"{path}: cannot load heads.safetensors ({' '.join(str(e).split())[:300]})")
-        return critic.to(device)
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as e:
+            die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
+        critic = cls(load_model(AutoModel, path, dtype))
+        try:
+            for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
+                head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
+        except RuntimeError as e:  # a head tensor missing, or of another size than the transformer's
+            die(f"{path}/heads.safetensors: not the heads of this transformer ({e})")
+        return critic.to(device).eval(), tokenizer
 
 
 def discounted_returns(rewards, gamma):
+    """g_t = r_t + gamma * g_{t+1}, g_T = 0 (the step limit ends the task, as in L_Q)."""
     out, g = [], 0.0
     for r in reversed(rewards):
         g = r + gamma * g
@@ -283,32 +279,29 @@ def discounted_returns(rewards, gamma):
 
 
 def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device):
-    """What the critic learned, for a student to read: V and Q by data source (mean and std
-    over every step) and how much of the Monte-Carlo return-to-go (with the rewards the critic
-    learned from) V explains: explained variance, 1 = perfectly, 0 = no better than a constant;
-    and the mean return by source, which the mean V should be near (an expectile tau > 0.5 and
-    the W-IQL weights lift V above it; far above, V is optimistic and GAE blames the last steps)."""
+    """What the critic learned, for a student to read: how much of the discounted return-to-go
+    (with the critic's rewards) V explains (explained variance: 1 = all, 0 = no better than a
+    constant), and V and Q (mean, std) by data source beside the mean return, which V should be
+    near (far above it, V is optimistic and 04's GAE blames the last steps of failed episodes)."""
     stats = {s: {"v": [], "q": [], "ret": []} for s in ("expert", "self")}
     with torch.no_grad():
         for i in range(0, len(data), batch_size):
-            eps = [ep for ep, _ in data[i:i + batch_size]]
-            batch = {k: v.to(device) for k, v in collate([x for _, x in data[i:i + batch_size]], pad_id).items()}
+            chunk = data[i:i + batch_size]
+            batch = {k: v.to(device) for k, v in collate([x for _, x in chunk], pad_id).items()}
             _, v_all, q = critic(batch)
-            for j, ep in enumerate(eps):
-                n = len(ep["steps"])
-                rewards = [s["r_env"] + (s["r_aux"] if use_aux else 0.0) for s in ep["steps"]]
-                s = stats[ep["source"] if ep["source"] in stats else "self"]
+            for j, (ep, _) in enumerate(chunk):
+                n, s = len(ep["steps"]), stats["expert" if ep["source"] == "expert" else "self"]
                 s["v"] += v_all[j, :n].tolist()
                 s["q"] += q[j, :n].tolist()
-                s["ret"] += discounted_returns(rewards, gamma)
-    v_all_ = np.array(stats["expert"]["v"] + stats["self"]["v"])
-    ret_all = np.array(stats["expert"]["ret"] + stats["self"]["ret"])
-    report = {"explained_variance": float(1 - np.var(ret_all - v_all_) / max(np.var(ret_all), 1e-8))}
+                s["ret"] += discounted_returns([st["r_env"] + (st["r_aux"] if use_aux else 0.0) for st in ep["steps"]],
+                                               gamma)
+    v, ret = (np.array(stats["expert"][k] + stats["self"][k]) for k in ("v", "ret"))
+    report = {"explained_variance": float(1 - np.var(ret - v) / max(np.var(ret), 1e-8))}
     for src, s in stats.items():
         if s["v"]:
-            report[f"{src}_v_mean"], report[f"{src}_v_std"] = float(np.mean(s["v"])), float(np.std(s["v"]))
-            report[f"{src}_q_mean"], report[f"{src}_q_std"] = float(np.mean(s["q"])), float(np.std(s["q"]))
-            report[f"{src}_ret_mean"] = float(np.mean(s["ret"]))  # calibration: V should be near this
+            report.update({f"{src}_v_mean": float(np.mean(s["v"])), f"{src}_v_std": float(np.std(s["v"])),
+                           f"{src}_q_mean": float(np.mean(s["q"])), f"{src}_q_std": float(np.std(s["q"])),
+                           f"{src}_ret_mean": float(np.mean(s["ret"]))})
     return report
 
 
@@ -317,46 +310,48 @@ def main(argv=None):
     # Every input is checked before any work, and --out is replaced only by a finished critic.
     check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
                 batch_size="at least 1", grad_accum="at least 1", lr="positive", grad_clip="positive",
-                threads="non-negative")
+                seed="a seed in [0, 2**32)", threads="non-negative")
     check_out(args.out, "critic", args.data + [args.policy])
     if args.metrics:
         check_out(args.metrics, "log", args.data + [args.policy, args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
-    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
+    rank, world = setup_distributed()  # DISTRIBUTED (torchrun, docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, dtype = pick_device()
     episodes = read_episodes(args.data)
     tokenizer = load_tokenizer(args.policy)
-    critic = Critic(load_pretrained(AutoModel, args.policy, dtype)).to(device)
+    critic = Critic(load_model(AutoModel, args.policy, dtype)).to(device)
     data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")
     target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)
-    train_critic = distribute(critic, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the critic itself
+    train_critic = distribute(critic, world, args.fsdp)  # DISTRIBUTED: DDP or FSDP2; alone: the critic itself
     optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
-    n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
-    print(f"03_critic: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), "
+    n_expert = sum(ep["source"] == "expert" for ep, _ in data)
+    print(f"03_critic: {len(data)} trajectories ({n_expert} expert, {len(data) - n_expert} self), "
           f"{sum(len(ep['steps']) for ep, _ in data)} steps; tau {args.tau}, gamma {args.gamma}, "
           f"weights {'uniform' if args.uniform_weights else 'W-IQL'}, aux rewards {'off' if args.no_aux else 'on'}")
 
     rng = random.Random(args.seed)
     lengths = [len(x["input_ids"]) for _, x in data]
-    steps_total = args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size)
-    bar = tqdm(total=steps_total, desc="03_critic", unit="step", disable=not is_main())
+    n_batches = (len(data) + args.batch_size - 1) // args.batch_size
+    bar = tqdm(total=args.epochs * n_batches, desc="03_critic", unit="step", disable=not is_main())
     step, t0, records, n_tok = 0, time.time(), [], 0
     for epoch in range(args.epochs):
-        sums = {"loss_v": 0.0, "loss_q": 0.0, "n": 0}
+        sum_v = sum_q = 0.0
         for idx in length_batches(lengths, args.batch_size, rng):
-            mine, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
+            # DISTRIBUTED / --grad-accum: this rank's share of the batch in micro-batches (alone: one, all of it),
+            # each weighted by its share of the step weights, so that L_V and L_Q are means over the whole batch
+            mine, keep = shard(idx, rank, world)
             parts = []
             for part, w in micro_batches(mine, args.grad_accum):
                 eps = [data[j][0] for j in part]
-                batch = {k: v.to(device) for k, v in collate([data[j][1] for j in part], tokenizer.pad_token_id).items()}
-                parts.append((batch, trajectory_tensors(eps, device, args.time_limit), batch_weights(eps, args.uniform_weights, device),
+                batch = collate([data[j][1] for j in part], tokenizer.pad_token_id)
+                batch = {k: v.to(device) for k, v in batch.items()}
+                parts.append((batch, trajectory_tensors(eps, device), batch_weights(eps, args.uniform_weights, device),
                               keep * w))
-            # L_V and L_Q are means over the step weights of the whole global batch
             shares = part_shares([weights.sum() * w for _, _, weights, w in parts], world)
             optimizer.zero_grad(set_to_none=True)
             infos = []
@@ -374,27 +369,25 @@ def main(argv=None):
             optimizer.step()
             with torch.no_grad():  # Polyak-averaged target: Qbar <- (1 - polyak) Qbar + polyak Q
                 for p_t, p in zip(target_q_head.parameters(), critic.q_head.parameters()):
-                    p_t.lerp_(whole(p), args.polyak)
-            sums["loss_v"] += info["loss_v"]
-            sums["loss_q"] += info["loss_q"]
-            sums["n"] += 1
-            step += 1
+                    p_t.lerp_(p.full_tensor() if hasattr(p, "full_tensor") else p, args.polyak)  # --fsdp: p is a shard
+            sum_v, sum_q, step = sum_v + info["loss_v"], sum_q + info["loss_q"], step + 1
             bar.update(1)
             bar.set_postfix(L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}", V=f"{info['v_mean']:+.3f}",
                             Q=f"{info['q_mean']:+.3f}")
-        record = {"stage": "03_critic", "epoch": epoch + 1, "step": step, "loss_v": sums["loss_v"] / sums["n"],
-                  "loss_q": sums["loss_q"] / sums["n"], "elapsed_s": time.time() - t0,
-                  **cost(n_tok, time.time() - t0, device)}
+        record = {"stage": "03_critic", "epoch": epoch + 1, "step": step, "loss_v": sum_v / n_batches,
+                  "loss_q": sum_q / n_batches, "elapsed_s": time.time() - t0, **cost(n_tok, time.time() - t0, device)}
         records.append(record)
         tqdm.write(f"epoch {epoch + 1}: L_V {record['loss_v']:.4f}  L_Q {record['loss_q']:.4f}")
     bar.close()
 
     critic.eval()
-    summary = {"stage": "03_critic", "step": step,
-               **critic_report(critic, data, args.batch_size, tokenizer.pad_token_id, args.gamma, not args.no_aux, device)}
-    state = full_state(critic, args.fsdp)  # distributed --fsdp: gather the shards; else None
-    if not is_main():  # distributed: rank 0 alone writes
+    report = critic_report(critic, data, args.batch_size, tokenizer.pad_token_id, args.gamma, not args.no_aux, device)
+    summary = {"stage": "03_critic", "step": step, **report}
+    state = full_state(critic, args.fsdp)  # DISTRIBUTED --fsdp: the shards gathered; else None
+    if not is_main():  # DISTRIBUTED: rank 0 alone writes
         return finish_distributed()
+    state = critic.state_dict() if state is None else state
+    check_finite(state.values(), "the critic")
     critic.save(args.out, tokenizer, vars(args), state)
     log_metrics(args.metrics, *records, summary)
     by_src = "  ".join(f"{src}: V {summary[src + '_v_mean']:+.3f}+-{summary[src + '_v_std']:.3f} "
@@ -407,84 +400,88 @@ def main(argv=None):
     finish_distributed()
 
 
-# ----------------------------------------------------------------------------------------
-# Plumbing identical in every stage; skip on a first reading. Copied on purpose (CleanRL style)
-# so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
-# checks), and a stage carries only the helpers it calls.
-# ----------------------------------------------------------------------------------------
-def cost(n_tokens, seconds, device):
-    """What the stage costs, for its printout and metrics: tokens through the model per second
-    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
-    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**30
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
-    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
-
-
+# ========================================================================================
+# Plumbing, copied byte-identical into every stage that needs it (tests/test_stage_copies.py);
+# skip it on a first reading. The promises (docs/design.md, 'Conventions'): bad input is one
+# `error:` line and exit 2 before any work; a stage writes only its own output, atomically.
+# ========================================================================================
 def die(msg):
-    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
-    print(f"error: {msg}", file=sys.stderr)
+    """Bad input: one line on stderr, exit code 2, nothing written."""
+    print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
     sys.exit(2)
 
 
+RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
+         "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
+         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32}
+
+
 def check_flags(args, **rules):
-    """Numeric flags, checked before any work: each rule says what the flag must be."""
-    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
-             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
+    """Numeric flags, before any work: each rule (RULES) says what the flag must be."""
     for name, rule in rules.items():
         value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and tests[rule](value)):
+        if value is not None and not (math.isfinite(value) and RULES[rule](value)):
             die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
 
 
-ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
-             "critic": "a critic directory written by 03_critic.py",
-             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
-             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
-             "log": "a metrics JSONL"}
+# What each kind of output is, and which stages write it (their name is in args.json / the summary).
+ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py / 05_bppo.py",
+                        ("00_pretrain", "01_bc", "05_bppo")),
+             "critic": ("a critic directory written by 03_critic.py", ("03_critic",)),
+             "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
+             "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
+             "log": ("a metrics JSONL", ())}
 
 
-def replaceable(path, kind):
-    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
-    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
-    A run directory, a checkout, '.' or another stage's output never is one."""
+def read_json(path):
+    """A JSON object from a file, or None when the file is not one (missing, binary, not JSON, not a dict)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def owned(path, kind):
+    """Whether an existing path is an artifact of this kind that a stage may replace (a log: append
+    to). Judged from all of it: a directory holds only plain files and an args.json naming its stage;
+    a summary names its stage; every line of a JSONL is an episode of the kind (or a metrics record)."""
+    what, stages = ARTIFACTS[kind]
     if kind in ("policy", "critic"):
         names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
-        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
-                and all(os.path.isfile(os.path.join(path, n)) for n in names))
-    if not os.path.isfile(path):
+        return (bool(names) and all(os.path.isfile(os.path.join(path, n)) for n in names)
+                and ("heads.safetensors" in names) == (kind == "critic")
+                and (read_json(os.path.join(path, "args.json")) or {}).get("stage") in stages)
+    if os.path.islink(path) or not os.path.isfile(path):
         return False
-    try:
-        with open(path) as f:
-            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
-        obj = json.loads(text) if text.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    if not isinstance(obj, dict) or not obj:
-        return obj == {}  # an empty file holds nothing to lose
-    if kind == "log":
-        return "stage" in obj
     if path.endswith(".json"):
-        return obj.get("stage") == kind
-    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
-    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
+        return os.path.getsize(path) == 0 or (read_json(path) or {}).get("stage") in stages
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (UnicodeDecodeError, ValueError):
+        return False
+    if kind == "log":
+        return all(isinstance(r, dict) and "stage" in r for r in rows)
+    keys = {**STEP_KEYS, "adv": float} if kind == "04_gae" else STEP_KEYS
+    return all(episode_error(r, keys) is None and ("adv" in r["steps"][0]) == (kind == "04_gae") for r in rows)
 
 
 def check_out(path, kind, inputs=()):
-    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
-    never an input (or a directory holding one) nor anything else; its parent must be writable.
-    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
+    """Before any work: an output names nothing yet or an artifact of the stage's own kind (owned),
+    never an input, nor a directory that holds one or lies inside one; its parent must be writable.
+    A JSONL (02, 04, metrics) ends in .jsonl; 02 and 04 write their summary beside it as .json."""
     real = os.path.realpath(path)
-    for p in inputs:
-        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
-            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
-    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
-        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
+    for p in map(os.path.realpath, inputs):
+        if real == p or p.startswith(real + os.sep) or real.startswith(p + os.sep):
+            die(f"{path} is (or holds) an input of this stage, or lies inside one; write the output elsewhere")
+    if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
+        die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl"
+            + ("" if kind == "log" else " (the summary goes beside it with .json)"))
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if os.path.lexists(p) and not replaceable(p, kind):
-            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
+        if os.path.lexists(p) and not owned(p, kind):
+            die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -496,96 +493,70 @@ def check_out(path, kind, inputs=()):
         die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
 
 
-def check_model_dir(path, kind):
-    """Before any work: path is a 'policy' (01 / 05 output, or a local Hugging Face causal LM)
-    or a 'critic' (03 output) directory with the files that kind needs, its JSON readable."""
-    what = "a model directory from 01_bc.py / 05_bppo.py (or a local Hugging Face model)" \
-        if kind == "policy" else "a critic directory from 03_critic.py"
-    if not os.path.isdir(path):
-        die(f"{path}: no such directory; pass {what}")
-    need = ["config.json", "tokenizer_config.json"] + (["heads.safetensors", "args.json"] if kind == "critic" else [])
-    missing = [name for name in need if not os.path.isfile(os.path.join(path, name))]
-    if missing:
-        die(f"{path} is not {what} (no {', '.join(missing)})")
-    if kind == "policy" and os.path.exists(os.path.join(path, "heads.safetensors")):
-        die(f"{path} is a critic directory (03_critic.py output), not a policy")
-    for name in ("config.json", "args.json"):
-        if os.path.isfile(os.path.join(path, name)):
-            try:
-                with open(os.path.join(path, name)) as f:
-                    assert isinstance(json.load(f), dict)
-            except (UnicodeDecodeError, json.JSONDecodeError, AssertionError):
-                die(f"{os.path.join(path, name)}: not a valid JSON object")
-    with open(os.path.join(path, "config.json")) as f:
-        if "model_type" not in json.load(f):
-            die(f"{os.path.join(path, 'config.json')}: no model_type; this is not a Hugging Face model config")
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors") and not complete_safetensors(os.path.join(path, name)):
-            die(f"{os.path.join(path, name)}: truncated, or not a safetensors file")
-
-
-def complete_safetensors(path):
-    """Whether a .safetensors file is whole: an 8-byte header size, a JSON header, and the
-    bytes of every tensor it lists (read before loading anything, so nothing is half loaded)."""
-    size = os.path.getsize(path)
+def write_atomic(path, write_fn):
+    """Write a file or directory through a temporary sibling and one rename: a killed stage leaves
+    the old artifact or none, never half of one (a SIGKILL may leave its path.tmpPID behind)."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp, old = f"{path}.tmp{os.getpid()}", f"{path}.old{os.getpid()}"
     try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n)) if 8 + n <= size else None
-        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
-        return 8 + n + max(ends, default=0) <= size
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
-        return False
+        write_fn(tmp)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException as e:  # disk full (OSError, safetensors' own error), Ctrl-C: no temporary stays
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
+        elif os.path.lexists(tmp):
+            os.remove(tmp)
+        if isinstance(e, Exception):
+            die(f"could not write {path} ({getattr(e, 'strerror', None) or e}); it was left as it was")
+        raise
 
 
-def load_pretrained(auto_class, path, dtype):
-    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run); a
-    broken directory (truncated weights, a config it cannot use) is one error line."""
-    try:
-        return auto_class.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
-        die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
+def save_text(path, text):
+    """Write a text file atomically (write_atomic)."""
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    write_atomic(path, write)
 
 
-def load_tokenizer(path, kind="policy"):
-    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    check_model_dir(path, kind)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
-        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
-    if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+def log_metrics(path, *records):
+    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics), atomically: a full disk
+    leaves the file as it was. A stage logs once its artifact is written, so a rerun adds no duplicates."""
+    if path:
+        old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+        save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
 
 
 EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
                 "reward": float, "success": bool, "source": str}
-
-
 STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
+MAX_REWARD = 100.0  # |r_env|, |r_aux|, |reward|, |adv| above this is a broken buffer, not a reward
 
 
 def field_error(obj, types):
-    """What is wrong with a JSON object given the types of its keys (float: a finite number,
-    at most 1e6 in size, so that no loss overflows), or None when nothing is."""
+    """What is wrong with a JSON object given the types of its keys (float: a finite number of at
+    most MAX_REWARD in size), or None."""
     if not isinstance(obj, dict):
         return f"not a JSON object but {json.dumps(obj)[:40]}"
     for key, t in types.items():
+        value = obj.get(key)
         if key not in obj:
             return f"lacks {key}"
-        value = obj[key]
-        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= 1e6):
-            return f"{key} must be a finite number (at most 1e6 in size), got {json.dumps(value)[:40]}"
+        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_REWARD):
+            return f"{key} must be a finite number of at most {MAX_REWARD:g} in size, got {json.dumps(value)[:40]}"
         if t is not float and not isinstance(value, t):
             return f"{key} has the wrong type: {json.dumps(value)[:40]}"
     return None
 
 
 def episode_error(ep, step_keys):
-    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None when nothing is."""
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None."""
     problem = field_error(ep, EPISODE_KEYS)
     if problem or not ep["steps"]:
         return problem or "has no steps"
@@ -597,26 +568,74 @@ def episode_error(ep, step_keys):
 
 
 def read_episodes(paths, step_keys=STEP_KEYS):
-    """Read episode JSONL files (docs/design.md, 'The episode JSONL'); reject a bad line with file and line number."""
+    """Read episode JSONL files; reject a bad line (or a binary file) with its file and line number."""
     episodes = []
     for path in paths:
         if not os.path.isfile(path):
             die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
-        with open(path) as f:
+        with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
                 try:
-                    ep = json.loads(line)
-                except json.JSONDecodeError as e:
-                    die(f"{path}:{lineno}: not valid JSON ({e.msg})")
-                problem = episode_error(ep, step_keys)
+                    ep = json.loads(line.decode("utf-8")) if line.strip() else None
+                except (UnicodeDecodeError, ValueError) as e:
+                    die(f"{path}:{lineno}: not a line of JSON text ({type(e).__name__})")
+                problem = None if ep is None else episode_error(ep, step_keys)
                 if problem:
                     die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
-                episodes.append(ep)
+                episodes += [ep] if ep is not None else []
     if not episodes:
         die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
     return episodes
+
+
+def load_tokenizer(path):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    if not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+        die(f"{path}: no tokenizer_config.json; pass a model directory from 01_bc.py / 05_bppo.py")
+    if os.path.exists(os.path.join(path, "heads.safetensors")):
+        die(f"{path} is a critic directory (03_critic.py output), not a policy")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a file it cannot read, or one that needs a library not installed
+        die(f"{path}: cannot load the tokenizer ({e})")
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template (docs/design.md, 'The chat layout')")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(auto_class, path, dtype):
+    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run), refused
+    when it is broken or lacks a tensor (transformers would fill that in with random weights)."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        die(f"{path}: no config.json; pass a model directory from 01_bc.py / 05_bppo.py")
+    try:
+        model, info = auto_class.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
+    except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
+        die(f"{path}: cannot load the model ({e})")
+    if info["missing_keys"]:
+        die(f"{path}: the checkpoint lacks {len(info['missing_keys'])} tensors ({sorted(info['missing_keys'])[0]}, ...)")
+    return model
+
+
+def check_finite(tensors, what):
+    """A diverged update (non-finite weights) is refused instead of saved."""
+    if not all(torch.isfinite(t).all() for t in tensors):
+        die(f"{what} has non-finite weights (the update diverged); nothing written - lower --lr")
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
 
 
 def tokenize_all(tokenizer, episodes, max_len):
@@ -641,74 +660,15 @@ def length_batches(lengths, batch_size, rng):
     return batches
 
 
-def stale(pid):
-    """Whether no process has this id any more (its temporary files are leftovers)."""
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def remove(path):
-    """Delete a file or a directory tree, if it is there."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-def write_atomic(path, write_fn):
-    """Write a file or directory via a temporary sibling and one rename: a killed stage
-    leaves the previous state or nothing, never half an artifact. The temporaries of a
-    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    for entry in os.listdir(parent):
-        pid = entry[len(name) + 4:]
-        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
-            remove(os.path.join(parent, entry))
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        write_fn(tmp)
-    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
-        remove(tmp)
-        if isinstance(e, OSError):
-            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
-        raise
-    if os.path.isdir(path) and not os.path.islink(path):
-        old = f"{path}.old{os.getpid()}"
-        os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old)
+def cost(n_tokens, seconds, device):
+    """What the stage costs, for its printout and metrics: tokens through the model per second
+    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
+    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
     else:
-        os.replace(tmp, path)
-
-
-def log_metrics(path, *records):
-    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
-    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "a") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def pick_device():
-    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
 
 
 # Several processes (torchrun); skip unless you launch a stage with torchrun (docs/distributed.md).
@@ -811,11 +771,6 @@ def grad_sync(model, world, fsdp, on):
         model.set_requires_gradient_sync(on)
     elif world > 1:
         model.require_backward_grad_sync = on
-
-
-def whole(p):
-    """A parameter as one tensor: with --fsdp each process holds a shard (a DTensor), gathered here."""
-    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 if __name__ == "__main__":
