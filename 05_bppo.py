@@ -1,46 +1,29 @@
 """Stage 05 - behavior-proximal policy optimization (BPPO) on the same fixed buffer.
 
-Reads   the buffer with advantages (04 output), pi_old = --policy (the policy that entered
-        this iteration, pi_{k-1}) and pi_ref = --ref (the behavior-cloning policy pi_0).
-Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json.
+Reads   --data: the buffer with A_t on every step (04_gae.py); --policy: pi_old = pi_{k-1}, the
+        policy entering this iteration (also the starting weights); --ref: pi_ref = pi_0 (01_bc.py).
+Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json; one line per
+        epoch to --metrics.
 
-The objective (paper, Key Design 4), per action token:
+The objective (paper, Key Design 4), over the action tokens y of every step a_t in the buffer,
+each carrying its step's process reward A_t from 04 (the update never leaves the data):
 
-    L = - E[ min( eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A ) ] + alpha * KL(pi_theta || pi_ref)
-        (+ lambda * BC with --bc-coef, below)
-    eta = pi_theta(token) / pi_old(token)
+    eta = pi_theta(y) / pi_old(y)
+    L_BPPO = - E[ min( eta * A_t, clip(eta, 1 - eps_low, 1 + eps_high) * A_t ) ]
+    L = L_BPPO + alpha * KL(pi_theta || pi_ref)
 
-Every token of action a_t carries the step's process reward A_t (from 04). The advantages
-come from the critic, not from new rollouts, so the update never leaves the data.
---ratio step instead takes one ratio per step, eta_t = pi_theta(a_t | s_t) / pi_old(a_t | s_t)
-over the whole reply (the product of its token ratios), so a clip bounds how much the reply's
-probability moves, and averages over steps instead of tokens.
-Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability
-(down to 1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high), which
-suppresses harmful actions decisively while staying close to the data's support.
---dual-clip c (c = 3 by default; 0 turns it off) also bounds a bad token's term from below:
-max(..., c * A) for A < 0, so a token whose eta grew far above 1 cannot dominate a batch
-(dual-clip PPO: a safeguard the paper does not name; it acts only where eta > c).
+- Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability (down
+  to 1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high).
+- Dual clip (Ye et al. 2020; not in the paper): for A < 0 the term is also bounded below,
+  max(..., c * A) with c = --dual-clip, so a token whose eta grew past c cannot dominate a batch.
+- The KL anchor is exact at every action token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)),
+  from pi_ref's logits computed batch by batch: no sampling estimator.
+- --objective awr, the paper's weaker alternative (advantage-weighted regression), replaces L_BPPO:
+    L_AWR = - E[ min(exp(A_t / beta), w_max) * log pi_theta(y) ]
+  which can only raise the probability of actions in the data.
+Under torchrun each process takes a share of every batch (DDP, or FSDP2 with --fsdp; docs/distributed.md).
 
-The KL anchor is the exact KL between the two next-token distributions at every action
-token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)): pi_ref's logits are computed
-batch by batch next to pi_theta's, so no sampling estimator (and no variance) is needed.
---ref-cache instead computes log pi_ref(v) at every action token once, before training
-(4 * vocabulary-size bytes per action token, kept on the CPU), and frees pi_ref: the same
-results (docs/distributed.md), worth it only for a large model with a small vocabulary / buffer.
-
---bc-coef lambda (0 by default: the paper's objective) adds a behavior-cloning term on the
-successful episodes of the buffer (expert demos and successful self episodes alike):
-    L += lambda * E[ 1[episode succeeded] * (-log pi_theta(token)) ]
-an RFT-style anchor to what worked, tried to keep competence while the advantages change what
-they rate; on `dev` it gave no gain once the seed of 05's batch order is varied too
-(docs/policy_improvement.md, 'A BC term in 05, and how much 05's batch order moves a result').
-
---objective awr swaps in the paper's weaker alternative, advantage-weighted regression:
-    L = - E[ min(exp(A / beta), w_max) * log pi_theta(token) ]
-which can only raise the probability of actions in the data.
-
-    python 05_bppo.py --data runs/demo/iter_1/adv.jsonl --policy runs/demo/policy_0
+    python 05_bppo.py --data runs/demo/iter_1/adv.jsonl --policy runs/demo/policy_0 \\
         --ref runs/demo/policy_0 --out runs/demo/policy_1
 """
 import argparse
@@ -68,43 +51,28 @@ def parse_args(argv=None):
     p.add_argument("--ref", required=True, help="pi_ref: the behavior-cloning policy anchoring the KL term")
     p.add_argument("--out", required=True, help="output policy directory")
     p.add_argument("--objective", choices=["bppo", "awr"], default="bppo", help="policy objective")
-    p.add_argument("--eps-low", type=float, default=0.4, help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
-    p.add_argument("--eps-high", type=float, default=0.2, help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
+    p.add_argument("--eps-low", type=float, default=0.4,
+                   help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
+    p.add_argument("--eps-high", type=float, default=0.2,
+                   help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
     p.add_argument("--dual-clip", type=float, default=3.0,
-                   help="c > 1: a token with A < 0 contributes at least c * A (dual-clip PPO, Ye et al. 2020); 0: off "
-                        "(a second iteration on household's habit miniature lost 24 points without it)")
-    p.add_argument("--ratio", choices=["token", "step"], default="token",
-                   help="eta per action token, or per step: pi_theta(a_t | s_t) / pi_old(a_t | s_t) over the whole "
-                        "reply (lost 39 points on household's seed 0: docs/policy_improvement.md)")
+                   help="c > 1: a token with A < 0 contributes at least c * A (dual-clip PPO, Ye et al. 2020); 0: off")
     p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
-    p.add_argument("--bc-coef", type=float, default=0.0,
-                   help="lambda, weight of a behavior-cloning term -log pi_theta on the action tokens of successful episodes")
-    p.add_argument("--adv-norm", choices=["none", "mean", "std", "center"], default="none",
-                   help="'none' uses A_t as 04 wrote it; 'mean' subtracts the buffer's mean; 'std' divides by the "
-                        "std over the buffer (signs kept); 'center' does both (on household every one but 'none' "
-                        "lost to BC: docs/policy_improvement.md)")
     p.add_argument("--awr-beta", type=float, default=1.0, help="AWR temperature beta")
     p.add_argument("--awr-max-weight", type=float, default=20.0, help="AWR weight clip w_max")
     p.add_argument("--epochs", type=int, default=1, help="passes over the buffer")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
-    p.add_argument("--anneal-lr", action="store_true",
-                   help="decay the learning rate linearly to 0 over the stage's steps (CleanRL's --anneal-lr)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     p.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches per optimizer step: the same step in less memory (the batch is still --batch-size)")
+                   help="micro-batches per optimizer step: the same step in less memory (the batch stays --batch-size)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
     p.add_argument("--lora", type=int, default=0, metavar="R",
-                   help="train rank-R LoRA adapters (peft) instead of every weight, merged before saving; 0: full "
-                        "fine-tuning (SmolLM2 on 2 CPU cores: 1.3x the tokens/s at R = 16, docs/real_model.md)")
-    p.add_argument("--ref-cache", action="store_true",
-                   help="compute log pi_ref at the action tokens once, up front, and free pi_ref: saves the reference "
-                        "model's memory at 4 x vocabulary-size bytes per action token on the CPU - worth it for a "
-                        "large model with a small vocabulary / buffer")
+                   help="train rank-R LoRA adapters (peft) instead of every weight, merged before saving; 0: all")
     return p.parse_args(argv)
 
 
@@ -134,6 +102,9 @@ def tokenize_episode(tokenizer, ep):
     The chat template is rendered as text for growing prefixes of the conversation, and
     the full text is tokenized once; character offsets locate each turn."""
     msgs = episode_messages(ep)
+    control = [s for s in tokenizer.get_added_vocab() for m in msgs if s in m["content"]]
+    if control:  # text data never makes a control token: it would change the chat layout silently
+        die(f"episode {ep['task_id']}: its text contains the tokenizer's control token {control[0]!r}")
 
     def render(m, gen):
         return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
@@ -147,8 +118,8 @@ def tokenize_episode(tokenizer, ep):
         k = 2 + 2 * t  # index of assistant message t
         prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
         if not (full.startswith(prompt) and full.startswith(after)):
-            raise ValueError("the chat template does not render a conversation as a prefix of its "
-                             "continuation; this model's template is not supported")
+            die("the chat template does not render a conversation as a prefix of its continuation; "
+                "this model's template is not supported")
         first = bisect.bisect_right(ends, len(prompt))   # first token ending after the prompt
         last = bisect.bisect_left(ends, len(after))      # token that ends turn t
         state_pos.append(first - 1)
@@ -186,18 +157,17 @@ def collate(tokenized, pad_id):
 
 
 # ----------------------------------------------------------------------------------------
-# ALGO LOGIC: the BPPO and AWR objectives, and the KL anchor, on every action token.
+# ALGO LOGIC: the BPPO and AWR objectives and the KL anchor, on every action token.
 # ----------------------------------------------------------------------------------------
 def masked_mean(x, mask):
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
 def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip=0.0):
-    """Paper eq. (BPPO, asymmetric clipping): -masked_mean(min(eta*A, clip(eta, 1-eps_low, 1+eps_high)*A)),
-    eta = exp(logp - logp_old). All arguments are per-token tensors of one shape.
-    dual_clip = c > 1 also bounds a bad token's term from below, max(..., c * A) for A < 0: without
-    it a token whose eta has grown far above 1 contributes eta * A without limit, and one such
-    token can dominate a whole batch (dual-clip PPO)."""
+    """L_BPPO = -masked_mean(min(eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A)), eta = exp(logp - logp_old);
+    every argument is a per-token tensor of one shape. dual_clip = c > 1 (0: off) bounds a bad token's
+    term from below, max(..., c * A) for A < 0: else a token whose eta grew far above 1 adds eta * A
+    without limit, and one such token can dominate a whole batch."""
     eta = torch.exp(logp - logp_old)
     surrogate = torch.minimum(eta * adv, torch.clamp(eta, 1.0 - eps_low, 1.0 + eps_high) * adv)
     if dual_clip:
@@ -205,14 +175,8 @@ def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip=0.0):
     return -masked_mean(surrogate, mask)
 
 
-def success_nll(logp, success):
-    """--bc-coef: E[1[episode succeeded] * (-log pi_theta(token))], the NLL of the successful
-    episodes' reply tokens averaged over every reply token (success is 1 there, 0 elsewhere)."""
-    return -(logp * success).mean()
-
-
 def awr_loss(logp, adv, mask, beta, max_weight):
-    """Advantage-weighted regression (the paper's weaker alternative): weights exp(A/beta), clipped."""
+    """L_AWR = -masked_mean(min(exp(A / beta), w_max) * logp): advantage-weighted regression."""
     weight = torch.clamp(torch.exp(adv / beta), max=max_weight)
     return -masked_mean(weight * logp, mask)
 
@@ -240,45 +204,29 @@ def token_logprobs(logits, targets):
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
-def step_index(batch):
-    """(N,): for each reply token of the batch (row-major), its step as a flat index row * T + t."""
-    reply = batch["action_step"] >= 0
-    return reply.nonzero()[:, 0] * batch["step_mask"].shape[1] + batch["action_step"][reply]
-
-
-def step_sums(x, batch):
-    """--ratio step: sum a per-reply-token tensor over each step's tokens, (N,) -> (B, T); summed
-    log-probabilities give log pi(a_t | s_t) of the whole reply a_t."""
-    out = torch.zeros(batch["step_mask"].numel(), dtype=x.dtype, device=x.device)
-    return out.scatter_add(0, step_index(batch), x).view(batch["step_mask"].shape)
-
-
 def token_advantages(batch, step_adv):
-    """Each step's A_t on every token of its reply: (N,) over the batch's reply tokens from (B, T)."""
-    return step_adv.flatten()[step_index(batch)]
+    """Each step's A_t on every token of its reply: step_adv (B, T) -> (N,), row-major over the
+    batch's reply tokens (the order of reply_logits' rows)."""
+    reply = batch["action_step"] >= 0  # (B, L)
+    return step_adv[reply.nonzero()[:, 0], batch["action_step"][reply]]
 
 
 def policy_loss(logits, logr, batch, logp_old, args):
-    """The stage's objective on one batch, L = L_pi + alpha * KL(pi_theta || pi_ref), with L_pi the
-    BPPO (or, with --objective awr, the AWR) loss over the action tokens -> (loss, info).
-    logits (N, V) of pi_theta at the batch's N reply tokens (reply_logits), logr (N, V) log pi_ref
-    there (None when alpha = 0), logp_old (N,).
-    info holds what the stage prints: the loss, the fraction of action tokens (--ratio step: of
-    steps) each clip holds (clip_low: A < 0 and eta < 1 - eps_low; clip_high: A > 0 and eta > 1 + eps_high), how far
-    pi_theta has moved from pi_old (approx_kl_old, mean ratio eta) and KL(pi_theta || pi_ref)."""
-    logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])
-    bc = success_nll(logp, batch["success"]) if args.bc_coef > 0 else torch.zeros((), device=logits.device)
+    """L = L_BPPO (or, with --objective awr, L_AWR) + alpha * KL(pi_theta || pi_ref) on one batch ->
+    (loss, info). logits (N, V) of pi_theta at the batch's N reply tokens (reply_logits); logr (N, V)
+    log pi_ref there (None when alpha = 0); logp_old (N,); batch["adv"] (N,).
+    info: the loss; the fraction of action tokens each clip holds (clip_low: A < 0 and eta < 1 - eps_low,
+    clip_high: A > 0 and eta > 1 + eps_high); how far pi_theta has moved from pi_old (approx_kl_old,
+    the mean ratio eta); KL(pi_theta || pi_ref)."""
+    logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,)
     adv = batch["adv"]
     mask = torch.ones_like(adv)
-    if args.ratio == "step":  # one eta per step: log-probabilities summed over the reply's tokens
-        logp, logp_old = step_sums(logp, batch), step_sums(logp_old, batch)
-        adv, mask = batch["step_adv"], batch["step_mask"]
     if args.objective == "bppo":
         loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip)
     else:
         loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
     kl_ref = torch.zeros((), device=logits.device) if logr is None else kl_to_ref(logits, logr)
-    loss = loss_pi + args.kl_coef * kl_ref + args.bc_coef * bc
+    loss = loss_pi + args.kl_coef * kl_ref
     with torch.no_grad():
         log_ratio = logp - logp_old
         eta = log_ratio.exp()
@@ -288,7 +236,6 @@ def policy_loss(logits, logr, batch, logp_old, args):
                 # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
                 "approx_kl_old": masked_mean((eta - 1) - log_ratio, mask).item(),
                 "kl_ref": kl_ref.item(),
-                "bc": bc.item(),
                 "ratio": masked_mean(eta, mask).item()}
     return loss, info
 
@@ -296,9 +243,10 @@ def policy_loss(logits, logr, batch, logp_old, args):
 def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only by a finished policy.
-    check_flags(args, eps_low="in (0, 1]", eps_high="positive", kl_coef="non-negative", bc_coef="non-negative", dual_clip="non-negative", awr_beta="positive",
-                awr_max_weight="positive", epochs="at least 1", batch_size="at least 1", grad_accum="at least 1",
-                lr="positive", grad_clip="positive", threads="non-negative", lora="non-negative")
+    check_flags(args, eps_low="in (0, 1]", eps_high="positive", dual_clip="non-negative", kl_coef="non-negative",
+                awr_beta="positive", awr_max_weight="positive", epochs="at least 1", batch_size="at least 1",
+                lr="in (0, 1]", grad_clip="positive", grad_accum="at least 1", seed="a seed in [0, 2**32)",
+                threads="non-negative", lora="non-negative")
     if 0 < args.dual_clip <= 1:
         die(f"--dual-clip must be 0 (off) or greater than 1, got {args.dual_clip}")
     if args.lora and args.fsdp:
@@ -308,7 +256,7 @@ def main(argv=None):
         check_out(args.metrics, "log", args.data + [args.policy, args.ref, args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
-    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
+    rank, world = setup_distributed()  # distributed (torchrun); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, dtype = pick_device()
@@ -318,84 +266,60 @@ def main(argv=None):
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
         die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
             "their next-token distributions token by token, so both must share one (pass the BC policy)")
-    policy = add_lora(load_pretrained(AutoModelForCausalLM, args.policy, dtype), args.lora).to(device)
+    policy = add_lora(load_model(AutoModelForCausalLM, args.policy, dtype), args.lora).to(device)
     train_policy = distribute(policy, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the policy itself
-    ref = load_pretrained(AutoModelForCausalLM, args.ref, dtype).to(device).eval()
+    ref = load_model(AutoModelForCausalLM, args.ref, dtype).to(device).eval()
     ref.requires_grad_(False)
     data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")
 
-    all_adv = [s["adv"] for ep, _ in data for s in ep["steps"]]
-    adv_shift = float(np.mean(all_adv)) if args.adv_norm in ("mean", "center") else 0.0
-    adv_scale = float(np.std(all_adv)) + 1e-8 if args.adv_norm in ("std", "center") else 1.0
-
     def make_batch(items):
+        """(episode, tokens) pairs -> collate's tensors on the device, and batch["adv"] (N,): A_t on reply t."""
         batch = {k: v.to(device) for k, v in collate([x for _, x in items], tokenizer.pad_token_id).items()}
-        T = batch["action_pos"].shape[1]
-        step_adv = torch.zeros((len(items), T), device=device)
+        step_adv = torch.zeros(batch["step_mask"].shape, device=device)  # (B, T)
         for i, (ep, _) in enumerate(items):
-            step_adv[i, :len(ep["steps"])] = (torch.tensor([s["adv"] for s in ep["steps"]]) - adv_shift) / adv_scale
-        batch["step_adv"] = step_adv                                   # (B, T)
-        batch["adv"] = token_advantages(batch, step_adv)              # (N,) one per reply token
-        success = torch.tensor([float(ep["success"]) for ep, _ in items], device=device)
-        batch["success"] = token_advantages(batch, success[:, None].expand(-1, T))  # (N,) 1 in successful episodes
+            step_adv[i, :len(ep["steps"])] = torch.tensor([s["adv"] for s in ep["steps"]])
+        batch["adv"] = token_advantages(batch, step_adv)
         return batch
 
-    # log pi_old of every token, once: pi_old is the policy as it entered the stage.
+    # log pi_old of every reply token, once: pi_old is the policy as it entered the stage.
     policy.eval()
-    logp_old = []
+    logp_old = []  # one (n_j,) tensor per trajectory j
     with torch.no_grad():
         for i in range(0, len(data), args.batch_size):
             b = make_batch(data[i:i + args.batch_size])
             logp = token_logprobs(reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
-            logp_old += logp.cpu().split((b["action_step"] >= 0).sum(1).tolist())  # one (n_j,) per trajectory
+            logp_old += logp.cpu().split((b["action_step"] >= 0).sum(1).tolist())
     policy.train()
 
-    lengths = [len(x["input_ids"]) for _, x in data]
-    # --ref-cache: log pi_ref(v) for every v at every reply token, once (in the first epoch's
-    # batches), so that pi_ref need not stay in memory: rows_of[j] is (reply tokens of trajectory
-    # j, V) on the CPU, 4 * V bytes per reply token (under torchrun, in every process).
-    rows_of = {}
-    if args.ref_cache:
-        with torch.no_grad():
-            first_epoch = length_batches(lengths, args.batch_size, random.Random(args.seed))
-            for idx in first_epoch if args.kl_coef > 0 else []:
-                b = make_batch([data[j] for j in idx])
-                logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1).cpu()
-                rows_of.update(zip(idx, logr.split((b["action_step"] >= 0).sum(1).tolist())))
-        del ref
-
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr,
-                                  weight_decay=0.0)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
     print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
-          f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}, adv scale {adv_scale:.3f}")
+          f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}")
+    lengths = [len(x["input_ids"]) for _, x in data]
     rng = random.Random(args.seed)
-    n_steps = args.epochs * len(length_batches(lengths, args.batch_size, random.Random(0)))
-    bar = tqdm(total=n_steps, desc="05_bppo", unit="step", disable=not is_main())
+    bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="05_bppo", unit="step",
+               disable=not is_main())
     step, t0, records, n_tok = 0, time.time(), [], 0
     for epoch in range(args.epochs):
-        sums = {k: 0.0 for k in ("loss", "clip_low", "clip_high", "approx_kl_old", "kl_ref", "bc", "ratio")}
-        n_batches = 0
+        epoch_infos = []
         for idx in length_batches(lengths, args.batch_size, rng):
-            mine, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
+            # distributed: this rank's part of the global batch, in --grad-accum micro-batches, each
+            # weighted by its share of the global batch's reply tokens (alone, one part: share 1)
+            mine, keep = shard(idx, rank, world)
             parts = [(part, make_batch([data[j] for j in part]), keep * w)
                      for part, w in micro_batches(mine, args.grad_accum)]
-            # every term is a mean over the reply tokens (--ratio step: steps) of the whole global batch
-            shares = part_shares([(b["step_mask"].sum() if args.ratio == "step" else (b["action_step"] >= 0).sum()) * w
-                                  for _, b, w in parts], world)
+            shares = part_shares([(b["action_step"] >= 0).sum() * w for _, b, w in parts], world)
             optimizer.zero_grad(set_to_none=True)
             infos = []
             for i, (part, b, _) in enumerate(parts):
                 n_tok += int(b["attention_mask"].sum())
-                grad_sync(train_policy, world, args.fsdp, on=i == len(parts) - 1)
+                grad_sync(train_policy, world, args.fsdp, on=i == len(parts) - 1)  # distributed
                 old = torch.cat([logp_old[j] for j in part]).to(device)  # (N,) log pi_old of the reply tokens
                 logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
-                logr = None  # log pi_ref (N, V) for the KL anchor
-                if args.kl_coef > 0 and args.ref_cache:
-                    logr = torch.cat([rows_of[j] for j in part]).to(device)
-                elif args.kl_coef > 0:
+                logr = None  # (N, V) log pi_ref, for the KL anchor
+                if args.kl_coef > 0:
                     with torch.no_grad():
                         logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1)
                 loss, part_info = policy_loss(logits, logr, b, old, args)
@@ -403,33 +327,30 @@ def main(argv=None):
                     die(f"loss became {loss.item()} at step {step}; lower --lr")
                 (loss * shares[i]).backward()
                 infos.append(part_info)
-            info = average_info(infos, shares, world)
+            info = average_info(infos, shares, world)  # distributed: the numbers of the global batch
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
-            if args.anneal_lr:
-                for group in optimizer.param_groups:
-                    group["lr"] = args.lr * (1.0 - step / n_steps)
             optimizer.step()
-            for k in sums:
-                sums[k] += info[k]
-            n_batches += 1
+            epoch_infos.append(info)
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
         record = {"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
-                  "lr": optimizer.param_groups[0]["lr"], **{k: v / n_batches for k, v in sums.items()}, **cost(n_tok, time.time() - t0, device)}
+                  **{k: sum(i[k] for i in epoch_infos) / len(epoch_infos) for k in epoch_infos[0]},
+                  **cost(n_tok, time.time() - t0, device)}
         records.append(record)
         tqdm.write(f"epoch {epoch + 1}: loss {record['loss']:+.4f}  clip low {record['clip_low']:.3f} high "
                    f"{record['clip_high']:.3f}  approx KL(old) {record['approx_kl_old']:.4f}  KL(ref) "
                    f"{record['kl_ref']:.4f}  mean ratio {record['ratio']:.3f}")
     bar.close()
 
-    state = full_state(policy, args.fsdp)  # distributed --fsdp: gather the shards; else None
+    state = full_state(policy, args.fsdp)  # distributed --fsdp: the shards gathered on rank 0; else None
+    check_finite(policy.parameters() if state is None else state.values(), "the updated policy")
 
     def save(tmp):
         merged_for_saving(policy, args.lora).save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "args.json"), "w") as f:
-            json.dump(vars(args), f, indent=2)
+            json.dump({"stage": "05_bppo", **vars(args)}, f, indent=2)
     if not is_main():  # distributed: rank 0 alone writes
         return finish_distributed()
     write_atomic(args.out, save)
@@ -439,84 +360,88 @@ def main(argv=None):
     finish_distributed()
 
 
-# ----------------------------------------------------------------------------------------
-# Plumbing identical in every stage; skip on a first reading. Copied on purpose (CleanRL style)
-# so that each stage stands alone: every copy stays byte-identical (tests/test_stage_copies.py
-# checks), and a stage carries only the helpers it calls.
-# ----------------------------------------------------------------------------------------
-def cost(n_tokens, seconds, device):
-    """What the stage costs, for its printout and metrics: tokens through the model per second
-    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
-    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**30
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
-    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
-
-
+# ========================================================================================
+# Plumbing, copied byte-identical into every stage that needs it (tests/test_stage_copies.py);
+# skip it on a first reading. The promises (docs/design.md, 'Conventions'): bad input is one
+# `error:` line and exit 2 before any work; a stage writes only its own output, atomically.
+# ========================================================================================
 def die(msg):
-    """Bad input: one clear sentence on stderr, exit code 2, nothing written."""
-    print(f"error: {msg}", file=sys.stderr)
+    """Bad input: one line on stderr, exit code 2, nothing written."""
+    print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
     sys.exit(2)
 
 
+RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
+         "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
+         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32}
+
+
 def check_flags(args, **rules):
-    """Numeric flags, checked before any work: each rule says what the flag must be."""
-    tests = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
-             "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1}
+    """Numeric flags, before any work: each rule (RULES) says what the flag must be."""
     for name, rule in rules.items():
         value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and tests[rule](value)):
+        if value is not None and not (math.isfinite(value) and RULES[rule](value)):
             die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
 
 
-ARTIFACTS = {"policy": "a policy directory written by 01_bc.py / 05_bppo.py",
-             "critic": "a critic directory written by 03_critic.py",
-             "02_collect": "an episode JSONL (or its .json summary) written by 02_collect.py",
-             "04_gae": "a JSONL with advantages (or its .json summary) written by 04_gae.py",
-             "log": "a metrics JSONL"}
+# What each kind of output is, and which stages write it (their name is in args.json / the summary).
+ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py / 05_bppo.py",
+                        ("00_pretrain", "01_bc", "05_bppo")),
+             "critic": ("a critic directory written by 03_critic.py", ("03_critic",)),
+             "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
+             "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
+             "log": ("a metrics JSONL", ())}
 
 
-def replaceable(path, kind):
-    """Whether an existing path holds an artifact of this kind (ARTIFACTS) that a stage may
-    replace (or, for a log, append to); a .json path is the summary of a stage's JSONL.
-    A run directory, a checkout, '.' or another stage's output never is one."""
+def read_json(path):
+    """A JSON object from a file, or None when the file is not one (missing, binary, not JSON, not a dict)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def owned(path, kind):
+    """Whether an existing path is an artifact of this kind that a stage may replace (a log: append
+    to). Judged from all of it: a directory holds only plain files and an args.json naming its stage;
+    a summary names its stage; every line of a JSONL is an episode of the kind (or a metrics record)."""
+    what, stages = ARTIFACTS[kind]
     if kind in ("policy", "critic"):
         names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
-        return ({"config.json", "args.json"} <= set(names) and ("heads.safetensors" in names) == (kind == "critic")
-                and all(os.path.isfile(os.path.join(path, n)) for n in names))
-    if not os.path.isfile(path):
+        return (bool(names) and all(os.path.isfile(os.path.join(path, n)) for n in names)
+                and ("heads.safetensors" in names) == (kind == "critic")
+                and (read_json(os.path.join(path, "args.json")) or {}).get("stage") in stages)
+    if os.path.islink(path) or not os.path.isfile(path):
         return False
-    try:
-        with open(path) as f:
-            text = f.readline() if kind == "log" or path.endswith(".jsonl") else f.read()
-        obj = json.loads(text) if text.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    if not isinstance(obj, dict) or not obj:
-        return obj == {}  # an empty file holds nothing to lose
-    if kind == "log":
-        return "stage" in obj
     if path.endswith(".json"):
-        return obj.get("stage") == kind
-    steps = obj.get("steps")  # a JSONL: its first episode, with advantages if 04_gae.py wrote it
-    return isinstance(steps, list) and all(isinstance(s, dict) and ("adv" in s) == (kind == "04_gae") for s in steps)
+        return os.path.getsize(path) == 0 or (read_json(path) or {}).get("stage") in stages
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (UnicodeDecodeError, ValueError):
+        return False
+    if kind == "log":
+        return all(isinstance(r, dict) and "stage" in r for r in rows)
+    keys = {**STEP_KEYS, "adv": float} if kind == "04_gae" else STEP_KEYS
+    return all(episode_error(r, keys) is None and ("adv" in r["steps"][0]) == (kind == "04_gae") for r in rows)
 
 
 def check_out(path, kind, inputs=()):
-    """Before any work: an output may name nothing yet or an artifact of the stage's own kind,
-    never an input (or a directory holding one) nor anything else; its parent must be writable.
-    The JSONL of 02 / 04 must end in .jsonl: its summary goes beside it as .json."""
+    """Before any work: an output names nothing yet or an artifact of the stage's own kind (owned),
+    never an input, nor a directory that holds one or lies inside one; its parent must be writable.
+    A JSONL (02, 04, metrics) ends in .jsonl; 02 and 04 write their summary beside it as .json."""
     real = os.path.realpath(path)
-    for p in inputs:
-        if os.path.realpath(p) == real or os.path.realpath(p).startswith(real + os.sep):
-            die(f"{path} is (or holds) an input of this stage; write the output elsewhere")
-    if kind in ("02_collect", "04_gae") and not path.endswith(".jsonl"):
-        die(f"{path}: the output must end in .jsonl (the summary goes beside it with .json)")
+    for p in map(os.path.realpath, inputs):
+        if real == p or p.startswith(real + os.sep) or real.startswith(p + os.sep):
+            die(f"{path} is (or holds) an input of this stage, or lies inside one; write the output elsewhere")
+    if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
+        die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl"
+            + ("" if kind == "log" else " (the summary goes beside it with .json)"))
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if os.path.lexists(p) and not replaceable(p, kind):
-            die(f"{p} exists and is not {ARTIFACTS[kind]}; refusing to replace it (pick another path)")
+        if os.path.lexists(p) and not owned(p, kind):
+            die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -528,55 +453,150 @@ def check_out(path, kind, inputs=()):
         die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
 
 
-def check_model_dir(path, kind):
-    """Before any work: path is a 'policy' (01 / 05 output, or a local Hugging Face causal LM)
-    or a 'critic' (03 output) directory with the files that kind needs, its JSON readable."""
-    what = "a model directory from 01_bc.py / 05_bppo.py (or a local Hugging Face model)" \
-        if kind == "policy" else "a critic directory from 03_critic.py"
-    if not os.path.isdir(path):
-        die(f"{path}: no such directory; pass {what}")
-    need = ["config.json", "tokenizer_config.json"] + (["heads.safetensors", "args.json"] if kind == "critic" else [])
-    missing = [name for name in need if not os.path.isfile(os.path.join(path, name))]
-    if missing:
-        die(f"{path} is not {what} (no {', '.join(missing)})")
-    if kind == "policy" and os.path.exists(os.path.join(path, "heads.safetensors")):
-        die(f"{path} is a critic directory (03_critic.py output), not a policy")
-    for name in ("config.json", "args.json"):
-        if os.path.isfile(os.path.join(path, name)):
-            try:
-                with open(os.path.join(path, name)) as f:
-                    assert isinstance(json.load(f), dict)
-            except (UnicodeDecodeError, json.JSONDecodeError, AssertionError):
-                die(f"{os.path.join(path, name)}: not a valid JSON object")
-    with open(os.path.join(path, "config.json")) as f:
-        if "model_type" not in json.load(f):
-            die(f"{os.path.join(path, 'config.json')}: no model_type; this is not a Hugging Face model config")
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors") and not complete_safetensors(os.path.join(path, name)):
-            die(f"{os.path.join(path, name)}: truncated, or not a safetensors file")
-
-
-def complete_safetensors(path):
-    """Whether a .safetensors file is whole: an 8-byte header size, a JSON header, and the
-    bytes of every tensor it lists (read before loading anything, so nothing is half loaded)."""
-    size = os.path.getsize(path)
+def write_atomic(path, write_fn):
+    """Write a file or directory through a temporary sibling and one rename: a killed stage leaves
+    the old artifact or none, never half of one (a SIGKILL may leave its path.tmpPID behind)."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp, old = f"{path}.tmp{os.getpid()}", f"{path}.old{os.getpid()}"
     try:
+        write_fn(tmp)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException as e:  # disk full (OSError, safetensors' own error), Ctrl-C: no temporary stays
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
+        elif os.path.lexists(tmp):
+            os.remove(tmp)
+        if isinstance(e, Exception):
+            die(f"could not write {path} ({getattr(e, 'strerror', None) or e}); it was left as it was")
+        raise
+
+
+def save_text(path, text):
+    """Write a text file atomically (write_atomic)."""
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    write_atomic(path, write)
+
+
+def log_metrics(path, *records):
+    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics), atomically: a full disk
+    leaves the file as it was. A stage logs once its artifact is written, so a rerun adds no duplicates."""
+    if path:
+        old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+        save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
+
+
+EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
+                "reward": float, "success": bool, "source": str}
+STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
+MAX_REWARD = 100.0  # |r_env|, |r_aux|, |reward|, |adv| above this is a broken buffer, not a reward
+
+
+def field_error(obj, types):
+    """What is wrong with a JSON object given the types of its keys (float: a finite number of at
+    most MAX_REWARD in size), or None."""
+    if not isinstance(obj, dict):
+        return f"not a JSON object but {json.dumps(obj)[:40]}"
+    for key, t in types.items():
+        value = obj.get(key)
+        if key not in obj:
+            return f"lacks {key}"
+        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_REWARD):
+            return f"{key} must be a finite number of at most {MAX_REWARD:g} in size, got {json.dumps(value)[:40]}"
+        if t is not float and not isinstance(value, t):
+            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
+    return None
+
+
+def episode_error(ep, step_keys):
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None."""
+    problem = field_error(ep, EPISODE_KEYS)
+    if problem or not ep["steps"]:
+        return problem or "has no steps"
+    for t, step in enumerate(ep["steps"]):
+        problem = field_error(step, step_keys)
+        if problem:
+            return f"{problem} at step {t}"
+    return None
+
+
+def read_episodes(paths, step_keys=STEP_KEYS):
+    """Read episode JSONL files; reject a bad line (or a binary file) with its file and line number."""
+    episodes = []
+    for path in paths:
+        if not os.path.isfile(path):
+            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
         with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n)) if 8 + n <= size else None
-        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
-        return 8 + n + max(ends, default=0) <= size
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
-        return False
+            for lineno, line in enumerate(f, 1):
+                try:
+                    ep = json.loads(line.decode("utf-8")) if line.strip() else None
+                except (UnicodeDecodeError, ValueError) as e:
+                    die(f"{path}:{lineno}: not a line of JSON text ({type(e).__name__})")
+                problem = None if ep is None else episode_error(ep, step_keys)
+                if problem:
+                    die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
+                episodes += [ep] if ep is not None else []
+    if not episodes:
+        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
+    return episodes
 
 
-def load_pretrained(auto_class, path, dtype):
-    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run); a
-    broken directory (truncated weights, a config it cannot use) is one error line."""
+def load_tokenizer(path):
+    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
+    if not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+        die(f"{path}: no tokenizer_config.json; pass a model directory from 01_bc.py / 05_bppo.py")
+    if os.path.exists(os.path.join(path, "heads.safetensors")):
+        die(f"{path} is a critic directory (03_critic.py output), not a policy")
     try:
-        return auto_class.from_pretrained(path, local_files_only=True, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a file it cannot read, or one that needs a library not installed
+        die(f"{path}: cannot load the tokenizer ({e})")
+    if not tokenizer.chat_template:
+        die(f"{path}: the tokenizer has no chat template (docs/design.md, 'The chat layout')")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(auto_class, path, dtype):
+    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run), refused
+    when it is broken or lacks a tensor (transformers would fill that in with random weights)."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        die(f"{path}: no config.json; pass a model directory from 01_bc.py / 05_bppo.py")
+    try:
+        model, info = auto_class.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
     except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
-        die(f"{path}: cannot load the model ({' '.join(str(e).split())[:300]})")
+        die(f"{path}: cannot load the model ({e})")
+    if info["missing_keys"]:
+        die(f"{path}: the checkpoint lacks {len(info['missing_keys'])} tensors ({sorted(info['missing_keys'])[0]}, ...)")
+    return model
+
+
+def check_finite(tensors, what):
+    """A diverged update (non-finite weights) is refused instead of saved."""
+    if not all(torch.isfinite(t).all() for t in tensors):
+        die(f"{what} has non-finite weights (the update diverged); nothing written - lower --lr")
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device():
+    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
 
 
 def add_lora(model, rank):
@@ -596,78 +616,6 @@ def add_lora(model, rank):
 def merged_for_saving(model, rank):
     """The model to save_pretrained: with --lora, the base model with the adapters merged in."""
     return model.merge_and_unload() if rank else model
-
-
-def load_tokenizer(path, kind="policy"):
-    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    check_model_dir(path, kind)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a tokenizer file it cannot read, or one that needs a library not installed
-        die(f"{path}: cannot load the tokenizer ({' '.join(str(e).split())[:300]})")
-    if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template; this project needs one (docs/design.md, 'The chat layout')")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
-                "reward": float, "success": bool, "source": str}
-
-
-STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
-
-
-def field_error(obj, types):
-    """What is wrong with a JSON object given the types of its keys (float: a finite number,
-    at most 1e6 in size, so that no loss overflows), or None when nothing is."""
-    if not isinstance(obj, dict):
-        return f"not a JSON object but {json.dumps(obj)[:40]}"
-    for key, t in types.items():
-        if key not in obj:
-            return f"lacks {key}"
-        value = obj[key]
-        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= 1e6):
-            return f"{key} must be a finite number (at most 1e6 in size), got {json.dumps(value)[:40]}"
-        if t is not float and not isinstance(value, t):
-            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
-    return None
-
-
-def episode_error(ep, step_keys):
-    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None when nothing is."""
-    problem = field_error(ep, EPISODE_KEYS)
-    if problem or not ep["steps"]:
-        return problem or "has no steps"
-    for t, step in enumerate(ep["steps"]):
-        problem = field_error(step, step_keys)
-        if problem:
-            return f"{problem} at step {t}"
-    return None
-
-
-def read_episodes(paths, step_keys=STEP_KEYS):
-    """Read episode JSONL files (docs/design.md, 'The episode JSONL'); reject a bad line with file and line number."""
-    episodes = []
-    for path in paths:
-        if not os.path.isfile(path):
-            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    ep = json.loads(line)
-                except json.JSONDecodeError as e:
-                    die(f"{path}:{lineno}: not valid JSON ({e.msg})")
-                problem = episode_error(ep, step_keys)
-                if problem:
-                    die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
-                episodes.append(ep)
-    if not episodes:
-        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
-    return episodes
 
 
 def tokenize_all(tokenizer, episodes, max_len):
@@ -692,74 +640,15 @@ def length_batches(lengths, batch_size, rng):
     return batches
 
 
-def stale(pid):
-    """Whether no process has this id any more (its temporary files are leftovers)."""
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def remove(path):
-    """Delete a file or a directory tree, if it is there."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-def write_atomic(path, write_fn):
-    """Write a file or directory via a temporary sibling and one rename: a killed stage
-    leaves the previous state or nothing, never half an artifact. The temporaries of a
-    killed stage (path.tmpPID, path.oldPID) are removed here; a failed write leaves none."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    for entry in os.listdir(parent):
-        pid = entry[len(name) + 4:]
-        if entry[:len(name) + 4] in (name + ".tmp", name + ".old") and pid.isdigit() and stale(int(pid)):
-            remove(os.path.join(parent, entry))
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        write_fn(tmp)
-    except BaseException as e:  # disk full, killed by Ctrl-C, ...: no half-written temporary stays
-        remove(tmp)
-        if isinstance(e, OSError):
-            die(f"could not write {path} ({e.strerror or e}); it was left as it was")
-        raise
-    if os.path.isdir(path) and not os.path.islink(path):
-        old = f"{path}.old{os.getpid()}"
-        os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old)
+def cost(n_tokens, seconds, device):
+    """What the stage costs, for its printout and metrics: tokens through the model per second
+    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
+    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
     else:
-        os.replace(tmp, path)
-
-
-def log_metrics(path, *records):
-    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics). A stage logs once
-    its artifact is written, so a killed and rerun stage leaves no duplicate records."""
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "a") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def pick_device():
-    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
 
 
 # Several processes (torchrun); skip unless you launch a stage with torchrun (docs/distributed.md).

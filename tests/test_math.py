@@ -1,13 +1,13 @@
 """The algorithm's pure functions against hand-computed values (the equations of the stages' docstrings),
 and 04's choice of rewards end to end."""
 import json
-import math
 
 import numpy as np
 import pytest
 import torch
-from conftest import run_stage
 from transformers import AutoModel
+
+from conftest import run_stage
 
 
 def test_expectile_at_half_is_half_the_mse(stages):
@@ -89,22 +89,26 @@ def test_gae_truncated_bootstraps_last_value(stages):
     assert np.allclose(gae(r, v, d, g, lam), [a0, a1])
 
 
-def test_the_step_limit_ends_a_cut_trajectory(stages):
-    """03 and 04: a trajectory cut by the step limit (last step not done) ends there - V(s_T) is
-    not bootstrapped - like one that reached a true terminal; steps before the last keep their done."""
+def test_time_limit_terminal_ends_a_cut_trajectory(stages):
+    """03 / 04 --time-limit: a trajectory cut by the step limit (last step not done) ends there
+    ('terminal': nothing bootstrapped) or bootstraps from V(s_T) ('bootstrap'); a trajectory
+    that reached a true terminal is the same either way."""
     ep = {"steps": [{"r_env": 0.0, "r_aux": -0.1, "done": False}, {"r_env": 0.0, "r_aux": 0.0, "done": False}]}
     v, q, g, lam = np.array([0.2, 0.4, 0.7]), np.zeros(2), 0.9, 0.5
     adv = lambda out: [s["adv"] for s in out["steps"]]
     a1 = 0.0 - 0.4                    # the cut: V(s_T) = 0.7 is not used
     a0 = (0.9 * 0.4 - 0.2) + g * lam * a1
     ea = stages["04_gae"].episode_advantages
-    assert np.allclose(adv(ea(ep, v, q, g, lam, "gae", False)), [a0, a1])
+    assert np.allclose(adv(ea(ep, v, q, g, lam, "gae", False, "terminal")), [a0, a1])
+    b1 = 0.9 * 0.7 - 0.4
+    assert np.allclose(adv(ea(ep, v, q, g, lam, "gae", False, "bootstrap")), [(0.9 * 0.4 - 0.2) + g * lam * b1, b1])
     won = {"steps": [dict(ep["steps"][0]), dict(ep["steps"][1], r_env=1.0, done=True)]}
-    assert np.allclose(adv(ea(won, v, q, g, lam, "gae", False)), [(0.9 * 0.4 - 0.2) + g * lam * 0.6, 1.0 - 0.4])
+    assert np.allclose(adv(ea(won, v, q, g, lam, "gae", False, "terminal")),
+                       adv(ea(won, v, q, g, lam, "gae", False, "bootstrap")))
     tt = stages["03_critic"].trajectory_tensors
     eps = [ep, won, {"steps": ep["steps"][:1]}]
-    assert tt(eps, "cpu")["done"].tolist() == [[0, 1], [0, 1], [1, 0]]
-    assert tt(eps, "cpu")["mask"].tolist() == [[1, 1], [1, 1], [1, 0]]
+    assert tt(eps, "cpu", "terminal")["done"].tolist() == [[0, 1], [0, 1], [1, 0]]
+    assert tt(eps, "cpu", "bootstrap")["done"].tolist() == [[0, 0], [0, 1], [0, 0]]
 
 
 def test_td_error_without_the_critics_aux_rewards_gives_the_penalty_back(stages):
@@ -150,19 +154,6 @@ def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path):
     assert np.allclose(advantages(True), advantages(False, "--rewards", "env"), atol=1e-6)
 
 
-def test_04_refuses_non_finite_values_and_writes_nothing(stages, tiny_run, tmp_path):
-    """A critic whose V head gives NaN: 04 stops with one error line before writing the JSONL or its summary."""
-    c3 = stages["03_critic"]
-    critic = c3.Critic(AutoModel.from_pretrained(tiny_run / "policy_0", local_files_only=True))
-    with torch.no_grad():
-        critic.v_head[-1].bias.fill_(float("nan"))
-    critic.save(str(tmp_path / "critic"), c3.load_tokenizer(str(tiny_run / "policy_0")), {"gamma": 0.9})
-    proc = run_stage("04_gae", "--data", tiny_run / "expert.jsonl", "--critic", tmp_path / "critic",
-                     "--out", tmp_path / "adv.jsonl", "--threads", 1, check=False)
-    assert proc.returncode == 2 and "non-finite" in proc.stderr.strip().splitlines()[-1], proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["critic"]
-
-
 def test_gae_lambda_one_is_return_minus_value(stages):
     gae = stages["04_gae"].gae
     rng = np.random.default_rng(0)
@@ -180,6 +171,34 @@ def test_gae_matches_plain_loop(stages):
         r, v = rng.normal(size=T), rng.normal(size=T + 1)
         d = (rng.random(T) < 0.2).astype(float)
         assert np.allclose(gae(r, v, d, 0.97, 0.8), loop_gae(r, v, d, 0.97, 0.8))
+
+
+def _ep(task, obs0, steps, source="self"):
+    return {"env": "household", "split": "train", "task_id": task, "obs0": obs0, "source": source,
+            "steps": [{"action": a, "obs": o, "adv": adv} for a, o, adv in steps]}
+
+
+def test_state_baseline_by_hand(stages):
+    """Three samples of task A share s_0; two of them also share s_1 (same action, same observation);
+    the third took another action. Task B's one episode is alone at every state."""
+    eps = [_ep("A", "room", [("go to desk 1", "desk: a mug", 0.3), ("take mug 1", "got it", 0.5)]),
+           _ep("A", "room", [("go to desk 1", "desk: a mug", 0.1), ("look", "room", -0.4)]),
+           _ep("A", "room", [("go to bed 1", "bed: nothing", -0.7)]),
+           _ep("B", "room", [("go to desk 1", "desk: a mug", 0.2)])]
+    out, sizes = stages["04_gae"].state_baseline(eps)
+    m0 = (0.3 + 0.1 - 0.7) / 3    # s_0 of task A: three steps taken there
+    adv = [[s["adv"] for s in ep["steps"]] for ep in out]
+    assert adv[0][0] == pytest.approx(0.3 - m0) and adv[1][0] == pytest.approx(0.1 - m0)
+    assert adv[2][0] == pytest.approx(-0.7 - m0)
+    # s_1 after "go to desk 1" -> "desk: a mug" is one state for episodes 0 and 1: mean (0.5 - 0.4) / 2
+    assert adv[0][1] == pytest.approx(0.45) and adv[1][1] == pytest.approx(-0.45)
+    assert adv[3] == [0.0]                                        # visited once: A = 0
+    assert sizes == {1: 1, 2: 2, 3: 3}
+    # The same actions with a different observation are another state (a stochastic env never merges).
+    eps = [_ep("A", "room", [("go to desk 1", "desk: a mug", 0.0), ("take mug 1", "x", 1.0)]),
+           _ep("A", "room", [("go to desk 1", "desk: a pen", 0.0), ("take mug 1", "x", -1.0)])]
+    out, sizes = stages["04_gae"].state_baseline(eps)
+    assert [s["adv"] for s in out[0]["steps"]] == [0.0, 0.0] and sizes == {1: 2, 2: 2}
 
 
 def test_auc_by_hand_and_against_pair_counting(stages):
@@ -315,6 +334,13 @@ def test_awr_only_raises_probabilities_of_data_actions(stages):
     assert (logp.grad < 0).all()  # descent raises log-probs even for the negative-advantage action
 
 
+def test_awr_weights_are_clipped_at_the_max_weight(stages):
+    awr_loss = stages["05_bppo"].awr_loss
+    # weights exp(0 / 1) = 1 and min(exp(5), 20) = 20: -(1 * -1 + 20 * -2) / 2
+    loss = awr_loss(torch.tensor([-1.0, -2.0]), torch.tensor([0.0, 5.0]), torch.ones(2), 1.0, 20.0)
+    assert loss.item() == pytest.approx(20.5)
+
+
 def test_reply_matches_by_hand(stages):
     """Turn t counts as reproduced only if the argmax is right at every token of turn t."""
     collate, reply_matches = stages["01_bc"].collate, stages["01_bc"].reply_matches
@@ -348,8 +374,7 @@ def test_bc_loss_is_the_mean_nll_of_the_reply_tokens(stages):
 def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     """05's policy_loss: the BPPO loss plus alpha * KL, and the diagnostics the stage prints, by hand."""
     pp = stages["05_bppo"]
-    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o",
-                          "--bc-coef", "0"])  # eps 0.4 / 0.2, alpha 0.05; the BC term has its own test
+    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o"])  # eps 0.4 / 0.2, alpha 0.05
     torch.manual_seed(0)
     logits = torch.randn(4, 3)  # (N, V) at the 4 reply tokens (positions 1-4)
     batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "action_step": torch.tensor([[-1, 0, 0, 1, 1]]),
@@ -364,50 +389,7 @@ def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     # min(eta A, clip(eta) A): 1.2 * 1, 0.6 * -1, 1.1 * 1, 0.7 * -1
     assert loss.item() == pytest.approx(-(1.2 - 0.6 + 1.1 - 0.7) / 4, abs=1e-6)
     assert info["loss"] == pytest.approx(loss.item())
-
-
-def test_policy_loss_bc_term_is_the_nll_of_successful_episodes_tokens(stages):
-    """--bc-coef lambda adds lambda * mean over every reply token of -log pi_theta * 1[episode
-    succeeded]: tokens of failed episodes add nothing. By hand, with the BPPO and KL terms off
-    (eta = 1 and A = 0 give a zero surrogate)."""
-    pp = stages["05_bppo"]
-    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--kl-coef", "0",
-                          "--bc-coef", "0.5"])
-    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6], [0.7, 0.2, 0.1]]))
-    batch = {"input_ids": torch.tensor([[0, 0, 1, 2, 0]]), "action_step": torch.tensor([[-1, 0, 0, 1, 1]]),
-             "step_mask": torch.tensor([[1.0, 1.0]]), "adv": torch.zeros(4),
-             "success": torch.tensor([1.0, 1.0, 0.0, 0.0])}  # the first two tokens' episode succeeded
-    logp = pp.token_logprobs(logits, torch.tensor([0, 1, 2, 0]))
-    loss, info = pp.policy_loss(logits, None, batch, logp.detach(), args)
-    # tokens 0 and 1 predict 0 (p 0.5) and 1 (p 0.8); the other two are from a failed episode
-    expected = -(math.log(0.5) + math.log(0.8)) / 4
-    assert info["bc"] == pytest.approx(expected, abs=1e-6)
-    assert loss.item() == pytest.approx(0.5 * expected, abs=1e-6)
-    off = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--kl-coef", "0", "--bc-coef", "0"])
-    assert pp.policy_loss(logits, None, batch, logp.detach(), off)[0].item() == pytest.approx(0.0, abs=1e-6)
-
-
-def test_policy_loss_with_a_step_ratio_clips_whole_replies(stages):
-    """--ratio step: eta_t is the product of the reply's token ratios, clipped once per step, and
-    the loss averages over steps. Two steps of two tokens each, by hand."""
-    pp = stages["05_bppo"]
-    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--ratio", "step",
-                          "--kl-coef", "0", "--bc-coef", "0"])  # eps 0.4 / 0.2
-    torch.manual_seed(0)
-    logits = torch.randn(4, 3)
-    batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "action_step": torch.tensor([[-1, 0, 0, 1, 1]]),
-             "step_mask": torch.tensor([[1.0, 1.0]]), "step_adv": torch.tensor([[1.0, -1.0]]),
-             "adv": torch.tensor([1.0, 1.0, -1.0, -1.0])}
-    eta = torch.tensor([1.15, 1.1, 0.9, 0.95])  # per token: every one inside [0.6, 1.2]
-    logp = pp.token_logprobs(logits, torch.tensor([1, 2, 0, 1]))
-    loss, info = pp.policy_loss(logits, None, batch, logp - eta.log(), args)
-    step_eta = [1.15 * 1.1, 0.9 * 0.95]  # 1.265 (over 1 + eps_high) and 0.855
-    assert info["clip_high"] == pytest.approx(0.5) and info["clip_low"] == 0.0
-    assert info["ratio"] == pytest.approx(sum(step_eta) / 2)
-    # min(eta A, clip(eta) A) per step: min(1.265, 1.2) * 1 and 0.855 * -1, averaged over the 2 steps
-    assert loss.item() == pytest.approx(-(1.2 - 0.855) / 2, abs=1e-5)
-    token_args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--kl-coef", "0",
-                                "--bc-coef", "0"])
-    token_loss, token_info = pp.policy_loss(logits, None, batch, logp - eta.log(), token_args)
-    assert token_info["clip_high"] == 0.0  # per token nothing is clipped
-    assert token_loss.item() == pytest.approx(-(1.15 + 1.1 - 0.9 - 0.95) / 4, abs=1e-5)
+    # pi_ref uniform: the same surrogate plus alpha * KL(pi_theta || pi_ref) > 0
+    uniform = torch.log_softmax(torch.zeros(4, 3), dim=-1)
+    loss_kl, info_kl = pp.policy_loss(logits, uniform, batch, logp - eta.log(), args)
+    assert info_kl["kl_ref"] > 0 and loss_kl.item() == pytest.approx(loss.item() + 0.05 * info_kl["kl_ref"], abs=1e-6)
