@@ -89,26 +89,22 @@ def test_gae_truncated_bootstraps_last_value(stages):
     assert np.allclose(gae(r, v, d, g, lam), [a0, a1])
 
 
-def test_time_limit_terminal_ends_a_cut_trajectory(stages):
-    """03 / 04 --time-limit: a trajectory cut by the step limit (last step not done) ends there
-    ('terminal': nothing bootstrapped) or bootstraps from V(s_T) ('bootstrap'); a trajectory
-    that reached a true terminal is the same either way."""
+def test_the_step_limit_ends_a_cut_trajectory(stages):
+    """03 and 04: a trajectory cut by the step limit (last step not done) ends there - V(s_T) is
+    not bootstrapped - like one that reached a true terminal; steps before the last keep their done."""
     ep = {"steps": [{"r_env": 0.0, "r_aux": -0.1, "done": False}, {"r_env": 0.0, "r_aux": 0.0, "done": False}]}
     v, q, g, lam = np.array([0.2, 0.4, 0.7]), np.zeros(2), 0.9, 0.5
     adv = lambda out: [s["adv"] for s in out["steps"]]
     a1 = 0.0 - 0.4                    # the cut: V(s_T) = 0.7 is not used
     a0 = (0.9 * 0.4 - 0.2) + g * lam * a1
     ea = stages["04_gae"].episode_advantages
-    assert np.allclose(adv(ea(ep, v, q, g, lam, "gae", False, "terminal")), [a0, a1])
-    b1 = 0.9 * 0.7 - 0.4
-    assert np.allclose(adv(ea(ep, v, q, g, lam, "gae", False, "bootstrap")), [(0.9 * 0.4 - 0.2) + g * lam * b1, b1])
+    assert np.allclose(adv(ea(ep, v, q, g, lam, "gae", False)), [a0, a1])
     won = {"steps": [dict(ep["steps"][0]), dict(ep["steps"][1], r_env=1.0, done=True)]}
-    assert np.allclose(adv(ea(won, v, q, g, lam, "gae", False, "terminal")),
-                       adv(ea(won, v, q, g, lam, "gae", False, "bootstrap")))
+    assert np.allclose(adv(ea(won, v, q, g, lam, "gae", False)), [(0.9 * 0.4 - 0.2) + g * lam * 0.6, 1.0 - 0.4])
     tt = stages["03_critic"].trajectory_tensors
     eps = [ep, won, {"steps": ep["steps"][:1]}]
-    assert tt(eps, "cpu", "terminal")["done"].tolist() == [[0, 1], [0, 1], [1, 0]]
-    assert tt(eps, "cpu", "bootstrap")["done"].tolist() == [[0, 0], [0, 1], [0, 0]]
+    assert tt(eps, "cpu")["done"].tolist() == [[0, 1], [0, 1], [1, 0]]
+    assert tt(eps, "cpu")["mask"].tolist() == [[1, 1], [1, 1], [1, 0]]
 
 
 def test_td_error_without_the_critics_aux_rewards_gives_the_penalty_back(stages):
@@ -154,6 +150,19 @@ def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path):
     assert np.allclose(advantages(True), advantages(False, "--rewards", "env"), atol=1e-6)
 
 
+def test_04_refuses_non_finite_values_and_writes_nothing(stages, tiny_run, tmp_path):
+    """A critic whose V head gives NaN: 04 stops with one error line before writing the JSONL or its summary."""
+    c3 = stages["03_critic"]
+    critic = c3.Critic(AutoModel.from_pretrained(tiny_run / "policy_0", local_files_only=True))
+    with torch.no_grad():
+        critic.v_head[-1].bias.fill_(float("nan"))
+    critic.save(str(tmp_path / "critic"), c3.load_tokenizer(str(tiny_run / "policy_0")), {"gamma": 0.9})
+    proc = run_stage("04_gae", "--data", tiny_run / "expert.jsonl", "--critic", tmp_path / "critic",
+                     "--out", tmp_path / "adv.jsonl", "--threads", 1, check=False)
+    assert proc.returncode == 2 and "non-finite" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["critic"]
+
+
 def test_gae_lambda_one_is_return_minus_value(stages):
     gae = stages["04_gae"].gae
     rng = np.random.default_rng(0)
@@ -171,34 +180,6 @@ def test_gae_matches_plain_loop(stages):
         r, v = rng.normal(size=T), rng.normal(size=T + 1)
         d = (rng.random(T) < 0.2).astype(float)
         assert np.allclose(gae(r, v, d, 0.97, 0.8), loop_gae(r, v, d, 0.97, 0.8))
-
-
-def _ep(task, obs0, steps, source="self"):
-    return {"env": "household", "split": "train", "task_id": task, "obs0": obs0, "source": source,
-            "steps": [{"action": a, "obs": o, "adv": adv} for a, o, adv in steps]}
-
-
-def test_state_baseline_by_hand(stages):
-    """Three samples of task A share s_0; two of them also share s_1 (same action, same observation);
-    the third took another action. Task B's one episode is alone at every state."""
-    eps = [_ep("A", "room", [("go to desk 1", "desk: a mug", 0.3), ("take mug 1", "got it", 0.5)]),
-           _ep("A", "room", [("go to desk 1", "desk: a mug", 0.1), ("look", "room", -0.4)]),
-           _ep("A", "room", [("go to bed 1", "bed: nothing", -0.7)]),
-           _ep("B", "room", [("go to desk 1", "desk: a mug", 0.2)])]
-    out, sizes = stages["04_gae"].state_baseline(eps)
-    m0 = (0.3 + 0.1 - 0.7) / 3    # s_0 of task A: three steps taken there
-    adv = [[s["adv"] for s in ep["steps"]] for ep in out]
-    assert adv[0][0] == pytest.approx(0.3 - m0) and adv[1][0] == pytest.approx(0.1 - m0)
-    assert adv[2][0] == pytest.approx(-0.7 - m0)
-    # s_1 after "go to desk 1" -> "desk: a mug" is one state for episodes 0 and 1: mean (0.5 - 0.4) / 2
-    assert adv[0][1] == pytest.approx(0.45) and adv[1][1] == pytest.approx(-0.45)
-    assert adv[3] == [0.0]                                        # visited once: A = 0
-    assert sizes == {1: 1, 2: 2, 3: 3}
-    # The same actions with a different observation are another state (a stochastic env never merges).
-    eps = [_ep("A", "room", [("go to desk 1", "desk: a mug", 0.0), ("take mug 1", "x", 1.0)]),
-           _ep("A", "room", [("go to desk 1", "desk: a pen", 0.0), ("take mug 1", "x", -1.0)])]
-    out, sizes = stages["04_gae"].state_baseline(eps)
-    assert [s["adv"] for s in out[0]["steps"]] == [0.0, 0.0] and sizes == {1: 2, 2: 2}
 
 
 def test_auc_by_hand_and_against_pair_counting(stages):
