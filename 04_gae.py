@@ -142,64 +142,6 @@ def collate(tokenized, pad_id):
 
 
 # ----------------------------------------------------------------------------------------
-# The critic of 03 (copied byte-identical from 03_critic.py): V(s_t) and Q(s_t, a_t) of every step
-# of a trajectory in one forward pass.
-# ----------------------------------------------------------------------------------------
-class Critic(torch.nn.Module):
-    """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
-    token of the generation prompt before reply t), Q(s_t, a_t) at each action position (the last
-    token of reply t) - docs/design.md, 'The chat layout'. One forward pass gives all of them."""
-
-    def __init__(self, backbone):
-        super().__init__()
-        self.backbone = backbone
-        d = backbone.config.hidden_size
-        self.v_head, self.q_head = (torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1))
-                                    for _ in range(2))
-
-    def forward(self, batch):
-        """-> the features at the action positions (B, T, d) (for 03's target Q head), V (B, T+1), Q (B, T)."""
-        h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-        d = h.shape[-1]
-        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
-        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
-        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
-
-    def save(self, out_dir, tokenizer, args, state=None):
-        """Atomically: the transformer (save_pretrained), its tokenizer, heads.safetensors and args.json.
-        state: the whole state dict (03 --fsdp gathers it); by default the critic's own."""
-        state = self.state_dict() if state is None else state
-
-        def write(tmp):
-            backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-            self.backbone.save_pretrained(tmp, state_dict=backbone)
-            tokenizer.save_pretrained(tmp)
-            heads = {k: v.contiguous().cpu() for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
-            save_file(heads, os.path.join(tmp, "heads.safetensors"))
-            with open(os.path.join(tmp, "args.json"), "w") as f:
-                json.dump({"stage": "03_critic", **args}, f, indent=2)
-        write_atomic(out_dir, write)
-
-    @classmethod
-    def load(cls, path, device, dtype):
-        """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
-        if not owned(path, "critic"):
-            die(f"{path} is not {ARTIFACTS['critic'][0]}")
-        try:  # the small files first: a broken one is one line before the transformer is loaded
-            heads = load_file(os.path.join(path, "heads.safetensors"))
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as e:
-            die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
-        critic = cls(load_model(AutoModel, path, dtype))
-        try:
-            for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
-                head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
-        except RuntimeError as e:  # a head tensor missing, or of another size than the transformer's
-            die(f"{path}/heads.safetensors: not the heads of this transformer ({e})")
-        return critic.to(device).eval(), tokenizer
-
-
-# ----------------------------------------------------------------------------------------
 # ALGO LOGIC: generalized advantage estimation on the critic's V.
 # ----------------------------------------------------------------------------------------
 def gae(rewards, values, dones, gamma, lam):
@@ -259,6 +201,64 @@ def advantage_report(episodes):
                                        [ep["success"] for ep in own if len(ep["steps"]) > t]) for t in range(4)],
             "auc_v_self_every_state": auc([s["v"] for ep in own for s in ep["steps"]],
                                           [ep["success"] for ep in own for s in ep["steps"]])}
+
+# ----------------------------------------------------------------------------------------
+# The critic of 03 (copied byte-identical from 03_critic.py): V(s_t) and Q(s_t, a_t) of every step
+# of a trajectory in one forward pass.
+# ----------------------------------------------------------------------------------------
+class Critic(torch.nn.Module):
+    """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
+    token of the generation prompt before reply t), Q(s_t, a_t) at each action position (the last
+    token of reply t) - docs/design.md, 'The chat layout'. One forward pass gives all of them."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+        d = backbone.config.hidden_size
+        self.v_head, self.q_head = (torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1))
+                                    for _ in range(2))
+
+    def forward(self, batch):
+        """-> the features at the action positions (B, T, d) (for 03's target Q head), V (B, T+1), Q (B, T)."""
+        h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        d = h.shape[-1]
+        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
+        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
+        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
+
+    def save(self, out_dir, tokenizer, args, state=None):
+        """Atomically: the transformer (save_pretrained), its tokenizer, heads.safetensors and args.json.
+        state: the whole state dict (03 --fsdp gathers it); by default the critic's own."""
+        state = self.state_dict() if state is None else state
+
+        def write(tmp):
+            backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+            self.backbone.save_pretrained(tmp, state_dict=backbone)
+            tokenizer.save_pretrained(tmp)
+            heads = {k: v.contiguous().cpu() for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
+            save_file(heads, os.path.join(tmp, "heads.safetensors"))
+            with open(os.path.join(tmp, "args.json"), "w") as f:
+                json.dump({"stage": "03_critic", **args}, f, indent=2)
+        write_atomic(out_dir, write)
+
+    @classmethod
+    def load(cls, path, device, dtype):
+        """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
+        if not owned(path, "critic"):
+            die(f"{path} is not {ARTIFACTS['critic'][0]}")
+        try:  # the small files first: a broken one is one line before the transformer is loaded
+            heads = load_file(os.path.join(path, "heads.safetensors"))
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as e:
+            die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
+        critic = cls(load_model(AutoModel, path, dtype))
+        try:
+            for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
+                head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
+        except RuntimeError as e:  # a head tensor missing, or of another size than the transformer's
+            die(f"{path}/heads.safetensors: not the heads of this transformer ({e})")
+        return critic.to(device).eval(), tokenizer
+
 
 
 def main(argv=None):
