@@ -32,16 +32,25 @@ import math
 import os
 import random
 import re
-import shutil
-import sys
 import time
 
-import numpy as np
 import torch
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import envs
+from plumbing import (
+    check_finite,
+    check_flags,
+    check_out,
+    die,
+    length_batches,
+    log_metrics,
+    lr_at,
+    pick_device,
+    seed_everything,
+    write_atomic,
+)
 
 
 def parse_args(argv=None):
@@ -132,6 +141,50 @@ def build_corpus(env, n, rng, p_random, qa):
     """n transcripts, cycling through the `train` tasks in order."""
     ids = env.task_ids("train")
     return [transcript(env, ids[i % len(ids)], rng, p_random, qa) for i in tqdm(range(n), desc="00_pretrain corpus")]
+
+
+def build_tiny_model(tokenizer, args):
+    """A small Llama for this tokenizer (args: d_model, n_layers, n_heads, max_len), its input and
+    output embeddings tied."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
+        max_position_embeddings=args.max_len, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def train_tiny_tokenizer(texts, vocab_size):
+    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
+    does not dominate the merges)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
+                                   padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
+
+
+# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
+# so the action tokens of turn t are its content tokens plus <|end|>, and the state
+# position s_t is the <|assistant|> token of the generation prompt.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+# ----------------------------------------------------------------------------------------
+# The tiny model (copied in 00 and 01): a byte-level BPE tokenizer trained on the text, and a
+# small Llama.
+# ----------------------------------------------------------------------------------------
+SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
+           "assistant": "<|assistant|>"}
 
 
 def main(argv=None):
@@ -225,253 +278,6 @@ def main(argv=None):
     write_atomic(args.out, save)
     log_metrics(args.metrics, *records)
     print(f"00_pretrain: wrote {args.out} (train loss {records[-1]['train_loss']:.4f}, {time.time() - t0:.0f}s)")
-
-
-# ========================================================================================
-# Plumbing, copied byte-identical into every stage that needs it (tests/test_stage_copies.py);
-# skip it on a first reading. The promises (docs/design.md, 'Conventions'): bad input is one
-# `error:` line and exit 2 before any work; a stage writes only its own output, atomically.
-# ========================================================================================
-def die(msg):
-    """Bad input: one line on stderr, exit code 2, nothing written."""
-    print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
-    sys.exit(2)
-
-
-RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
-         "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
-         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32}
-
-
-def check_flags(args, **rules):
-    """Numeric flags, before any work: each rule (RULES) says what the flag must be."""
-    for name, rule in rules.items():
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and RULES[rule](value)):
-            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
-
-
-# What each kind of output is, and which stages write it (their name is in args.json / the summary).
-ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py / 05_bppo.py",
-                        ("00_pretrain", "01_bc", "05_bppo")),
-             "critic": ("a critic directory written by 03_critic.py", ("03_critic",)),
-             "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
-             "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
-             "log": ("a metrics JSONL", ())}
-
-
-def read_json(path):
-    """A JSON object from a file, or None when the file is not one (missing, binary, not JSON, not a dict)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def owned(path, kind):
-    """Whether an existing path is an artifact of this kind that a stage may replace (a log: append
-    to). Judged from all of it: a directory holds only plain files and an args.json naming its stage;
-    a summary names its stage; every line of a JSONL is an episode of the kind (or a metrics record)."""
-    what, stages = ARTIFACTS[kind]
-    if kind in ("policy", "critic"):
-        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
-        return (bool(names) and all(os.path.isfile(os.path.join(path, n)) for n in names)
-                and ("heads.safetensors" in names) == (kind == "critic")
-                and (read_json(os.path.join(path, "args.json")) or {}).get("stage") in stages)
-    if os.path.islink(path) or not os.path.isfile(path):
-        return False
-    if path.endswith(".json"):
-        return os.path.getsize(path) == 0 or (read_json(path) or {}).get("stage") in stages
-    try:
-        with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except (UnicodeDecodeError, ValueError):
-        return False
-    if kind == "log":
-        return all(isinstance(r, dict) and "stage" in r for r in rows)
-    keys = {**STEP_KEYS, "adv": float} if kind == "04_gae" else STEP_KEYS
-    return all(episode_error(r, keys) is None and ("adv" in r["steps"][0]) == (kind == "04_gae") for r in rows)
-
-
-def check_out(path, kind, inputs=()):
-    """Before any work: an output names nothing yet or an artifact of the stage's own kind (owned),
-    never an input, nor a directory that holds one or lies inside one; its parent must be writable.
-    A JSONL (02, 04, metrics) ends in .jsonl; 02 and 04 write their summary beside it as .json."""
-    real = os.path.realpath(path)
-    for p in map(os.path.realpath, inputs):
-        if real == p or p.startswith(real + os.sep) or real.startswith(p + os.sep):
-            die(f"{path} is (or holds) an input of this stage, or lies inside one; write the output elsewhere")
-    if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
-        die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl"
-            + ("" if kind == "log" else " (the summary goes beside it with .json)"))
-    for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if os.path.lexists(p) and not owned(p, kind):
-            die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    try:  # a real file, not os.access: that says yes to root on a read-only or special file system
-        probe = os.path.join(parent, f".write_test{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
-
-
-def write_atomic(path, write_fn):
-    """Write a file or directory through a temporary sibling and one rename: a killed stage leaves
-    the old artifact or none, never half of one (a SIGKILL may leave its path.tmpPID behind)."""
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp, old = f"{path}.tmp{os.getpid()}", f"{path}.old{os.getpid()}"
-    try:
-        write_fn(tmp)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    except BaseException as e:  # disk full (OSError, safetensors' own error), Ctrl-C: no temporary stays
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp)
-        elif os.path.lexists(tmp):
-            os.remove(tmp)
-        if isinstance(e, Exception):
-            die(f"could not write {path} ({getattr(e, 'strerror', None) or e}); it was left as it was")
-        raise
-
-
-def save_text(path, text):
-    """Write a text file atomically (write_atomic)."""
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-    write_atomic(path, write)
-
-
-def log_metrics(path, *records):
-    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics), atomically: a full disk
-    leaves the file as it was. A stage logs once its artifact is written, so a rerun adds no duplicates."""
-    if path:
-        old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
-        save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
-
-
-EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
-                "reward": float, "success": bool, "source": str}
-STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
-MAX_REWARD = 100.0  # |r_env|, |r_aux|, |reward|, |adv| above this is a broken buffer, not a reward
-
-
-def field_error(obj, types):
-    """What is wrong with a JSON object given the types of its keys (float: a finite number of at
-    most MAX_REWARD in size), or None."""
-    if not isinstance(obj, dict):
-        return f"not a JSON object but {json.dumps(obj)[:40]}"
-    for key, t in types.items():
-        value = obj.get(key)
-        if key not in obj:
-            return f"lacks {key}"
-        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_REWARD):
-            return f"{key} must be a finite number of at most {MAX_REWARD:g} in size, got {json.dumps(value)[:40]}"
-        if t is not float and not isinstance(value, t):
-            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
-    return None
-
-
-def episode_error(ep, step_keys):
-    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None."""
-    problem = field_error(ep, EPISODE_KEYS)
-    if problem or not ep["steps"]:
-        return problem or "has no steps"
-    for t, step in enumerate(ep["steps"]):
-        problem = field_error(step, step_keys)
-        if problem:
-            return f"{problem} at step {t}"
-    return None
-
-
-def check_finite(tensors, what):
-    """A diverged update (non-finite weights) is refused instead of saved."""
-    if not all(torch.isfinite(t).all() for t in tensors):
-        die(f"{what} has non-finite weights (the update diverged); nothing written - lower --lr")
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def pick_device():
-    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
-
-
-def length_batches(lengths, batch_size, rng):
-    """Batches of indices with similar lengths (little padding), in random order."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
-def lr_at(step, total, peak, warmup_frac):
-    """Linear warmup then cosine decay to 10% of the peak."""
-    warm = max(1, int(total * warmup_frac))
-    if step < warm:
-        return peak * (step + 1) / warm
-    progress = (step - warm) / max(1, total - warm)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-# ----------------------------------------------------------------------------------------
-# The tiny model (copied in 00 and 01): a byte-level BPE tokenizer trained on the text, and a
-# small Llama.
-# ----------------------------------------------------------------------------------------
-SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
-           "assistant": "<|assistant|>"}
-
-
-# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
-# so the action tokens of turn t are its content tokens plus <|end|>, and the state
-# position s_t is the <|assistant|> token of the generation prompt.
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def train_tiny_tokenizer(texts, vocab_size):
-    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
-    does not dominate the merges)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
-                                   padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
-
-
-def build_tiny_model(tokenizer, args):
-    """A small Llama for this tokenizer (args: d_model, n_layers, n_heads, max_len), its input and
-    output embeddings tied."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
-        max_position_embeddings=args.max_len, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config)
 
 
 if __name__ == "__main__":

@@ -32,15 +32,40 @@ import json
 import math
 import os
 import random
-import resource
-import shutil
-import sys
 import time
 
-import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
+
+from plumbing import (
+    STEP_KEYS,
+    add_lora,
+    average_info,
+    check_finite,
+    check_flags,
+    check_out,
+    cost,
+    die,
+    distribute,
+    finish_distributed,
+    full_state,
+    grad_sync,
+    is_main,
+    length_batches,
+    load_model,
+    load_tokenizer,
+    log_metrics,
+    merged_for_saving,
+    micro_batches,
+    part_shares,
+    pick_device,
+    read_episodes,
+    seed_everything,
+    setup_distributed,
+    shard,
+    write_atomic,
+)
 
 
 def parse_args(argv=None):
@@ -154,6 +179,15 @@ def collate(tokenized, pad_id):
         batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
         batch["step_mask"][i, :t] = 1.0
     return batch
+
+
+def tokenize_all(tokenizer, episodes, max_len):
+    """(episode, tokenize_episode) pairs; those longer than the model's context are dropped and counted."""
+    data = [(ep, tokenize_episode(tokenizer, ep)) for ep in episodes]
+    kept = [(ep, x) for ep, x in data if len(x["input_ids"]) <= max_len]
+    if len(kept) < len(data):
+        print(f"note: dropped {len(data) - len(kept)} of {len(data)} trajectories longer than the context ({max_len})")
+    return kept
 
 
 # ----------------------------------------------------------------------------------------
@@ -358,399 +392,6 @@ def main(argv=None):
     print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, "
           f"peak memory {record['peak_mem_gb']:.2f} GB)")
     finish_distributed()
-
-
-# ========================================================================================
-# Plumbing, copied byte-identical into every stage that needs it (tests/test_stage_copies.py);
-# skip it on a first reading. The promises (docs/design.md, 'Conventions'): bad input is one
-# `error:` line and exit 2 before any work; a stage writes only its own output, atomically.
-# ========================================================================================
-def die(msg):
-    """Bad input: one line on stderr, exit code 2, nothing written."""
-    print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
-    sys.exit(2)
-
-
-RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
-         "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
-         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32}
-
-
-def check_flags(args, **rules):
-    """Numeric flags, before any work: each rule (RULES) says what the flag must be."""
-    for name, rule in rules.items():
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and RULES[rule](value)):
-            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
-
-
-# What each kind of output is, and which stages write it (their name is in args.json / the summary).
-ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py / 05_bppo.py",
-                        ("00_pretrain", "01_bc", "05_bppo")),
-             "critic": ("a critic directory written by 03_critic.py", ("03_critic",)),
-             "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
-             "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
-             "log": ("a metrics JSONL", ())}
-
-
-def read_json(path):
-    """A JSON object from a file, or None when the file is not one (missing, binary, not JSON, not a dict)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def owned(path, kind):
-    """Whether an existing path is an artifact of this kind that a stage may replace (a log: append
-    to). Judged from all of it: a directory holds only plain files and an args.json naming its stage;
-    a summary names its stage; every line of a JSONL is an episode of the kind (or a metrics record)."""
-    what, stages = ARTIFACTS[kind]
-    if kind in ("policy", "critic"):
-        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
-        return (bool(names) and all(os.path.isfile(os.path.join(path, n)) for n in names)
-                and ("heads.safetensors" in names) == (kind == "critic")
-                and (read_json(os.path.join(path, "args.json")) or {}).get("stage") in stages)
-    if os.path.islink(path) or not os.path.isfile(path):
-        return False
-    if path.endswith(".json"):
-        return os.path.getsize(path) == 0 or (read_json(path) or {}).get("stage") in stages
-    try:
-        with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except (UnicodeDecodeError, ValueError):
-        return False
-    if kind == "log":
-        return all(isinstance(r, dict) and "stage" in r for r in rows)
-    keys = {**STEP_KEYS, "adv": float} if kind == "04_gae" else STEP_KEYS
-    return all(episode_error(r, keys) is None and ("adv" in r["steps"][0]) == (kind == "04_gae") for r in rows)
-
-
-def check_out(path, kind, inputs=()):
-    """Before any work: an output names nothing yet or an artifact of the stage's own kind (owned),
-    never an input, nor a directory that holds one or lies inside one; its parent must be writable.
-    A JSONL (02, 04, metrics) ends in .jsonl; 02 and 04 write their summary beside it as .json."""
-    real = os.path.realpath(path)
-    for p in map(os.path.realpath, inputs):
-        if real == p or p.startswith(real + os.sep) or real.startswith(p + os.sep):
-            die(f"{path} is (or holds) an input of this stage, or lies inside one; write the output elsewhere")
-    if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
-        die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl"
-            + ("" if kind == "log" else " (the summary goes beside it with .json)"))
-    for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if os.path.lexists(p) and not owned(p, kind):
-            die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    try:  # a real file, not os.access: that says yes to root on a read-only or special file system
-        probe = os.path.join(parent, f".write_test{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
-
-
-def write_atomic(path, write_fn):
-    """Write a file or directory through a temporary sibling and one rename: a killed stage leaves
-    the old artifact or none, never half of one (a SIGKILL may leave its path.tmpPID behind)."""
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp, old = f"{path}.tmp{os.getpid()}", f"{path}.old{os.getpid()}"
-    try:
-        write_fn(tmp)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    except BaseException as e:  # disk full (OSError, safetensors' own error), Ctrl-C: no temporary stays
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp)
-        elif os.path.lexists(tmp):
-            os.remove(tmp)
-        if isinstance(e, Exception):
-            die(f"could not write {path} ({getattr(e, 'strerror', None) or e}); it was left as it was")
-        raise
-
-
-def save_text(path, text):
-    """Write a text file atomically (write_atomic)."""
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-    write_atomic(path, write)
-
-
-def log_metrics(path, *records):
-    """Append JSON objects to <run>/metrics.jsonl (no-op without --metrics), atomically: a full disk
-    leaves the file as it was. A stage logs once its artifact is written, so a rerun adds no duplicates."""
-    if path:
-        old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
-        save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
-
-
-EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
-                "reward": float, "success": bool, "source": str}
-STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
-MAX_REWARD = 100.0  # |r_env|, |r_aux|, |reward|, |adv| above this is a broken buffer, not a reward
-
-
-def field_error(obj, types):
-    """What is wrong with a JSON object given the types of its keys (float: a finite number of at
-    most MAX_REWARD in size), or None."""
-    if not isinstance(obj, dict):
-        return f"not a JSON object but {json.dumps(obj)[:40]}"
-    for key, t in types.items():
-        value = obj.get(key)
-        if key not in obj:
-            return f"lacks {key}"
-        if t is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_REWARD):
-            return f"{key} must be a finite number of at most {MAX_REWARD:g} in size, got {json.dumps(value)[:40]}"
-        if t is not float and not isinstance(value, t):
-            return f"{key} has the wrong type: {json.dumps(value)[:40]}"
-    return None
-
-
-def episode_error(ep, step_keys):
-    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None."""
-    problem = field_error(ep, EPISODE_KEYS)
-    if problem or not ep["steps"]:
-        return problem or "has no steps"
-    for t, step in enumerate(ep["steps"]):
-        problem = field_error(step, step_keys)
-        if problem:
-            return f"{problem} at step {t}"
-    return None
-
-
-def read_episodes(paths, step_keys=STEP_KEYS):
-    """Read episode JSONL files; reject a bad line (or a binary file) with its file and line number."""
-    episodes = []
-    for path in paths:
-        if not os.path.isfile(path):
-            die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                try:
-                    ep = json.loads(line.decode("utf-8")) if line.strip() else None
-                except (UnicodeDecodeError, ValueError) as e:
-                    die(f"{path}:{lineno}: not a line of JSON text ({type(e).__name__})")
-                problem = None if ep is None else episode_error(ep, step_keys)
-                if problem:
-                    die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py (or 04_gae.py)?")
-                episodes += [ep] if ep is not None else []
-    if not episodes:
-        die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
-    return episodes
-
-
-def load_tokenizer(path):
-    """A local Hugging Face tokenizer with a chat template (nothing is downloaded)."""
-    if not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-        die(f"{path}: no tokenizer_config.json; pass a model directory from 01_bc.py / 05_bppo.py")
-    if os.path.exists(os.path.join(path, "heads.safetensors")):
-        die(f"{path} is a critic directory (03_critic.py output), not a policy")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a file it cannot read, or one that needs a library not installed
-        die(f"{path}: cannot load the tokenizer ({e})")
-    if not tokenizer.chat_template:
-        die(f"{path}: the tokenizer has no chat template (docs/design.md, 'The chat layout')")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def load_model(auto_class, path, dtype):
-    """auto_class.from_pretrained on a local directory (nothing downloaded, no code run), refused
-    when it is broken or lacks a tensor (transformers would fill that in with random weights)."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        die(f"{path}: no config.json; pass a model directory from 01_bc.py / 05_bppo.py")
-    try:
-        model, info = auto_class.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
-    except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
-        die(f"{path}: cannot load the model ({e})")
-    if info["missing_keys"]:
-        die(f"{path}: the checkpoint lacks {len(info['missing_keys'])} tensors ({sorted(info['missing_keys'])[0]}, ...)")
-    return model
-
-
-def check_finite(tensors, what):
-    """A diverged update (non-finite weights) is refused instead of saved."""
-    if not all(torch.isfinite(t).all() for t in tensors):
-        die(f"{what} has non-finite weights (the update diverged); nothing written - lower --lr")
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def pick_device():
-    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
-
-
-
-def add_lora(model, rank):
-    """--lora R: freeze the model and train rank-R LoRA adapters on every linear layer of its
-    blocks (peft: W x + 2 B A x, B (d, R) = 0 at the start, so training starts from the model
-    itself). R = 0: the model, all of it trained. The adapters are merged into W before saving
-    (merged_for_saving), so every stage reads the result as a plain model directory."""
-    if not rank:
-        return model
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:
-        die("--lora needs the peft package: pip install -r requirements-smollm2.txt")
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear"))
-
-
-def merged_for_saving(model, rank):
-    """The model to save_pretrained: with --lora, the base model with the adapters merged in."""
-    return model.merge_and_unload() if rank else model
-
-
-def tokenize_all(tokenizer, episodes, max_len):
-    """Tokenize every episode; drop (and count) those longer than the model's context."""
-    kept, dropped = [], 0
-    for ep in episodes:
-        x = tokenize_episode(tokenizer, ep)
-        if len(x["input_ids"]) > max_len:
-            dropped += 1
-            continue
-        kept.append((ep, x))
-    if dropped:
-        print(f"note: dropped {dropped} of {len(episodes)} trajectories longer than the context ({max_len} tokens)")
-    return kept
-
-
-def length_batches(lengths, batch_size, rng):
-    """Batches of indices with similar lengths (little padding), in random order."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
-def cost(n_tokens, seconds, device):
-    """What the stage costs, for its printout and metrics: tokens through the model per second
-    (this process, padding excluded) and peak memory in GB - the GPU's, else the process's
-    resident set (ru_maxrss: KB on Linux, bytes on macOS)."""
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**30
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
-    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
-
-
-# Several processes (torchrun); skip unless you launch a stage with torchrun (docs/distributed.md).
-def setup_distributed():
-    """Under torchrun (WORLD_SIZE > 1): join the process group (nccl on GPUs, one per process;
-    gloo on CPU) -> (rank, world size). A plain `python` run gets (0, 1) and nothing happens."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if world == 1:
-        return 0, 1
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # then pick_device's "cuda" is this GPU
-    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return torch.distributed.get_rank(), world
-
-
-def is_main():
-    """Whether this process writes artifacts, metrics and the progress bar (rank 0, or alone)."""
-    return int(os.environ.get("RANK", 0)) == 0
-
-
-def finish_distributed():
-    """Tear the process group down on every rank together: a rank that left while another was
-    still writing the output could abort in gloo's teardown ("terminate called without an
-    active exception")."""
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-
-
-def distribute(model, world, fsdp):
-    """The module to train: the model itself when alone; under torchrun DDP (a whole copy per
-    process, gradients averaged over processes) or, with --fsdp, FSDP2 (each decoder layer,
-    then the rest, sharded across processes, for a model one device cannot hold; in place)."""
-    if world == 1:
-        return model
-    if fsdp:
-        from torch.distributed.fsdp import fully_shard
-        for layer in [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]:
-            fully_shard(layer)
-        # The root is resharded after every forward too: left whole after a no_grad forward
-        # (evaluation), its weights missed the next updates (seen with torch 2.13 on gloo).
-        return fully_shard(model, reshard_after_forward=True)
-    device = next(model.parameters()).device
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def full_state(model, fsdp):
-    """With --fsdp under torchrun, the whole state dict gathered on rank 0 (every rank must call
-    this); otherwise None: the model saves its own weights."""
-    if not (fsdp and torch.distributed.is_initialized()):
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    own = {name for name, _ in [*model.named_parameters(), *model.named_buffers()]}  # a tied weight once
-    return {k: v for k, v in state.items() if k in own}
-
-
-def shard(idx, rank, world):
-    """This rank's part of a global batch (every rank builds the same batches from the same
-    seed) -> (indices, weight). A rank left with none (a last batch smaller than the world)
-    re-reads the first trajectory with weight 0: DDP needs every rank in every step."""
-    mine = idx[rank::world]
-    return (mine, 1.0) if mine else (idx[:1], 0.0)
-
-
-def micro_batches(idx, n):
-    """This rank's part of the global batch as n micro-batches of indices -> [(indices, weight)],
-    always n of them: an empty one re-reads the first trajectory with weight 0, so every rank runs
-    the same number of forward passes (FSDP2 gathers the weights in each)."""
-    return [(idx[i::n], 1.0) if idx[i::n] else (idx[:1], 0.0) for i in range(n)]
-
-
-def part_shares(counts, world):
-    """The weight of each micro-batch's mean loss in the step: counts (this rank's micro-batches:
-    action tokens, step weights; 0 for a part with weight 0) -> world * count / (the count of the
-    whole global batch, over every micro-batch and rank). Summed over this rank's parts, the
-    weighted means give this rank's share of the global batch's mean loss, and DDP's gradient
-    average over ranks (1/world) gives the gradient of the single-process, single-batch loss."""
-    counts = torch.stack([torch.as_tensor(c).detach().float() for c in counts])
-    total = counts.sum()
-    if world > 1:
-        torch.distributed.all_reduce(total)
-    return counts * world / total.clamp(min=1e-8)
-
-
-def average_info(infos, shares, world):
-    """The numbers of each micro-batch's info (means over its count), averaged over the global batch
-    with part_shares: the single-process numbers."""
-    numbers = sum(torch.tensor(list(info.values())) * share.cpu() / world for info, share in zip(infos, shares))
-    if world > 1:
-        numbers = numbers.to(shares.device)
-        torch.distributed.all_reduce(numbers)
-    return dict(zip(infos[0], numbers.tolist()))
-
-
-def grad_sync(model, world, fsdp, on):
-    """Distributed: reduce gradients across processes in this backward or not. Off for every micro-batch
-    but the last, so each optimizer step communicates once, as without accumulation."""
-    if world > 1 and fsdp:
-        model.set_requires_gradient_sync(on)
-    elif world > 1:
-        model.require_backward_grad_sync = on
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Helpers copied between stage files (CleanRL style) must stay byte-identical."""
+"""The stage files share their plumbing through one module (plumbing.py) and copy, byte-identical,
+only what a reader should see in each: the data contract, the Critic, the tiny model's helpers."""
 import ast
 import os
 
@@ -19,7 +20,7 @@ def top_level_sources():
 
 def test_copied_helpers_are_identical():
     copies = {k: v for k, v in top_level_sources().items() if len(v) > 1}
-    assert {"die", "read_episodes", "tokenize_episode", "collate", "Critic"} <= set(copies)
+    assert {"episode_messages", "tokenize_episode", "collate", "Critic"} <= set(copies)
     for name in ("tokenize_episode", "collate", "Critic"):  # 02 copies them for --rerank
         assert {"02_collect", "03_critic", "04_gae"} <= set(copies[name]), name
     for name, by_file in copies.items():
@@ -31,7 +32,8 @@ def test_copied_helpers_are_identical():
 def test_stages_import_no_other_stage():
     allowed = {"argparse", "bisect", "copy", "json", "math", "os", "random", "re", "resource", "shutil", "sys", "time",
                "collections", "numpy", "torch", "tqdm", "transformers", "safetensors", "tokenizers", "envs",
-               "peft"}  # peft: optional, imported only under --lora (01, 05)
+               "peft",  # peft: optional, imported only under --lora (01, 05)
+               "plumbing"}  # the shared plumbing: no algorithm in it
     for name in STAGES:
         tree = ast.parse(open(os.path.join(ROOT, f"{name}.py")).read())
         for node in ast.walk(tree):
@@ -65,21 +67,17 @@ def test_stages_carry_only_the_helpers_they_call():
         assert not set(defs) - reached, f"{name} defines what it never calls: {sorted(set(defs) - reached)}"
 
 
-def test_the_algorithm_comes_before_the_plumbing():
-    """main() comes before the plumbing banner, and every copied helper other than the data
-    contract (and the Critic, which 03 trains) comes after it."""
-    copies = {k for k, v in top_level_sources().items() if len(v) > 1}
-    above = {"episode_messages", "tokenize_episode", "collate", "reply_logits", "token_logprobs", "Critic"}
+def test_no_stage_redefines_the_plumbing():
+    """What plumbing.py defines, a stage imports instead of copying."""
+    tree = ast.parse(open(os.path.join(ROOT, "plumbing.py")).read())
+    shared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    for name, by_file in top_level_sources().items():
+        assert name not in shared, f"{name} is in plumbing.py and copied into {', '.join(by_file)}"
+
+
+def test_the_loss_comes_early():
+    """A reader meets the stage's algorithm before the data plumbing: main() is the last definition."""
     for name in STAGES:
-        src = open(os.path.join(ROOT, f"{name}.py")).read()
-        banner = [i for i, line in enumerate(src.splitlines(), 1)
-                  if line.startswith("# Plumbing identical in every stage")]
-        assert len(banner) == 1, name
-        for node in ast.parse(src).body:
-            names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
-                [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
-            for n in names:
-                if n == "main":
-                    assert node.lineno < banner[0], name
-                elif n in copies and n not in above:
-                    assert node.lineno > banner[0], f"{name}: {n} is copied plumbing, above the banner"
+        tree = ast.parse(open(os.path.join(ROOT, f"{name}.py")).read())
+        defs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert defs[-1] == "main", f"{name}: {defs[-1]} comes after main()"
