@@ -10,8 +10,7 @@
 # environment variables (defaults = the fast CPU configuration):
 #
 #   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS (household: the default miniature below; other envs: '{}')
-#   N_EXPERT=1000 expert demos (household: every train task), N_SELF=300 self trajectories per iteration, SAMPLES=1 of them per
-#   task (N_SELF / SAMPLES tasks; with SAMPLES > 1 add GAE_ARGS="--baseline state"),
+#   N_EXPERT=1000 expert demos (household: every train task), N_SELF=300 self trajectories per iteration,
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"), KEEP_OLD=0 (1: the buffer keeps every
 #   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
@@ -48,10 +47,6 @@ HOUSEHOLD_KWARGS='{"max_steps": 9, "n_distractors": 1, "habit": 0.6, "room_quest
 if [ "$ENV" = household ]; then ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS}; else ENV_KWARGS=${ENV_KWARGS:-"{}"}; fi
 N_EXPERT=${N_EXPERT:-1000}
 N_SELF=${N_SELF:-300}
-SAMPLES=${SAMPLES:-1}
-if ! [ "$SAMPLES" -ge 1 ] 2>/dev/null || [ "$SAMPLES" -gt "$N_SELF" ]; then
-  echo "error: SAMPLES must be an integer in [1, N_SELF=$N_SELF], got '$SAMPLES'" >&2; exit 2
-fi
 N_EVAL=${N_EVAL:-0}
 EVAL_SPLITS=${EVAL_SPLITS:-"seen unseen"}
 KEEP_OLD=${KEEP_OLD:-0}
@@ -119,7 +114,7 @@ for k in $(seq 1 "$K"); do
   it="$RUN/iter_$k"
   # D_self: pi_{k-1} on a fresh draw of training tasks (sampling, not greedy).
   stage "$it/self.json" "${RUNS[@]}" 02_collect.py --policy "$prev" "${ENVARGS[@]}" --split train \
-    --episodes $((N_SELF / SAMPLES)) --samples-per-task "$SAMPLES" --out "$it/self.jsonl" \
+    --episodes "$N_SELF" --out "$it/self.jsonl" \
     --seed $((SEED * 1000 + k)) --threads "$THREADS" \
     --metrics "$METRICS" $COLLECT_ARGS
   # D = D_expert U D_self (the latest, or every iteration's with KEEP_OLD=1).
