@@ -15,7 +15,7 @@
 #   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
-#   ENV, ENV_KWARGS, PRETRAIN_ARGS and the code of 00_pretrain.py and envs/), 'tiny' (from
+#   ENV, ENV_KWARGS, PRETRAIN_ARGS and the code of 00_pretrain.py, plumbing.py and envs/), 'tiny' (from
 #   scratch) or a model directory
 #   PRETRAIN_ARGS, BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
@@ -91,7 +91,7 @@ evaluate() {
 # ---- the base language model, shared by every run with the same environment and settings
 if [ "$BASE" = pretrained ]; then
   # the key covers the code that builds the base too: an edited 00_pretrain.py or envs/ makes a new one
-  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py envs/*.py | sha1sum | cut -c1-10)
+  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py plumbing.py envs/*.py | sha1sum | cut -c1-10)
   base_dir="$BASE_CACHE/$ENV-$key"
   stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads "$THREADS" $PRETRAIN_ARGS
   MODEL=(--model "$base_dir" --lr 1e-3)
