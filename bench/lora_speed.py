@@ -56,7 +56,8 @@ def main():
         raise SystemExit(f"error: {a.model} is not a model directory; run python -m models.smollm2 --out {a.model}")
     print("| LoRA rank | trained params | s / step | tokens/s | peak RSS |\n|---|---|---|---|---|")
     for r in a.ranks:
-        out = subprocess.run([sys.executable, __file__, "--model", a.model, "--threads", str(a.threads), "--one", str(r)],
+        cmd = [sys.executable, __file__, "--model", a.model, "--threads", str(a.threads), "--one", str(r)]
+        out = subprocess.run(cmd,
                              capture_output=True, text=True, check=True).stdout
         d = json.loads(out.strip().splitlines()[-1])
         print(f"| {r or 'none (full)'} | {d['trainable_m']:.2f} M | {d['s_per_step']:.2f} | {d['tokens_per_s']:.0f} | "

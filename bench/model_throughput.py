@@ -68,7 +68,8 @@ def worker(a):
                "shape": f"{a.episodes} episodes in lockstep, {sum(summ['labels'].values())} replies"}
     else:
         if a.model == "tiny":  # 01's default tiny model, exactly as `01_bc.py --model tiny` builds it
-            texts = [episodes[0]["instruction"]] + [m["content"] for ep in episodes for m in bc.episode_messages(ep)[1:]]
+            texts = [episodes[0]["instruction"]] + [m["content"] for ep in episodes
+                                                    for m in bc.episode_messages(ep)[1:]]
             tokenizer = bc.train_tiny_tokenizer(texts, 1024)  # on the messages' text, as 01 trains it
             model = bc.build_tiny_model(tokenizer, bc.parse_args(["--data", "x", "--out", "x"]))
         else:
@@ -150,7 +151,7 @@ def run_worker(**kw):
         argv += [f"--{k.replace('_', '-')}"] + ([str(x) for x in v] if isinstance(v, list) else [str(v)])
     env = {**os.environ, "OMP_NUM_THREADS": str(kw["threads"])}
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{kw['stage']} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1][7:])
@@ -219,7 +220,8 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results/model_throughput.md"), help="markdown output")
     p.add_argument("--budget", default="100,2,40,20,1",
                    help="the reduced chain to estimate: demos, BC epochs, self episodes, eval tasks per split, "
-                        "critic epochs (the default chain's first iteration, %s, is estimated too)" % ",".join(map(str, DEFAULT_CHAIN)))
+                        "critic epochs (the default chain's first iteration, %s, is estimated too)"
+                        % ",".join(map(str, DEFAULT_CHAIN)))
     # the worker's arguments
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stage", help=argparse.SUPPRESS)
@@ -237,14 +239,16 @@ def main():
     with tempfile.TemporaryDirectory(prefix="model_throughput_") as tmp:
         rows, results = measure(a, models, tmp)
 
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {os.cpu_count()} CPU cores (shared) by "
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {os.cpu_count()} CPU cores "
+             "(shared) by "
              f"`python bench/model_throughput.py --threads {a.threads} --steps {a.steps} --batch-size {a.batch_size} "
              f"--episodes {a.episodes} --max-steps {a.max_steps}`; torch threads {a.threads}, fp32.",
              "",
              "| model | params | stage | shape | tokens timed | tokens/s (wall) | tokens per CPU s | peak RSS |",
              "|---|---|---|---|---|---|---|---|"]
     for name, params, stage, shape, tokens, wall, cpu, rss, _ in rows:
-        lines.append(f"| {name} | {params:.1f}M | {stage} | {shape} | {tokens} | {wall:,.0f} | {cpu:,.0f} | {rss:.1f} GiB |")
+        lines.append(f"| {name} | {params:.1f}M | {stage} | {shape} | {tokens} | {wall:,.0f} | {cpu:,.0f} "
+                     f"| {rss:.1f} GiB |")
     lines += ["", "Tokens: real tokens of the trajectories a step trains on (01, 03, 05) or reads (04); for 02, "
               "the generated tokens (the prefill of prompts and observations is in the time). Expert demos average "
               + ", ".join(f"{n} {next(r[8] for r in rows if r[0] == n):.0f}" for n in models)
@@ -269,7 +273,8 @@ def main():
               + (f"{sum(chain_minutes(results['tiny'], *DEFAULT_CHAIN).values()):.0f} min"
                  if "tiny" in results else "(tiny not measured)")
               + " for one iteration; `bash run_all.sh` (two iterations) took 13.7 min alone on 2 quiet cores, "
-              "BC 4.0 min and each critic 2.3 min of it (2 threads, the stages' own batch sizes; README). The estimate leaves out loading the model in every stage (seconds) and "
+              "BC 4.0 min and each critic 2.3 min of it (2 threads, the stages' own batch sizes; README). "
+              "The estimate leaves out loading the model in every stage (seconds) and "
               "the expert demos. Collection here ran policies after 3 BC steps, whose replies run to "
               "`--max-new-tokens`; a trained policy's shorter replies make the prefill a larger share, "
               "so expect fewer generated tokens/s from it.", ""]

@@ -221,7 +221,8 @@ def enable_parse_cache(on=True):
     if not _PARSE_CACHE["installed"]:
         parse_symbols = textgen._parse_and_convert
         parse_query = Rule.parse_conjunctive_query.__func__
-        cached_symbols = functools.lru_cache(maxsize=8192)(lambda text, rule_name: parse_symbols(text, rule_name=rule_name))
+        cached_symbols = functools.lru_cache(maxsize=8192)(
+            lambda text, rule_name: parse_symbols(text, rule_name=rule_name))
         cached_query = functools.lru_cache(maxsize=8192)(lambda cls, expr: parse_query(cls, expr))
 
         def symbols(text, rule_name=None, trace=False, **kwargs):

@@ -110,7 +110,8 @@ SHOES = ("size", ["6", "7", "7.5", "8", "8.5", "9", "9.5", "10", "11", "12"])
 INCHES = ("size", ["18 inch", "24 inch", "30 inch", "36 inch", "48 inch", "60 inch"])
 FEET = ("size", ["3 ft", "6 ft", "10 ft", "15 ft"])
 PHONES = ("size", ["iphone 13", "iphone 14", "iphone 15", "galaxy s23", "pixel 8"])
-WEAR = ("color", ["black", "white", "navy", "grey", "red", "olive", "khaki", "burgundy", "beige", "pink", "teal", "brown"])
+WEAR = ("color", ["black", "white", "navy", "grey", "red", "olive", "khaki", "burgundy", "beige", "pink", "teal",
+                  "brown"])
 HOME = ("color", ["black", "white", "grey", "walnut", "espresso", "natural", "beige", "navy", "brown", "teal"])
 TECH = ("color", ["black", "white", "silver", "blue", "red", "pink", "gold", "green", "purple"])
 WIDTH = ("width", ["regular", "wide"])
@@ -150,7 +151,8 @@ CATEGORIES = {
                ["trail", "mix"], 11),
               ("granola", "", "Breakfast", [flavors("honey", "cinnamon", "blueberry", "vanilla", "hazelnut"), WEIGHT],
                ["granola"], 8),
-              ("coffee beans", "", "Beverages", [flavors("original", "mocha", "hazelnut", "caramel", "vanilla"), WEIGHT],
+              ("coffee beans", "", "Beverages",
+               [flavors("original", "mocha", "hazelnut", "caramel", "vanilla"), WEIGHT],
                ["coffee", "beans"], 16),
               ("green tea", "", "Beverages", [flavors("original", "lemon", "honey", "jasmine"), COUNT],
                ["tea"], 9),
@@ -190,7 +192,8 @@ CATEGORIES = {
                    ("writing desk", "a ", "Tables", [HOME, INCHES], ["desk"], 110),
                    ("bookshelf", "a ", "Storage", [HOME, ("style", ["3-tier", "4-tier", "5-tier"])], ["bookshelf"], 70),
                    ("tv stand", "a ", "Storage", [HOME, INCHES], ["tv", "stand"], 100),
-                   ("shoe rack", "a ", "Storage", [HOME, ("style", ["2-tier", "3-tier", "4-tier"])], ["shoe", "rack"], 30),
+                   ("shoe rack", "a ", "Storage", [HOME, ("style", ["2-tier", "3-tier", "4-tier"])],
+                    ["shoe", "rack"], 30),
                    ("floor lamp", "a ", "Lighting", [HOME], ["floor", "lamp"], 40)]),
     "electronics": ("Electronics",
                     ["Voltix", "Zentra", "Ampero", "Novatek", "Sonique", "Pixelon", "Kinetra", "Auralink"],
@@ -681,7 +684,8 @@ class ShopEnv(TextEnv):
         }
         if phase == "open":
             p = self.by_asin[action[6:-1].upper()]
-            thoughts["open"] = f"The {g['type']} at {_price_text(p)} fits, under {g['price_upper']:.0f} dollars; I open it."
+            thoughts["open"] = (f"The {g['type']} at {_price_text(p)} fits, under {g['price_upper']:.0f} dollars; "
+                                "I open it.")
         if phase == "options":
             thoughts["options"] = f"I select {opts}."
         return f"Thought: {thoughts[phase]}\nAction: {action}"

@@ -142,7 +142,8 @@ class TextWorldEnv(TextEnv):
         try:
             import textworld
         except ImportError as e:
-            raise ImportError("env 'textworld' needs the textworld package: pip install -r requirements-envs.txt") from e
+            raise ImportError("env 'textworld' needs the textworld package: "
+                              "pip install -r requirements-envs.txt") from e
         if expert not in ("policy", "walkthrough"):
             raise ValueError(f"unknown expert {expert!r}; valid: policy, walkthrough")
         self._tw = textworld

@@ -98,7 +98,8 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     assert stages_logged == {"01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"}
     assert "Results:" in out
     # 03 reports the mean discounted return (r_env + r_aux) per source beside V, to read V's calibration.
-    summary = [r for r in map(json.loads, open(run / "metrics.jsonl")) if r["stage"] == "03_critic" and "epoch" not in r][-1]
+    summary = [r for r in map(json.loads, open(run / "metrics.jsonl"))
+               if r["stage"] == "03_critic" and "epoch" not in r][-1]
     gamma, returns = json.load(open(run / "iter_1/critic/args.json"))["gamma"], []
     for ep in map(json.loads, open(run / "iter_1/self.jsonl")):  # by hand: g_t = r_env + r_aux + gamma * g_{t+1}
         g, ep_returns = 0.0, []

@@ -6,7 +6,8 @@ EPISODE = {
     "obs0": "You are in the middle of a room.", "reward": 0.0, "success": False, "truncated": True,
     "steps": [
         {"text": "Thought: find a mug.\nAction: go to cabinet 1", "action": "go to cabinet 1",
-         "obs": "You arrive at cabinet 1. The cabinet 1 is closed.", "r_env": 0.0, "label": "ok", "r_aux": 0.0, "done": False},
+         "obs": "You arrive at cabinet 1. The cabinet 1 is closed.", "r_env": 0.0, "label": "ok", "r_aux": 0.0,
+         "done": False},
         {"text": "Action: open cabinet 1", "action": "open cabinet 1",
          "obs": "Nothing happens.", "r_env": 0.0, "label": "invalid", "r_aux": -0.1, "done": False},
     ],

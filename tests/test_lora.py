@@ -24,7 +24,8 @@ def check_merged(before, after_dir):
     assert set(after) == set(before)
     emb = next(k for k in before if "embed_tokens" in k)
     assert torch.equal(after[emb], before[emb])
-    moved = [k for k in before if k.endswith(("q_proj.weight", "down_proj.weight")) and not torch.equal(after[k], before[k])]
+    moved = [k for k in before
+             if k.endswith(("q_proj.weight", "down_proj.weight")) and not torch.equal(after[k], before[k])]
     assert moved, "no adapted weight changed"
 
 
@@ -46,7 +47,8 @@ def test_bc_and_bppo_with_lora_save_plain_merged_models(tiny_run, tmp_path):
     check_merged(before, tmp_path / "pi")
     # The merged policy collects like any other.
     run_stage("02_collect", "--policy", tmp_path / "pi", "--split", "seen", "--episodes", 2, "--greedy",
-              "--max-new-tokens", 8, "--env-kwargs", '{"max_steps": 2}', "--out", tmp_path / "eval.jsonl", "--threads", 1)
+              "--max-new-tokens", 8, "--env-kwargs", '{"max_steps": 2}', "--out", tmp_path / "eval.jsonl",
+              "--threads", 1)
 
 
 def test_lora_refuses_the_tiny_model_from_scratch(tiny_run, tmp_path):

@@ -55,7 +55,8 @@ def assert_success(env, rewards, info, terminated, truncated):
 
 def test_registry_is_lazy():
     assert {"sciworld", "textworld", "alfworld"} <= set(envs.REGISTRY)
-    code = ("import sys, envs; bad = [m for m in ('scienceworld', 'textworld', 'alfworld', 'py4j') if m in sys.modules];"
+    code = ("import sys, envs; "
+            "bad = [m for m in ('scienceworld', 'textworld', 'alfworld', 'py4j') if m in sys.modules];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
@@ -99,7 +100,8 @@ def test_sciworld_invalid_rule_and_failure(sw):
     assert obs == "No known action matches that input." and sw.is_invalid(obs)
     assert reward == 0 and not (terminated or truncated)
     assert sw.is_invalid("Unknown action.  Type 'help' for a list of actions, and 'objects' for a list of ...")
-    assert not sw.is_invalid("Ambiguous request: Please enter the number for the action you intended (or blank to cancel):")
+    assert not sw.is_invalid("Ambiguous request: Please enter the number for the action you intended "
+                             "(or blank to cancel):")
     obs, reward, terminated, _, info = sw.step("open door to greenhouse")  # partial credit
     assert not sw.is_invalid(obs) and reward == pytest.approx(info["score"] / 100) and reward > 0 and not terminated
     # Focusing on a non-living thing fails the task for good (score -100): the episode ends,
