@@ -1,7 +1,6 @@
 """Stage 02 end to end, and the stages' handling of bad input (docs/design.md, 'Conventions')."""
 import argparse
 import json
-import os
 import shutil
 
 import pytest
@@ -68,71 +67,25 @@ def test_collection_is_reproducible(tiny_run, tmp_path):
     assert outs[0] == outs[1]
 
 
-def test_samples_per_task_samples_each_task_k_times(tiny_run, tmp_path):
-    """--samples-per-task 3 on 2 tasks: 6 episodes, each task 3 times, sampled independently
-    (a barely trained model at temperature 1 does not write the same first reply three times)."""
-    out = tmp_path / "self.jsonl"
-    run_stage("02_collect", "--policy", tiny_run / "policy_0", "--split", "train", "--episodes", 2,
-              "--samples-per-task", 3, "--num-envs", 4, "--max-new-tokens", 12,
-              "--env-kwargs", '{"max_steps": 2}', "--out", out, "--threads", 1)
-    eps = check_schema(out)
-    ids = [ep["task_id"] for ep in eps]
-    assert len(eps) == 6 and len(set(ids)) == 2 and all(ids.count(t) == 3 for t in ids)
-    assert len({ep["obs0"] for ep in eps if ep["task_id"] == ids[0]}) == 1  # one start state per task
-    assert len({ep["steps"][0]["text"] for ep in eps if ep["task_id"] == ids[0]}) > 1
-    assert json.load(open(tmp_path / "self.json"))["episodes"] == 6
-
-
 def test_refilled_slots_run_the_same_episodes(tmp_path):
     """A slot whose episode ends takes the next task at once: with the (deterministic) expert,
     3 slots over 20 tasks give exactly the episodes of one environment at a time."""
     outs = []
     for n in (1, 3):
         out = tmp_path / f"n{n}.jsonl"
-        run_stage("02_collect", "--policy", "expert", "--split", "seen", "--episodes", 20, "--num-envs", n, "--out", out)
+        run_stage("02_collect", "--policy", "expert", "--split", "seen", "--episodes", 20, "--num-envs", n,
+                  "--out", out)
         outs.append(out.read_text())
     assert outs[0] == outs[1] and len(outs[0].splitlines()) == 20
 
 
-def test_shared_cache_reads_like_a_fresh_one(tiny_run, stages, monkeypatch):
-    """The shared KV cache gives every row the next-token logits of a fresh one-row cache:
-    rows of very different lengths, a row refilled with a new task (Session.sync keeps the
-    common instruction and hides the rest of the old episode), an idle row, a compacted cache."""
-    c = stages["02_collect"]
-    path = str(tiny_run / "policy_0")
-    args = c.parse_args(["--policy", path, "--out", "x.jsonl", "--greedy", "--max-new-tokens", "4"])
-    policy, fresh = c.ModelPolicy(path, args), c.ModelPolicy(path, args)
-    eps = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:4]
-    logits = []  # every Session.feed output; the first feed of an act call reads the prompts
-    real_feed = c.Session.feed
-    monkeypatch.setattr(c.Session, "feed", lambda self, new: logits.append(real_feed(self, new)) or logits[-1])
-
-    def prompt(k, t):  # episode k after its first t steps
-        return policy.prompt_ids(dict(eps[k], steps=eps[k]["steps"][:t]))
-
-    def first_logits(p, rows, prompts):
-        n = len(logits)
-        p.act(rows, prompts)
-        return logits[n][rows]
-
-    def check(rows, prompts):
-        got = first_logits(policy, rows, prompts)
-        for row_logits, p in zip(got, prompts):
-            fresh.start(1)
-            assert torch.allclose(row_logits, first_logits(fresh, [0], [p])[0], atol=1e-4)
-    policy.start(3)
-    check([0, 1, 2], [prompt(0, 5), prompt(1, 0), prompt(2, 2)])    # very different lengths
-    check([0, 2], [prompt(3, 0), prompt(2, 3)])                     # row 0 refilled, row 1 idle
-    policy.session.max_cols = 0                                     # a full cache: compact it
-    check([0, 2], [prompt(3, 1), prompt(2, 4)])
-    check([0, 1, 2], [prompt(3, 2), prompt(0, 1), prompt(2, 5)])    # and on: row 1 back with a new task
-
-
-def test_rows_that_finish_early_leave_the_batch(tiny_run, stages, monkeypatch, tmp_path):
-    """When most rows have ended their reply, act() goes on with a copy of the cache that holds
-    only the rows still generating (Session.compacted with rows=...). The replies must be those
-    of one row at a time, and at the next turn the rows whose last tokens never reached the
-    shared cache must read their prompt exactly as a fresh cache does."""
+def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages, monkeypatch, tmp_path):
+    """The KV cache kept across turns (generate_cached, the default) against the plain loop that
+    re-reads every prompt (ModelPolicy.generate): the same replies, and the same logits (up to
+    float rounding) at every token of them - over rows of very different lengths, a row refilled
+    with a new task (Session.sync keeps the common instruction and hides the rest), an idle row, a
+    full cache (compacted), a reply hidden without a compaction, rows that end their reply early
+    (the rest go on in a copy holding only them), and prompts that continue with what that copy read."""
     c = stages["02_collect"]
     # The one-epoch tiny policy repeats one token; random weights with a wide init give replies
     # that differ from row to row (and clear margins between the top two logits).
@@ -142,60 +95,72 @@ def test_rows_that_finish_early_leave_the_batch(tiny_run, stages, monkeypatch, t
     config.initializer_range = 0.5
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    args = c.parse_args(["--policy", str(path), "--out", "x.jsonl", "--greedy", "--max-new-tokens", "6"])
-    policy, fresh = c.ModelPolicy(str(path), args), c.ModelPolicy(str(path), args)
-    eps = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:3]
-    prompts = [policy.prompt_ids(dict(ep, steps=ep["steps"][:t])) for ep, t in zip(eps, (0, 2, 4))]
-    fed = []  # every Session.feed input and output
-    real_feed, real_compacted = c.Session.feed, c.Session.compacted
-    monkeypatch.setattr(c.Session, "feed", lambda self, new: fed.append((new, real_feed(self, new))) or fed[-1][1])
-    subsets = []
+    eps = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:4]
+    seen = []  # per next_tokens call: {batch row: the logits its next token is drawn from}
+    real_next_tokens = c.next_tokens
+    monkeypatch.setattr(c, "next_tokens", lambda logits, rows, n_rows, args: seen.append(
+        dict(zip(rows, logits))) or real_next_tokens(logits, rows, n_rows, args))
+
+    def policy(*flags):
+        p = c.ModelPolicy(str(path), c.parse_args(["--policy", str(path), "--out", "x.jsonl", "--greedy",
+                                                   "--max-new-tokens", "6", *flags]))
+        p.start(4)  # row 3 stays idle
+        return p
+    cached, plain = policy(), policy("--plain-generate")
+    subsets = []  # the rows of every compacted copy of the cache (None: all of them)
+    real_compacted = c.Session.compacted
     monkeypatch.setattr(c.Session, "compacted",
                         lambda self, room, rows=None: subsets.append(rows) or real_compacted(self, room, rows))
 
-    def alone(p):  # a fresh one-row cache: the reply as token ids (the feeds after the first)
-        fresh.start(1)
-        n = len(fed)
-        fresh.act([0], [p])
-        return [new[0][0] for new, _ in fed[n + 1:]]
+    def prompt(k, t):  # episode k after its first t steps
+        return cached.prompt_ids(dict(eps[k], steps=eps[k]["steps"][:t]))
 
-    fresh.eos_id = policy.eos_id = -1  # never ends: every reply is 6 tokens
-    eos = alone(prompts[0])[3]         # now make row 0 end at its 4th token (the others wherever it comes)
-    fresh.eos_id = policy.eos_id = eos
-    want, fed_ids = [], []  # each reply, and the tokens of it that were fed (all but the last)
-    for p in prompts:
-        fresh.start(1)
-        n = len(fed)
-        want.append(fresh.act([0], [p])[0])
-        fed_ids.append([new[0][0] for new, _ in fed[n + 1:]])
-    policy.start(4)  # row 3 stays idle
-    assert policy.act([0, 1, 2], prompts) == want
-    assert subsets and all(rows is not None and len(rows) <= 2 for rows in subsets)
-    # The next turn: each prompt continues with its reply and more tokens; the first feed reads
-    # the prompts, including the reply tokens that only the copy saw.
-    nxt = [p + ids + prompts[0][-5:] for p, ids in zip(prompts, fed_ids)]
-    n = len(fed)
-    policy.act([0, 1, 2], nxt)
-    got = fed[n][1]
-    for r, p in enumerate(nxt):
-        fresh.start(1)
-        k = len(fed)
-        fresh.act([0], [p])
-        assert torch.allclose(got[r], fed[k][1][0], atol=1e-4)
+    def both(rows, prompts):
+        """Both paths on one turn -> the replies as token ids; checks that they agree."""
+        out = []
+        for p in (cached, plain):
+            n = len(seen)
+            out.append(p.generate(rows, prompts) if p is plain else c.generate_cached(p, rows, prompts))
+            out.append(seen[n:])
+        (replies, steps), (plain_replies, plain_steps) = out[:2], out[2:]
+        assert replies == plain_replies and len(steps) == len(plain_steps)
+        for k, (got, want) in enumerate(zip(steps, plain_steps)):
+            for i, r in enumerate(rows):
+                if len(replies[i]) > k:  # row r drew its k-th token from these logits
+                    assert torch.allclose(got[r], want[r], atol=1e-4), (k, r)
+        return replies
+
+    end = prompt(0, 1)[-5:]  # the end of a turn, an observation and the next generation prompt, as in a chat
+    cached.eos_id = plain.eos_id = -1  # no end of turn: every reply is 6 tokens, and all reach the cache
+    first = both([0, 1, 2], [prompt(0, 5), prompt(1, 0), prompt(2, 2)])   # very different lengths
+    n_compactions = len(subsets)
+    # Row 0 goes on without its reply, row 2 with half of it: the rest is hidden (the new tokens fit, no copy).
+    both([0, 1, 2], [prompt(0, 5) + end, prompt(1, 0) + first[1] + end, prompt(2, 2) + first[2][:3] + end])
+    assert len(subsets) == n_compactions
+    both([0, 2], [prompt(3, 0), prompt(2, 3)])                             # row 0 refilled, row 1 idle
+    cached.session.max_cols = 0                                            # a full cache: compact it
+    prompts = [prompt(3, 1), prompt(0, 1), prompt(2, 4)]                  # row 1 back with a new task
+    cached.eos_id = plain.eos_id = plain.generate([0, 1, 2], prompts)[0][1]  # row 0 now ends its reply early
+    replies = both([0, 1, 2], prompts)
+    assert len({len(r) for r in replies}) > 1
+    # Each prompt goes on with its reply: tokens that only the copy holding the rows still writing read.
+    both([0, 1, 2], [p + r + end for p, r in zip(prompts, replies)])
+    assert None in subsets and any(rows is not None and len(rows) < 3 for rows in subsets)
 
 
 @pytest.mark.parametrize("stage,args,message", [
     ("02_collect", ["--policy", "expert", "--env", "nope", "--out", "{d}/x.jsonl"], "unknown env 'nope'"),
     ("02_collect", ["--policy", "expert", "--split", "test", "--out", "{d}/x.jsonl"], "unknown split 'test'"),
-    ("02_collect", ["--policy", "{d}", "--out", "{d}/x.jsonl"], "is not a model directory"),
-    ("02_collect", ["--policy", "expert", "--samples-per-task", "2", "--out", "{d}/x.jsonl"],
-     "--samples-per-task > 1 needs a sampling policy"),
+    ("02_collect", ["--policy", "{d}/nomodel", "--out", "{d}/y.jsonl"], "no tokenizer_config.json"),
     ("01_bc", ["--data", "{d}/missing.jsonl", "--out", "{d}/p"], "no such file"),
-    ("01_bc", ["--data", "{d}/bad.jsonl", "--out", "{d}/p"], "bad.jsonl:2: not valid JSON"),
+    ("01_bc", ["--data", "{d}/bad.jsonl", "--out", "{d}/p"], "bad.jsonl:2: not a line of JSON text"),
     ("01_bc", ["--data", "{d}/empty.jsonl", "--out", "{d}/p"], "no episodes"),
-    ("03_critic", ["--data", "{d}/nolabel.jsonl", "--policy", "{d}", "--out", "{d}/c"], "nolabel.jsonl:1: episode lacks label"),
-    ("04_gae", ["--data", "{d}/good.jsonl", "--critic", "{d}", "--out", "{d}/a.jsonl"], "is not a critic directory"),
-    ("05_bppo", ["--data", "{d}/good.jsonl", "--policy", "{d}", "--ref", "{d}", "--out", "{d}/p"], "lacks adv"),
+    ("03_critic", ["--data", "{d}/nolabel.jsonl", "--policy", "{d}/nomodel", "--out", "{d}/c"],
+     "nolabel.jsonl:1: episode lacks label"),
+    ("04_gae", ["--data", "{d}/good.jsonl", "--critic", "{d}/nomodel", "--out", "{d}/a.jsonl"],
+     "is not a critic directory"),
+    ("05_bppo", ["--data", "{d}/good.jsonl", "--policy", "{d}/nomodel", "--ref", "{d}/nomodel", "--out", "{d}/p"],
+     "lacks adv"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(tmp_path, stage, args, message):
     good = json.dumps({"env": "household", "task_id": "train/00000", "instruction": "i", "task": "t", "obs0": "o",
@@ -203,6 +168,7 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path, stage, args, message):
                                   "label": "ok", "r_aux": 0.0, "done": False}],
                        "reward": 0.0, "success": False, "source": "self"})
     (tmp_path / "good.jsonl").write_text(good + "\n")
+    (tmp_path / "nomodel").mkdir()  # a directory without a model or critic in it
     (tmp_path / "bad.jsonl").write_text(good + "\n{not json\n")
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "nolabel.jsonl").write_text(good.replace('"label": "ok", ', "") + "\n")

@@ -89,7 +89,8 @@ def test_rerank_end_to_end_counts_every_candidate(collect, critic_dir, tiny_run,
     assert summary["env_steps"] == sum(s["label"] != "format" for ep in eps for s in ep["steps"])
     # Without --rerank: one candidate per step, one token each.
     plain = tmp_path / "plain.jsonl"
-    collect.main(["--policy", str(tiny_run / "policy_0"), "--max-new-tokens", "1", "--out", str(plain), *map(str, TINY)])
+    collect.main(["--policy", str(tiny_run / "policy_0"), "--max-new-tokens", "1", "--out", str(plain),
+                  *map(str, TINY)])
     summary = json.load(open(tmp_path / "plain.json"))
     assert summary["candidates"] == 1
     assert summary["generated_tokens"] == sum(len(ep["steps"]) for ep in check_schema(plain))
