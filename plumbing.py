@@ -17,6 +17,9 @@ import sys
 import numpy as np
 import torch
 from transformers import AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # transformers' "Loading weights" bar: not this project's output
 
 
 def die(msg):
@@ -193,6 +196,8 @@ def read_episodes(paths, step_keys=STEP_KEYS):
 
 def load_tokenizer(path):
     """A local tokenizer with a chat template (nothing downloaded); a broken directory is one line."""
+    if not os.path.isdir(path):
+        die(f"{path}: no such directory; pass a model directory from 01_bc.py / 05_bppo.py")
     if not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         die(f"{path}: no tokenizer_config.json; pass a model directory from 01_bc.py / 05_bppo.py")
     if os.path.exists(os.path.join(path, "heads.safetensors")):
