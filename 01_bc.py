@@ -156,16 +156,21 @@ def evaluate(model, data, pad_id, batch_size, device):
     return total / max(count, 1), replies / max(turns, 1), episodes / max(len(data), 1)
 
 
-def build_tiny_model(tokenizer, args):
-    """A small Llama for this tokenizer (args: d_model, n_layers, n_heads, max_len), its input and
-    output embeddings tied."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
-        max_position_embeddings=args.max_len, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config)
+# ----------------------------------------------------------------------------------------
+# The tiny model (copied in 00 and 01): a byte-level BPE tokenizer trained on the text, and a
+# small Llama.
+# ----------------------------------------------------------------------------------------
+SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
+           "assistant": "<|assistant|>"}
+
+
+# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
+# so the action tokens of turn t are its content tokens plus <|end|>, and the state
+# position s_t is the <|assistant|> token of the generation prompt.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def train_tiny_tokenizer(texts, vocab_size):
@@ -183,21 +188,16 @@ def train_tiny_tokenizer(texts, vocab_size):
                                    padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
 
 
-# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
-# so the action tokens of turn t are its content tokens plus <|end|>, and the state
-# position s_t is the <|assistant|> token of the generation prompt.
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-# ----------------------------------------------------------------------------------------
-# The tiny model (copied in 00 and 01): a byte-level BPE tokenizer trained on the text, and a
-# small Llama.
-# ----------------------------------------------------------------------------------------
-SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
-           "assistant": "<|assistant|>"}
+def build_tiny_model(tokenizer, args):
+    """A small Llama for this tokenizer (args: d_model, n_layers, n_heads, max_len), its input and
+    output embeddings tied."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
+        max_position_embeddings=args.max_len, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
 
 
 def main(argv=None):
