@@ -11,7 +11,9 @@
 #
 #   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS (household: the default miniature below; other envs: '{}')
 #   N_EXPERT=1000 expert demos (household: every train task), N_SELF=300 self trajectories per iteration,
-#   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"), KEEP_OLD=0 (1: the buffer keeps every
+#   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"),
+#   EVAL_WORLDS: the world seeds every policy is evaluated in (household: "0 1 2 3" - training uses world 0,
+#   the others are worlds the run never saw; other envs: "0"), KEEP_OLD=0 (1: the buffer keeps every
 #   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
@@ -27,11 +29,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 # SMOKE=1: toy budgets, the run tests/test_chain.py checks (a tiny base model, 16 demos, 6 self episodes,
-# 4 evaluation tasks per split, one epoch per stage, episodes of at most 5 steps). These are
+# 4 evaluation tasks per split in 2 worlds, one epoch per stage, episodes of at most 5 steps). These are
 # only defaults: a variable you set still wins. The numbers it prints mean nothing.
 if [ "${SMOKE:-0}" = 1 ]; then
   RUN=${RUN:-runs/smoke} N_EXPERT=${N_EXPERT:-16} N_SELF=${N_SELF:-6} N_EVAL=${N_EVAL:-4} THREADS=${THREADS:-1}
-  ENV_KWARGS=${ENV_KWARGS:-'{"max_steps": 5}'}
+  ENV_KWARGS=${ENV_KWARGS:-'{"max_steps": 5}'} EVAL_WORLDS=${EVAL_WORLDS:-"0 1"}
   PRETRAIN_ARGS=${PRETRAIN_ARGS:-"--episodes 16 --epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}
   BC_ARGS=${BC_ARGS:-"--epochs 1"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 1"} BPPO_ARGS=${BPPO_ARGS:-"--epochs 1"}
   COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 16 --num-envs 6"}
@@ -41,10 +43,15 @@ RUN=${RUN:-runs/default}
 K=${K:-2}
 SEED=${SEED:-0}
 ENV=${ENV:-household}
-# household's default miniature (docs/design.md, 'The default miniature'): 9 steps, one distractor, a
-# demonstrator with a bad habit the agent can unlearn, and a base that also reads questions about the room
-HOUSEHOLD_KWARGS='{"max_steps": 9, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
-if [ "$ENV" = household ]; then ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS}; else ENV_KWARGS=${ENV_KWARGS:-"{}"}; fi
+# household's default miniature (docs/design.md, 'The default miniature'): a step limit of the task's own
+# solution length + 1, one distractor, a demonstrator with a bad habit the agent can unlearn, and a base
+# that also reads questions about the room
+HOUSEHOLD_KWARGS='{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
+if [ "$ENV" = household ]; then
+  ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"}
+else
+  ENV_KWARGS=${ENV_KWARGS:-"{}"} EVAL_WORLDS=${EVAL_WORLDS:-0}
+fi
 N_EXPERT=${N_EXPERT:-1000}
 N_SELF=${N_SELF:-300}
 N_EVAL=${N_EVAL:-0}
@@ -80,11 +87,14 @@ stage() {
   fi
 }
 
-# evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS (seen and unseen).
+# evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS in each world of EVAL_WORLDS.
 evaluate() {
-  for split in $EVAL_SPLITS; do
-    stage "$RUN/eval/$2_$split.json" "${RUNS[@]}" 02_collect.py --policy "$1" "${ENVARGS[@]}" --split "$split" \
-      --episodes "$N_EVAL" --greedy --out "$RUN/eval/$2_$split.jsonl" "${COMMON[@]}" $COLLECT_ARGS
+  for world in $EVAL_WORLDS; do
+    for split in $EVAL_SPLITS; do
+      stage "$RUN/eval/world$world/$2_$split.json" "${RUNS[@]}" 02_collect.py --policy "$1" "${ENVARGS[@]}" \
+        --env-seed "$world" --split "$split" --episodes "$N_EVAL" --greedy \
+        --out "$RUN/eval/world$world/$2_$split.jsonl" "${COMMON[@]}" $COLLECT_ARGS
+    done
   done
 }
 
@@ -133,26 +143,29 @@ for k in $(seq 1 "$K"); do
   evaluate "$RUN/policy_$k" "policy_$k"
 done
 
-# ---- the results table: one row per policy
-$PYTHON - "$RUN" "$K" $EVAL_SPLITS <<'EOF'
+# ---- the results table: one row per policy; each split's mean over the worlds, then each world's success
+$PYTHON - "$RUN" "$K" "$EVAL_WORLDS" $EVAL_SPLITS <<'EOF'
 import json, os, sys
-run, K, splits = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+run, K, worlds, splits = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4:]
 load = lambda p: json.load(open(os.path.join(run, p)))
+mean = lambda xs: sum(xs) / len(xs)
 steps = load("data/expert.json")["env_steps"]
-rows = ["| policy | " + " | ".join(f"{s} success | {s} avg reward" for s in splits) + " | train env steps so far |",
-        "|---|" + "---|---|" * len(splits) + "---|"]
+rows = ["| policy | " + " | ".join(f"{s} success | {s} avg reward | {s} success in world {' / '.join(worlds)}"
+                                    for s in splits) + " | train env steps so far |",
+        "|---|" + "---|---|---|" * len(splits) + "---|"]
 for k in range(K + 1):
     if k > 0:
         steps += load(f"iter_{k}/self.json")["env_steps"]
     cells = []
     for s in splits:
-        e = load(f"eval/policy_{k}_{s}.json")
-        cells.append(f"{e['success_rate']:.1%} | {e['avg_reward']:.3f}")
+        e = [load(f"eval/world{w}/policy_{k}_{s}.json") for w in worlds]
+        per_world = " / ".join(f"{x['success_rate']:.0%}" for x in e)
+        cells.append(f"{mean([x['success_rate'] for x in e]):.1%} | {mean([x['avg_reward'] for x in e]):.3f} | {per_world}")
     name = "policy_0 (BC)" if k == 0 else f"policy_{k} (Q-Evolve iter {k})"
     rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
 table = "\n".join(rows) + "\n"
 with open(os.path.join(run, "results.md"), "w") as f:
-    f.write(f"# Results: {run}\n\n{table}")
-print(table)
+    f.write(f"# Results: {run}\n\nSuccess and average reward: the mean over worlds {', '.join(worlds)}.\n\n{table}")
+print(f"(mean over worlds {', '.join(worlds)})\n{table}")
 EOF
 echo "Results: $RUN/results.md   (metrics: $METRICS)"

@@ -1,6 +1,7 @@
 """The paper's ablation table in miniature (AlfWorld, 1 iteration in the paper), plus the
-baselines: one row per variant, seen / unseen success and average reward as mean +- std over
-seeds, and the environment steps each used. A measurement, not a test.
+baselines: one row per variant, seen / unseen success and average reward (each seed's mean over
+the worlds its run was evaluated in, run_all.sh's EVAL_WORLDS) as mean +- std over seeds, and the
+environment steps each used. A measurement, not a test.
 
 Every variant starts from the same artifacts of a default run (run_all.sh, iteration 1), which are
 reused, never recomputed: the expert demos, the BC policy (policy_0), the self-collected
@@ -55,6 +56,11 @@ VARIANTS = [
 ]
 
 
+def worlds_of(run):
+    """The world seeds run_all.sh evaluated this run in (eval/world<w>/)."""
+    return sorted((d[5:] for d in os.listdir(os.path.join(ROOT, run, "eval")) if d.startswith("world")), key=int)
+
+
 def run_variant(run, seed, threads, candidates, log):
     """Run every variant of one seed, stage by stage; an existing output is skipped."""
     py = sys.executable
@@ -71,10 +77,12 @@ def run_variant(run, seed, threads, candidates, log):
         print("==", " ".join(cmd), file=log, flush=True)
         subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
 
-    def evaluate(policy, d):
-        for split in SPLITS:
-            stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", policy, *envargs, "--split", split, "--greedy",
-                                        "--out", f"{d}/{split}.jsonl", *common])
+    def evaluate(policy, d, rerank=()):
+        for w in worlds_of(run):
+            for split in SPLITS:
+                stage(f"{d}/world{w}/{split}.json", [py, "02_collect.py", "--policy", policy, *envargs, "--env-seed", w,
+                                                     "--split", split, *(rerank or ["--greedy"]),
+                                                     "--out", f"{d}/world{w}/{split}.jsonl", *common])
 
     for name, _, changes, flags in sorted(VARIANTS, key=lambda v: v[2] == "rerank"):  # the slow rerank last
         d = f"{run}/ablation/{name}"
@@ -85,11 +93,7 @@ def run_variant(run, seed, threads, candidates, log):
             stage(f"{d}/policy", [py, "01_bc.py", "--data", *buffer, "--model", f"{run}/policy_0",
                                   "--out", f"{d}/policy", *extra, *common])
         elif changes == "rerank":
-            for split in SPLITS:
-                stage(f"{d}/{split}.json", [py, "02_collect.py", "--policy", f"{run}/policy_0", *envargs,
-                                            "--split", split,
-                                            "--rerank", f"{run}/iter_1/critic", "--candidates", str(candidates),
-                                            "--out", f"{d}/{split}.jsonl", *common])
+            evaluate(f"{run}/policy_0", d, ["--rerank", f"{run}/iter_1/critic", "--candidates", str(candidates)])
             continue
         else:
             critic, adv = f"{run}/iter_1/critic", f"{run}/iter_1/adv.jsonl"
@@ -108,14 +112,14 @@ def run_variant(run, seed, threads, candidates, log):
 
 
 def result(run, name, split):
-    """(summary of the evaluation, env steps spent on training data) of one variant."""
-    if name == "bc":
-        path = f"{run}/eval/policy_0_{split}.json"
-    elif name == "qevolve":
-        path = f"{run}/eval/policy_1_{split}.json"
-    else:
-        path = f"{run}/ablation/{name}/{split}.json"
-    summary = json.load(open(os.path.join(ROOT, path)))
+    """(summary of the evaluation over the run's worlds: mean success and reward, summed costs,
+    env steps spent on training data) of one variant."""
+    k = {"bc": 0, "qevolve": 1}.get(name)
+    path = (f"{run}/ablation/{name}/world{{}}/{split}.json" if k is None
+            else f"{run}/eval/world{{}}/policy_{k}_{split}.json")
+    evals = [json.load(open(os.path.join(ROOT, path.format(w)))) for w in worlds_of(run)]
+    summary = {k: statistics.mean(e[k] for e in evals) for k in ("success_rate", "avg_reward")}
+    summary.update({k: sum(e[k] for e in evals) for k in ("env_steps", "generated_tokens")})
     steps = json.load(open(os.path.join(ROOT, run, "data", "expert.json")))["env_steps"]
     if name != "bc":  # every other variant learns from (or, for w/o PI, its critic learns from) the self data
         steps += json.load(open(os.path.join(ROOT, run, "iter_1", "self.json")))["env_steps"]
@@ -167,11 +171,14 @@ def main():
     sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
     lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
              f"`{' '.join(['python', 'bench/ablation.py'] + [shlex.quote(a) for a in sys.argv[1:]])}` (seeds "
-             f"{' '.join(map(str, args.seeds))}; one iteration; 100 greedy episodes per split, w/o PI samples "
-             f"{args.candidates} candidates per step at temperature 1"
+             f"{' '.join(map(str, args.seeds))}; one iteration; 100 greedy episodes per split and world, "
+             f"w/o PI samples "
+             f"{args.candidates} candidates per step at temperature 1; each seed's mean over worlds "
+             f"{', '.join(worlds_of(runs[0]))}"
              + ("" if args.table_only else f"; this call took {(time.time() - t0) / 60:.0f} min") + ").",
              "", "| variant | seen success | unseen success | seen avg reward | unseen avg reward | train env steps "
-             "| eval env steps (seen + unseen) | eval tokens generated |", "|---|---|---|---|---|---|---|---|"]
+             "| eval env steps (seen + unseen, all worlds) | eval tokens generated |",
+             "|---|---|---|---|---|---|---|---|"]
     def done(name):
         try:
             [result(r, name, split) for r in runs for split in SPLITS]

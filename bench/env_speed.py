@@ -48,7 +48,7 @@ def main():
         print("|---|---|---|---|---|---|---|---|")
     else:
         print(f"household (seed {args.seed}): n_receptacles {env.n_receptacles}, n_distractors {env.n_distractors}, "
-              f"max_steps {env.max_steps}, habit {env.habit}")
+              f"max_steps {env.max_steps}, step_slack {env.step_slack}, habit {env.habit}")
         print("| split | tasks | expert success | expert avg steps | random success | random steps/s |")
         print("|---|---|---|---|---|---|")
     for split in env.splits:

@@ -1,6 +1,7 @@
-"""Run the default chain (run_all.sh) for several seeds and write the table the README shows:
-per-seed and mean +- std success on seen / unseen for BC and every Q-Evolve iteration,
-plus wall time and peak memory of each run. A measurement, not a test.
+"""Run the default chain (run_all.sh) for several seeds and write the tables the README shows: for BC
+and every Q-Evolve iteration, greedy success on each split of EVAL_SPLITS, per seed (the mean over the
+worlds of EVAL_WORLDS) and as mean +- std over all (seed, world) evaluations; then per world (the mean
+over seeds) with the gain over BC; plus wall time and peak memory of each run. A measurement, not a test.
 
     python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/seeds.md
     EVAL_SPLITS='dev seen unseen' python bench/seeds.py --parallel   # the README's table (also dev)
@@ -25,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
 RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS",
-                    "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
+                    "EVAL_WORLDS", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
 
 
 def main():
@@ -58,32 +59,49 @@ def main():
         r.setdefault("wall_s", time.time() - t0)
     # ru_maxrss of children = the largest process any stage ran (KiB on Linux)
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    splits = os.environ.get("EVAL_SPLITS", "seen unseen").split()
+    # the worlds run_all.sh evaluated in (EVAL_WORLDS): eval/world<w>/
+    worlds = sorted((d[5:] for d in os.listdir(os.path.join(ROOT, runs[0]["run"], "eval")) if d.startswith("world")),
+                    key=int)
 
-    def rate(run, k, split):
-        return json.load(open(os.path.join(ROOT, run, "eval", f"policy_{k}_{split}.json")))["success_rate"] * 100
+    def rate(run, k, split, world):
+        path = os.path.join(ROOT, run, "eval", f"world{world}", f"policy_{k}_{split}.json")
+        return json.load(open(path))["success_rate"] * 100
 
+    mean, sd = statistics.mean, (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    name = (lambda k: "BC (policy_0)" if k == 0 else f"Q-Evolve iter {k} (policy_{k})")
+    slash = "/".join(splits)
     settings = [f"{k}={shlex.quote(os.environ[k])}" for k in RUN_ALL_SETTINGS if os.environ.get(k)]
     command = " ".join(settings + ["python", "bench/seeds.py"] + [shlex.quote(a) for a in sys.argv[1:]])
     how = "in parallel, one torch thread each" if args.parallel else "one after another"
     lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
              f"`{command}` "
-             f"(K={K}, {'these' if settings else 'default'} settings of run_all.sh; seeds run {how}).", "",
-             "| policy | " + " | ".join(f"seed {r['seed']} seen / unseen" for r in runs)
-             + " | mean +- std seen | mean +- std unseen |",
-             "|---|" + "---|" * (len(runs) + 2)]
+             f"(K={K}, {'these' if settings else 'default'} settings of run_all.sh; seeds run {how}). "
+             f"Greedy success in % on {slash}; every policy is evaluated in worlds {', '.join(worlds)} "
+             "(world 0 is the one the run trained in).", "",
+             "Per seed (the mean over the worlds), and mean +- std over every (seed, world) evaluation:", "",
+             "| policy | " + " | ".join(f"seed {r['seed']} {slash}" for r in runs)
+             + " | " + " | ".join(f"{s} mean +- std" for s in splits) + " |",
+             "|---|" + "---|" * (len(runs) + len(splits))]
     for k in range(K + 1):
-        seen = [rate(r["run"], k, "seen") for r in runs]
-        unseen = [rate(r["run"], k, "unseen") for r in runs]
-        sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
-        name = "BC (policy_0)" if k == 0 else f"Q-Evolve iter {k} (policy_{k})"
-        cells = " | ".join(f"{s:.0f}% / {u:.0f}%" for s, u in zip(seen, unseen))
-        lines.append(f"| {name} | {cells} | {statistics.mean(seen):.1f} +- {sd(seen):.1f} | "
-                     f"{statistics.mean(unseen):.1f} +- {sd(unseen):.1f} |")
+        cells = [" / ".join(f"{mean(rate(r['run'], k, s, w) for w in worlds):.1f}" for s in splits) for r in runs]
+        every = [[rate(r["run"], k, s, w) for r in runs for w in worlds] for s in splits]
+        spread = [f"{mean(xs):.1f} +- {sd(xs):.1f}" for xs in every]
+        lines.append(f"| {name(k)} | " + " | ".join(cells + spread) + " |")
+    lines += ["", f"Per world (the mean over the seeds), and Q-Evolve iter {K}'s gain over BC:", "",
+              f"| world | BC {slash} | Q-Evolve iter {K} {slash} | gain {slash} |", "|---|---|---|---|"]
+    for w in worlds:
+        bc = [mean(rate(r["run"], 0, s, w) for r in runs) for s in splits]
+        last = [mean(rate(r["run"], K, s, w) for r in runs) for s in splits]
+        fmt = (lambda xs, sign="": " / ".join(f"{x:{sign}.1f}" for x in xs))
+        lines.append(f"| {w}{' (trained in)' if w == '0' else ''} | {fmt(bc)} | {fmt(last)} | "
+                     f"{fmt([b - a for a, b in zip(bc, last)], '+')} |")
     lines += ["", "| seed | wall time of this call | first to last artifact of the run |", "|---|---|---|"]
     for r in runs:
         note = "" if r["fresh"] else " (resumed: finished stages skipped)"
         first = os.path.getmtime(os.path.join(ROOT, r["run"], "data", "expert.jsonl"))
-        last = os.path.getmtime(os.path.join(ROOT, r["run"], "eval", f"policy_{K}_unseen.json"))
+        last_eval = os.path.join(ROOT, r["run"], "eval", f"world{worlds[-1]}", f"policy_{K}_{splits[-1]}.json")
+        last = os.path.getmtime(last_eval)
         lines.append(f"| {r['seed']} | {r['wall_s'] / 60:.1f} min{note} | {(last - first) / 60:.1f} min |")
     if any(r["fresh"] for r in runs):
         lines += ["", f"Peak memory of the largest single stage process: {peak_mib:.0f} MiB."]

@@ -15,7 +15,11 @@ contents until opened. The six ALFWorld task types are:
 Commands: go to X, open X, close X, take O from X, put O in/on X, clean O with X,
 heat O with X, cool O with X, use X, examine X, inventory, look. Any command that does
 nothing returns exactly "Nothing happens.". Reward is 1.0 on the step that reaches the
-goal (terminated), else 0.0; `max_steps` commands end the episode (truncated).
+goal (terminated), else 0.0; `max_steps` commands end the episode (truncated). With
+`step_slack=s` the limit is set per task instead: the length of the demonstrator's own solution
+without its habit (`solution_length`) plus s, at most `max_steps` - so on every task the same
+number of wasted steps costs the episode, however long its search is. `env.max_steps` is then the
+current task's limit.
 
 Splits. Every task has a *goal pairing* (object type, goal receptacle type), where the
 goal of a look_at_obj_in_light task is "desklamp". A fixed rule, `is_unseen_pairing`,
@@ -161,9 +165,11 @@ class HouseholdEnv(TextEnv):
     name = "household"
     splits = ("train", "dev", "seen", "unseen")
 
-    def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20,
+    def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20, step_slack=-1,
                  n_train=1000, n_dev=100, n_seen=100, n_unseen=100, habit=0.0, room_questions=0.0):
         inf = math.inf
+        if step_slack != -1 and not 0 <= step_slack < inf:
+            raise ValueError(f"household: step_slack must be -1 (off) or at least 0, got {step_slack!r}")
         for key, value, low, high in [("n_receptacles", n_receptacles, len(ALWAYS) + 2, MAX_RECEPTACLES),
                                       ("n_distractors", n_distractors, 0, inf), ("max_steps", max_steps, 1, inf),
                                       ("n_train", n_train, 1, inf), ("n_dev", n_dev, 1, inf),
@@ -177,7 +183,8 @@ class HouseholdEnv(TextEnv):
         self.n_distractors = n_distractors
         self.habit = habit
         self.room_questions = room_questions
-        self.max_steps = max_steps
+        self.step_cap = self.max_steps = max_steps
+        self.step_slack = step_slack
         self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
         pairings = all_pairings()
         self.pairings = {
@@ -264,6 +271,8 @@ class HouseholdEnv(TextEnv):
     # ------------------------------------------------------------------ episode
     def reset(self, task_id):
         g = self.generate(task_id)
+        if self.step_slack >= 0:
+            self.max_steps = min(self.step_cap, self.solution_length(task_id) + self.step_slack)
         self._task = g
         self.where = {o: r for r, objs in g["contents"].items() for o in objs}  # object -> receptacle
         self.is_open = {r: False for r in g["receptacles"] if _kind(r) in OPENABLE}
@@ -476,6 +485,16 @@ class HouseholdEnv(TextEnv):
         return "Question: which receptacles have you not looked into yet?", f"Answer: {', '.join(todo) or 'none'}."
 
     # ------------------------------------------------------------------ expert
+    def solution_length(self, task_id):
+        """Steps the demonstrator needs for `task_id` without its habit (it searches what it has not
+        seen, so this is the length of a sensible solution, not of the shortest in hindsight)."""
+        clean = HouseholdEnv(self.seed, self.n_receptacles, self.n_distractors, max_steps=100,
+                             **{f"n_{k}": n for k, n in self.n_tasks.items()})
+        clean.reset(task_id)
+        while not clean.done:
+            clean.step(clean.expert_action())
+        return clean.t
+
     def _search_order(self, kinds_first):
         order = []
         for k in kinds_first:

@@ -11,8 +11,8 @@ from conftest import ROOT
 
 # SMOKE=1 sets these budgets' defaults in run_all.sh (the README's one-minute run); a value set
 # in the caller's shell would win, so the test clears them.
-SMOKE_VARS = ["RUN", "K", "N_EXPERT", "N_SELF", "N_EVAL", "THREADS", "ENV", "ENV_KWARGS", "EVAL_SPLITS", "BASE",
-              "KEEP_OLD", "PRETRAIN_ARGS", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
+SMOKE_VARS = ["RUN", "K", "N_EXPERT", "N_SELF", "N_EVAL", "THREADS", "ENV", "ENV_KWARGS", "EVAL_SPLITS", "EVAL_WORLDS",
+              "BASE", "KEEP_OLD", "PRETRAIN_ARGS", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
 
 
 def run_all(run_dir, python=sys.executable, **settings):
@@ -69,12 +69,20 @@ def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         return [line for line in proc.stdout.splitlines() if line.startswith("== echo")]
     household = commands()
-    miniature = '{"max_steps": 9, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
+    miniature = '{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
     assert all(f"--env-kwargs {miniature}" in c for c in household if "--env " in c)
+    # every policy is evaluated greedily on seen and unseen in worlds 0 (the training world) to 3
+    evals = [c for c in household if "--greedy" in c]
+    assert len(evals) == 3 * 2 * 4
+    for k, world, split in [(0, 0, "seen"), (2, 3, "unseen"), (1, 2, "seen")]:
+        assert any(f"--policy {tmp_path / 'run' / f'policy_{k}'} " in c and f"--env-seed {world} --split {split} " in c
+                   and f"eval/world{world}/policy_{k}_{split}.jsonl" in c for c in evals)
+    assert all("--env-seed" not in c for c in household if "--greedy" not in c)  # training stays in world 0
     assert any("05_bppo.py" in c and "--out " + str(tmp_path / "run" / "policy_2") in c for c in household)
     assert not any("policy_3" in c for c in household)
     shop = commands(ENV="shop")
     assert all("--env shop --env-kwargs {}" in c for c in shop if "--env " in c)
+    assert all("--env-seed 0 " in c for c in shop if "--greedy" in c)
     assert all("--env-kwargs {}" in c for c in commands(ENV_KWARGS="{}") if "--env " in c)
 
 
@@ -86,7 +94,8 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     assert json.load(open(run / "policy_0" / "args.json"))["model"] == str(bases[0])
     for artifact in ["data/expert.jsonl", "policy_0/model.safetensors", "iter_1/self.jsonl",
                      "iter_1/critic/heads.safetensors", "iter_1/adv.jsonl", "policy_1/model.safetensors",
-                     "eval/policy_1_unseen.json", "results.md", "metrics.jsonl"]:
+                     "eval/world0/policy_1_unseen.json", "eval/world1/policy_1_unseen.json", "results.md",
+                     "metrics.jsonl"]:
         assert (run / artifact).exists(), artifact
     # Every step of the advantage buffer carries v and adv; the table has one row per policy.
     adv = [json.loads(line) for line in open(run / "iter_1/adv.jsonl")]
@@ -94,6 +103,11 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     assert {ep["source"] for ep in adv} == {"expert", "self"}
     table = (run / "results.md").read_text()
     assert "policy_0 (BC)" in table and "policy_1 (Q-Evolve iter 1)" in table
+    # each split's success is the mean over the worlds, then each world's
+    worlds = [json.load(open(run / f"eval/world{w}/policy_1_seen.json"))["success_rate"] for w in (0, 1)]
+    row = next(line for line in table.splitlines() if line.startswith("| policy_1"))
+    cells = row.split(" | ")
+    assert cells[1] == f"{sum(worlds) / 2:.1%}" and cells[3] == " / ".join(f"{x:.0%}" for x in worlds)
     stages_logged = {json.loads(line)["stage"] for line in open(run / "metrics.jsonl")}
     assert stages_logged == {"01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"}
     assert "Results:" in out
@@ -111,11 +125,11 @@ def test_run_all_end_to_end_then_resume(tmp_path):
 
     # Resume: delete only the last artifact; the rerun redoes that stage and nothing else.
     mtimes = {p: os.path.getmtime(p) for p in run.rglob("*") if p.is_file()}
-    (run / "eval/policy_1_unseen.json").unlink()
-    (run / "eval/policy_1_unseen.jsonl").unlink()
+    (run / "eval/world1/policy_1_unseen.json").unlink()
+    (run / "eval/world1/policy_1_unseen.jsonl").unlink()
     out = run_all(run)
     ran = [line for line in out.splitlines() if line.startswith("== ") and "skip" not in line]
-    assert len(ran) == 1 and "--split unseen" in ran[0] and "policy_1" in ran[0], ran
+    assert len(ran) == 1 and "--env-seed 1 --split unseen" in ran[0] and "policy_1" in ran[0], ran
     for p, t in mtimes.items():
         if p.exists() and p.name not in ("results.md", "metrics.jsonl") and "policy_1_unseen" not in p.name:
             assert os.path.getmtime(p) == t, f"{p} was rewritten"

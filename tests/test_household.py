@@ -6,7 +6,7 @@ import re
 import pytest
 
 import envs
-from envs.household import MAX_RECEPTACLES, NOTHING, TASK_TYPES, all_pairings, is_unseen_pairing
+from envs.household import MAX_RECEPTACLES, NOTHING, TASK_TYPES, HouseholdEnv, all_pairings, is_unseen_pairing
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +166,56 @@ def test_step_limit_truncates(env):
         env.step("look")
 
 
+# A hand-made room: mug 1 waits in the closed cabinet 1; the task is to put it on shelf 1. The demonstrator
+# searches the cabinet first (OBJECT_LOCATIONS["mug"]): go to cabinet 1, open cabinet 1, take mug 1 from
+# cabinet 1, go to shelf 1, put mug 1 in/on shelf 1 - 5 steps; its habit adds `examine cabinet 1` - 6.
+HAND_MADE = {"task_id": "train/00000", "task_type": "pick_and_place", "object": "mug", "target": "shelf",
+             "task": "put a mug in shelf 1.", "contents": {"cabinet 1": ["mug 1"], "countertop 1": ["apple 1"]},
+             "receptacles": ["cabinet 1", "countertop 1", "drawer 1", "fridge 1", "microwave 1", "shelf 1",
+                             "sinkbasin 1"]}
+
+
+def play(env, actions=()):
+    """Reset to the hand-made task, play `actions`, then the demonstrator; (won, steps)."""
+    env.reset("train/00000")
+    info = {"won": False}
+    for a in actions:
+        info = env.step(a)[4]
+    while not env.done:
+        info = env.step(env.expert_action())[4]
+    return info["won"], env.t
+
+
+@pytest.mark.parametrize("slack, habit, wasted, won, steps", [
+    (0, 0.0, 0, True, 5),    # the clean demonstrator needs exactly its solution length
+    (0, 1.0, 0, False, 5),   # its habit's one wasted step costs the episode at slack 0...
+    (1, 1.0, 0, True, 6),    # ...and not at slack 1
+    (1, 0.0, 1, True, 6),    # any wasted step counts the same: one `look` first
+    (1, 1.0, 1, False, 6),   # the habit and a `look`: two wasted steps at slack 1
+    (2, 1.0, 1, True, 7)])
+def test_step_slack_sets_the_limit_from_the_solution_length(monkeypatch, slack, habit, wasted, won, steps):
+    monkeypatch.setattr(HouseholdEnv, "generate", lambda self, task_id: {**HAND_MADE, "task_id": task_id})
+    env = HouseholdEnv(step_slack=slack, habit=habit)
+    assert env.solution_length("train/00000") == 5
+    assert play(env, ["look"] * wasted) == (won, steps)
+    assert env.max_steps == 5 + slack  # the current task's limit
+    capped = HouseholdEnv(step_slack=slack, habit=habit, max_steps=4)  # max_steps stays the cap
+    assert play(capped) == (False, 4) and capped.max_steps == 4
+
+
+def test_step_slack_gives_every_task_its_own_limit():
+    """On generated tasks: the limit follows each task's solution length, which varies with the search."""
+    env = HouseholdEnv(step_slack=1, n_distractors=1)
+    limits = {}
+    for tid in env.task_ids("dev")[:30]:
+        env.reset(tid)
+        limits[tid] = env.max_steps
+        while not env.done:
+            env.step(env.expert_action())
+        assert env.t == limits[tid] - 1 and env._success()  # the clean demonstrator wins with one step to spare
+    assert len(set(limits.values())) >= 4
+
+
 def test_unknown_names_say_what_is_valid(env):
     with pytest.raises(ValueError, match="household"):
         envs.make("no-such-env")
@@ -265,7 +315,8 @@ def test_room_questions_answer_from_the_room_and_the_position():
 @pytest.mark.parametrize("key, value", [
     ("max_steps", 0), ("max_steps", -5), ("n_distractors", -1), ("n_receptacles", 7), ("n_receptacles", 21),
     ("n_train", 0), ("n_dev", 0), ("n_seen", -1), ("n_unseen", 0),
-    ("habit", -0.1), ("habit", 1.5), ("habit", float("nan")), ("room_questions", -1), ("room_questions", 2.0)])
+    ("habit", -0.1), ("habit", 1.5), ("habit", float("nan")), ("room_questions", -1), ("room_questions", 2.0),
+    ("step_slack", -2)])
 def test_nonsense_keyword_values_are_refused_naming_the_key(key, value):
     with pytest.raises(ValueError, match=f"household: {key} must be"):
         envs.make("household", **{key: value})
