@@ -1,5 +1,6 @@
 """Shared fixtures: load stage files as modules (their names start with digits), and a tiny
-expert buffer + freshly trained tiny policy that several tests reuse."""
+expert buffer + freshly trained tiny policy that several tests reuse. `--stages DIR` grades another
+folder's stage files (course/make_exercises.py): the tests then load and run DIR's 0X_*.py."""
 import importlib.util
 import os
 import subprocess
@@ -9,6 +10,21 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ["00_pretrain", "01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"]
+STAGE_DIR = ROOT  # --stages DIR replaces it
+
+
+def pytest_addoption(parser):
+    parser.addoption("--stages", default=None, metavar="DIR",
+                     help="load and run the stage files of DIR instead of the repository's (a course/make_exercises.py "
+                          "folder: each exercise's stub fails with its name until it is solved)")
+
+
+def pytest_configure(config):
+    global STAGE_DIR
+    if config.getoption("--stages"):
+        STAGE_DIR = os.path.abspath(config.getoption("--stages"))
+        if not all(os.path.exists(os.path.join(STAGE_DIR, f"{s}.py")) for s in STAGES):
+            raise pytest.UsageError(f"--stages {STAGE_DIR}: not every stage file {', '.join(STAGES)} is there")
 
 
 def load_module(path, name):
@@ -20,12 +36,12 @@ def load_module(path, name):
 
 
 def load_stage(name):
-    return load_module(f"{name}.py", f"stage_{name}")
+    return load_module(os.path.join(STAGE_DIR, f"{name}.py"), f"stage_{name}")
 
 
 def run_stage(name, *args, check=True):
-    """Run a stage as a subprocess from the repo root, like a user would."""
-    proc = subprocess.run([sys.executable, f"{name}.py", *map(str, args)], cwd=ROOT, capture_output=True,
+    """Run a stage as a subprocess from the repo root (or --stages DIR), like a user would."""
+    proc = subprocess.run([sys.executable, f"{name}.py", *map(str, args)], cwd=STAGE_DIR, capture_output=True,
                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")

@@ -107,6 +107,32 @@ def test_the_step_limit_ends_a_cut_trajectory(stages):
     assert tt(eps, "cpu")["mask"].tolist() == [[1, 1], [1, 1], [1, 0]]
 
 
+def test_iql_losses_by_hand(stages):
+    """03's losses on one two-step episode: L_V is the weighted expectile loss of Qbar(s_t, a_t) - V(s_t)
+    (Qbar from the target head), L_Q the weighted TD error with V(s_{t+1}) held fixed and cut at done."""
+    h = torch.tensor([[[0.8], [2.0]]])                            # (B, T, H): the reply positions
+    v_all = torch.tensor([[0.5, 0.8, 0.3]], requires_grad=True)   # V(s_0), V(s_1), V(s_2)
+    q = torch.tensor([[0.6, 0.9]], requires_grad=True)            # Q(s_0, a_0), Q(s_1, a_1)
+    target = torch.nn.Linear(1, 1, bias=False)
+    target.weight.data.fill_(0.5)                                 # Qbar = 0.5 h = [0.4, 1.0]
+    traj = {k: torch.tensor([v]) for k, v in
+            {"r_env": [0.0, 1.0], "r_aux": [-0.1, 0.0], "done": [0.0, 1.0], "mask": [1.0, 1.0]}.items()}
+    w, tau, g = torch.tensor([[1.0, 3.0]]), 0.7, 0.9
+    iql = stages["03_critic"].iql_losses
+    loss, info = iql(lambda batch: (h, v_all, q), target, None, traj, w, tau, g, True)
+    # u = Qbar - V = [-0.1, 0.2]: (1 * 0.3 * 0.01 + 3 * 0.7 * 0.04) / 4
+    assert info["loss_v"] == pytest.approx((0.003 + 0.084) / 4)
+    # TD errors: -0.1 + 0.9 * 0.8 - 0.6 = 0.02, and 1.0 - 0.9 = 0.1 (done: no V(s_2))
+    assert info["loss_q"] == pytest.approx((0.02 ** 2 + 3 * 0.1 ** 2) / 4)
+    assert loss.item() == pytest.approx(info["loss_v"] + info["loss_q"])
+    loss.backward()
+    # V(s_0), V(s_1) get gradient from L_V only (V(s_1): 3 * 0.7 * 2 * 0.2 * -1 / 4), not from the TD target
+    assert v_all.grad[0].tolist() == pytest.approx([2 * 0.3 * -0.1 * -1 / 4, -0.21, 0.0])
+    assert target.weight.grad is None                             # the target head is not trained here
+    _, info = iql(lambda batch: (h, v_all, q), target, None, traj, w, tau, g, False)  # without r_aux
+    assert info["loss_q"] == pytest.approx((0.12 ** 2 + 3 * 0.1 ** 2) / 4)
+
+
 def test_td_error_without_the_critics_aux_rewards_gives_the_penalty_back(stages):
     """04's design choice by hand: for a critic at its fixed point on r_env + r_aux
     (Q = r_env + r_aux + gamma V(s')), the one-step advantage on those rewards is Q - V, while
