@@ -1,0 +1,41 @@
+"""bench/plot_learning.py: the learning curve is each iteration's success, the mean over the run's worlds."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, load_module
+
+plot = load_module("bench/plot_learning.py", "plot_learning")
+
+
+def fake_run(run, rates):
+    """rates[world][k]: policy_k's success on `seen` in that world."""
+    for w, per_k in enumerate(rates):
+        os.makedirs(run / "eval" / f"world{w}")
+        for k, r in enumerate(per_k):
+            json.dump({"success_rate": r}, open(run / "eval" / f"world{w}" / f"policy_{k}_seen.json", "w"))
+
+
+def test_curve_is_the_mean_over_worlds_up_to_the_last_complete_iteration(tmp_path):
+    fake_run(tmp_path / "s0", [[0.5, 0.7, 0.8], [0.3, 0.5]])  # world 1 lacks policy_2
+    curve, n_worlds = plot.curve(str(tmp_path / "s0"), "seen")
+    assert curve == pytest.approx([40.0, 60.0]) and n_worlds == 2
+    assert plot.curve(str(tmp_path / "s0"), "unseen")[0] == []
+
+
+def test_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    fake_run(tmp_path / "s0", [[0.5, 0.7]])
+    fake_run(tmp_path / "s1", [[0.4, 0.6]])
+    out = tmp_path / "curve.png"
+    proc = subprocess.run([sys.executable, "bench/plot_learning.py", "--seeds", "0", "1", "--prefix",
+                           str(tmp_path / "s"), "--splits", "seen", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run([sys.executable, "bench/plot_learning.py", "--prefix", str(tmp_path / "none"), "--out",
+                          str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ")
