@@ -8,7 +8,7 @@ One line per file:
 - the first mistake (the first step not labelled ok) of each episode, and how many episodes with
   a mistake still succeed (recover).
 
-    python bench/mistakes.py runs/default/eval/policy_0_dev.jsonl runs/default/eval/policy_2_dev.jsonl
+    python bench/mistakes.py runs/default/eval/world0/policy_0_dev.jsonl runs/default/eval/world0/policy_2_dev.jsonl
     python bench/mistakes.py runs/default/iter_1/adv.jsonl
 """
 import argparse
