@@ -54,8 +54,9 @@ def main():
         n = min(len(c) for c, _ in curves)
         if n == 0:
             die(f"no evaluation of policy_0 on {split!r} in every run")
-        for seed, (c, _) in zip(args.seeds, curves):
-            ax.plot(range(n), c[:n], color="tab:blue", alpha=0.35, lw=1, marker="o", ms=3, label=f"seed {seed}")
+        for i, (c, _) in enumerate(curves):
+            ax.plot(range(n), c[:n], color="tab:blue", alpha=0.35, lw=1, marker="o", ms=3,
+                    label=f"each seed ({', '.join(map(str, args.seeds))})" if i == 0 else None)
         mean = [statistics.mean(c[k] for c, _ in curves) for k in range(n)]
         ax.plot(range(n), mean, color="tab:blue", lw=2.5, marker="o", label="mean over seeds")
         for k, m in enumerate(mean):

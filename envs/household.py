@@ -185,6 +185,7 @@ class HouseholdEnv(TextEnv):
         self.room_questions = room_questions
         self.step_cap = self.max_steps = max_steps
         self.step_slack = step_slack
+        self._solution_lengths = {}
         self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
         pairings = all_pairings()
         self.pairings = {
@@ -488,12 +489,14 @@ class HouseholdEnv(TextEnv):
     def solution_length(self, task_id):
         """Steps the demonstrator needs for `task_id` without its habit (it searches what it has not
         seen, so this is the length of a sensible solution, not of the shortest in hindsight)."""
-        clean = HouseholdEnv(self.seed, self.n_receptacles, self.n_distractors, max_steps=100,
-                             **{f"n_{k}": n for k, n in self.n_tasks.items()})
-        clean.reset(task_id)
-        while not clean.done:
-            clean.step(clean.expert_action())
-        return clean.t
+        if task_id not in self._solution_lengths:  # a whole episode of the planner: remember it
+            clean = HouseholdEnv(self.seed, self.n_receptacles, self.n_distractors, max_steps=100,
+                                 **{f"n_{k}": n for k, n in self.n_tasks.items()})
+            clean.reset(task_id)
+            while not clean.done:
+                clean.step(clean.expert_action())
+            self._solution_lengths[task_id] = clean.t
+        return self._solution_lengths[task_id]
 
     def _search_order(self, kinds_first):
         order = []
