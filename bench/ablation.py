@@ -22,6 +22,7 @@ exactly one thing and redoes only the stages downstream of it:
 
     python bench/ablation.py --parallel          # seeds 0 1 2: runs/seed<k> (made by bench/seeds.py if missing)
     python bench/ablation.py --seeds 0           # one seed, one process
+    python bench/ablation.py --parallel --variants rft awr   # only some rows (the others: 'not run')
 
 Outputs go to runs/seed<k>/ablation/<variant>/ (skip-if-exists, so a rerun resumes) and the
 table to bench/results/ablation.md.
@@ -61,8 +62,8 @@ def worlds_of(run):
     return sorted((d[5:] for d in os.listdir(os.path.join(ROOT, run, "eval")) if d.startswith("world")), key=int)
 
 
-def run_variant(run, seed, threads, candidates, log):
-    """Run every variant of one seed, stage by stage; an existing output is skipped."""
+def run_variant(run, seed, threads, candidates, log, only):
+    """Run the variants named in `only` of one seed, stage by stage; an existing output is skipped."""
     py = sys.executable
     common = ["--seed", str(seed), "--threads", str(threads), "--metrics", f"{run}/ablation/metrics.jsonl"]
     buffer = [f"{run}/data/expert.jsonl", f"{run}/iter_1/self.jsonl"]
@@ -85,6 +86,8 @@ def run_variant(run, seed, threads, candidates, log):
                                                      "--out", f"{d}/world{w}/{split}.jsonl", *common])
 
     for name, _, changes, flags in sorted(VARIANTS, key=lambda v: v[2] == "rerank"):  # the slow rerank last
+        if name not in only:
+            continue
         d = f"{run}/ablation/{name}"
         extra = flags.split()
         if changes is None:
@@ -137,7 +140,7 @@ def run_all_variants(args, runs):
     logs = [open(os.path.join(ROOT, f"{r}.ablation.log"), "a") for r in runs]
     if args.parallel:
         import multiprocessing as mp
-        procs = [mp.Process(target=run_variant, args=(r, s, threads, args.candidates, log))
+        procs = [mp.Process(target=run_variant, args=(r, s, threads, args.candidates, log, args.variants))
                  for r, s, log in zip(runs, args.seeds, logs)]
         for pr in procs:
             pr.start()
@@ -148,7 +151,7 @@ def run_all_variants(args, runs):
     else:
         for r, s, log in zip(runs, args.seeds, logs):
             try:
-                run_variant(r, s, threads, args.candidates, log)
+                run_variant(r, s, threads, args.candidates, log, args.variants)
             except subprocess.CalledProcessError:
                 sys.exit(f"a stage failed for {r}; see {r}.ablation.log")
 
@@ -159,6 +162,8 @@ def main():
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix, as bench/seeds.py writes them")
     p.add_argument("--candidates", type=int, default=4, help="w/o PI: candidate replies per step for the rerank")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
+    p.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS], choices=[v[0] for v in VARIANTS],
+                   metavar="NAME", help="run only these variants (default: all): " + ", ".join(v[0] for v in VARIANTS))
     p.add_argument("--out", default="bench/results/ablation.md", help="markdown table to write")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table from the variants finished so far (others: 'not run')")
