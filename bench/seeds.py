@@ -50,6 +50,9 @@ def main():
         proc = subprocess.Popen(["bash", "run_all.sh"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         procs.append((proc, t0))
         runs.append({"seed": seed, "run": run, "fresh": fresh})
+        if args.parallel and len(procs) == 1:  # the first run builds the shared base model alone (once)
+            while proc.poll() is None and "02_collect.py" not in open(log.name).read():
+                time.sleep(2)
         if not args.parallel:
             proc.wait()
             runs[-1]["wall_s"] = time.time() - t0
