@@ -1,6 +1,7 @@
-"""The stage loader of bench/: a numbered stage file (00_pretrain.py ... 05_bppo.py) as a
-module. Its name starts with a digit, so `import` cannot name it; loading it runs no main()
-(every stage guards it with `if __name__ == "__main__"`).
+"""What the scripts of bench/ share: the stage loader - a numbered stage file (00_pretrain.py ...
+05_bppo.py) as a module; its name starts with a digit, so `import` cannot name it; loading it runs
+no main() (every stage guards it with `if __name__ == "__main__"`) - and the worlds a run of
+run_all.sh was evaluated in.
 
     sys.path.insert(0, ROOT)  # in a script of bench/: the repo root
     from bench._stages import load_stage
@@ -21,3 +22,8 @@ def load_stage(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def eval_worlds(run):
+    """The world seeds run_all.sh evaluated RUN in (its EVAL_WORLDS: eval/world<w>/), as strings, in order."""
+    return sorted((d[5:] for d in os.listdir(os.path.join(ROOT, run, "eval")) if d.startswith("world")), key=int)

@@ -39,6 +39,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench._stages import eval_worlds  # noqa: E402
+
 SPLITS = ("seen", "unseen")
 
 # name, label, stage that changes (None: reuse run_all.sh's artifacts), its extra flags
@@ -55,11 +58,6 @@ VARIANTS = [
     ("awr", "AWR instead of BPPO", "05", "--objective awr"),
     ("sym_clip", "symmetric clipping (eps_low = eps_high = 0.2)", "05", "--eps-low 0.2 --eps-high 0.2"),
 ]
-
-
-def worlds_of(run):
-    """The world seeds run_all.sh evaluated this run in (eval/world<w>/)."""
-    return sorted((d[5:] for d in os.listdir(os.path.join(ROOT, run, "eval")) if d.startswith("world")), key=int)
 
 
 def run_variant(run, seed, threads, candidates, log, only):
@@ -79,7 +77,7 @@ def run_variant(run, seed, threads, candidates, log, only):
         subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
 
     def evaluate(policy, d, rerank=()):
-        for w in worlds_of(run):
+        for w in eval_worlds(run):
             for split in SPLITS:
                 stage(f"{d}/world{w}/{split}.json", [py, "02_collect.py", "--policy", policy, *envargs, "--env-seed", w,
                                                      "--split", split, *(rerank or ["--greedy"]),
@@ -120,7 +118,7 @@ def result(run, name, split):
     k = {"bc": 0, "qevolve": 1}.get(name)
     path = (f"{run}/ablation/{name}/world{{}}/{split}.json" if k is None
             else f"{run}/eval/world{{}}/policy_{k}_{split}.json")
-    evals = [json.load(open(os.path.join(ROOT, path.format(w)))) for w in worlds_of(run)]
+    evals = [json.load(open(os.path.join(ROOT, path.format(w)))) for w in eval_worlds(run)]
     summary = {k: statistics.mean(e[k] for e in evals) for k in ("success_rate", "avg_reward")}
     summary.update({k: sum(e[k] for e in evals) for k in ("env_steps", "generated_tokens")})
     steps = json.load(open(os.path.join(ROOT, run, "data", "expert.json")))["env_steps"]
@@ -179,7 +177,7 @@ def main():
              f"{' '.join(map(str, args.seeds))}; one iteration; 100 greedy episodes per split and world, "
              f"w/o PI samples "
              f"{args.candidates} candidates per step at temperature 1; each seed's mean over worlds "
-             f"{', '.join(worlds_of(runs[0]))}"
+             f"{', '.join(eval_worlds(runs[0]))}"
              + ("" if args.table_only else f"; this call took {(time.time() - t0) / 60:.0f} min") + ").",
              "", "| variant | seen success | unseen success | seen avg reward | unseen avg reward | train env steps "
              "| eval env steps (seen + unseen, all worlds) | eval tokens generated |",

@@ -13,17 +13,19 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plumbing import die  # noqa: E402
+from bench._stages import eval_worlds  # noqa: E402
+from plumbing import die, write_atomic  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"  # a PNG file's first 8 bytes
 
 
 def curve(run, split):
     """Success in % of policy_0, policy_1, ... on `split`, each the mean over the run's worlds."""
-    evals = os.path.join(ROOT, run, "eval")
-    worlds = sorted(d for d in os.listdir(evals) if d.startswith("world"))
+    worlds = eval_worlds(run)
+    path = lambda w, k: os.path.join(ROOT, run, "eval", f"world{w}", f"policy_{k}_{split}.json")
     out, k = [], 0
-    while all(os.path.exists(os.path.join(evals, w, f"policy_{k}_{split}.json")) for w in worlds):
-        out.append(statistics.mean(json.load(open(os.path.join(evals, w, f"policy_{k}_{split}.json")))["success_rate"]
-                                   for w in worlds) * 100)
+    while all(os.path.exists(path(w, k)) for w in worlds):
+        out.append(statistics.mean(json.load(open(path(w, k)))["success_rate"] for w in worlds) * 100)
         k += 1
     return out, len(worlds)
 
@@ -37,6 +39,8 @@ def main():
     args = p.parse_args()
     if not args.out.endswith(".png"):
         die(f"--out must end in .png, got {args.out!r}")
+    if os.path.exists(args.out) and open(args.out, "rb").read(8) != PNG:
+        die(f"--out {args.out} exists and is not a PNG; nothing was overwritten")
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     for run in runs:
         if not os.path.isdir(os.path.join(ROOT, run, "eval")):
@@ -68,8 +72,7 @@ def main():
     axes[0][0].set_ylabel("greedy success (%)")
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     print(f"plot_learning: wrote {args.out}")
 
 

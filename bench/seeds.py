@@ -23,6 +23,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench._stages import eval_worlds  # noqa: E402
+
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
 RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS",
@@ -63,9 +66,7 @@ def main():
     # ru_maxrss of children = the largest process any stage ran (KiB on Linux)
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     splits = os.environ.get("EVAL_SPLITS", "seen unseen").split()
-    # the worlds run_all.sh evaluated in (EVAL_WORLDS): eval/world<w>/
-    worlds = sorted((d[5:] for d in os.listdir(os.path.join(ROOT, runs[0]["run"], "eval")) if d.startswith("world")),
-                    key=int)
+    worlds = eval_worlds(runs[0]["run"])
 
     def rate(run, k, split, world):
         path = os.path.join(ROOT, run, "eval", f"world{world}", f"policy_{k}_{split}.json")

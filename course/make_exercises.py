@@ -13,11 +13,10 @@ import ast
 import os
 import shutil
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plumbing import die  # noqa: E402
+from plumbing import die, write_atomic  # noqa: E402
 
 # stage file -> the functions that become exercises, in the order docs/course.md takes them
 EXERCISES = {
@@ -58,24 +57,23 @@ def main():
     args = p.parse_args()
     if os.path.lexists(args.out):
         die(f"--out {args.out} exists; choose a new folder (nothing was written)")
-    out = os.path.abspath(args.out)
-    if not os.path.isdir(os.path.dirname(out)):
-        die(f"--out {args.out}: its parent folder does not exist")
-    tmp = tempfile.mkdtemp(prefix=".make_exercises-", dir=os.path.dirname(out))  # renamed to --out when complete
-    for name in sorted(f for f in os.listdir(ROOT) if f[:2].isdigit() and f.endswith(".py")):
-        with open(os.path.join(ROOT, name)) as f:
-            source = f.read()
-        if name in EXERCISES:
-            source = stub(source, name, EXERCISES[name])
-        with open(os.path.join(tmp, name), "w") as f:
-            f.write(source)
-    for name in VERBATIM:
-        if os.path.isdir(os.path.join(ROOT, name)):
-            shutil.copytree(os.path.join(ROOT, name), os.path.join(tmp, name),
-                            ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(os.path.join(ROOT, name), os.path.join(tmp, name))
-    os.rename(tmp, out)
+
+    def write(tmp):
+        os.makedirs(tmp)
+        for name in sorted(f for f in os.listdir(ROOT) if f[:2].isdigit() and f.endswith(".py")):
+            with open(os.path.join(ROOT, name)) as f:
+                source = f.read()
+            if name in EXERCISES:
+                source = stub(source, name, EXERCISES[name])
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(source)
+        for name in VERBATIM:
+            if os.path.isdir(os.path.join(ROOT, name)):
+                shutil.copytree(os.path.join(ROOT, name), os.path.join(tmp, name),
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(os.path.join(ROOT, name), os.path.join(tmp, name))
+    write_atomic(args.out, write)  # a temporary sibling, then one rename
     n = sum(len(v) for v in EXERCISES.values())
     print(f"make_exercises: wrote {args.out} with {n} exercises:")
     for stage, names in EXERCISES.items():

@@ -35,7 +35,12 @@ def test_writes_a_png(tmp_path):
                            str(tmp_path / "s"), "--splits", "seen", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.read_bytes()[:8] == plot.PNG
     bad = subprocess.run([sys.executable, "bench/plot_learning.py", "--prefix", str(tmp_path / "none"), "--out",
                           str(out)], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
+    notes = tmp_path / "notes.png"  # a file that only looks like a PNG by its name: never overwritten
+    notes.write_text("my notes")
+    kept = subprocess.run([sys.executable, "bench/plot_learning.py", "--seeds", "0", "--prefix", str(tmp_path / "s"),
+                           "--splits", "seen", "--out", str(notes)], cwd=ROOT, capture_output=True, text=True)
+    assert kept.returncode == 2 and notes.read_text() == "my notes"
