@@ -47,8 +47,14 @@ ENV=${ENV:-household}
 # solution length + 1, one distractor, a demonstrator with a bad habit the agent can unlearn, and a base
 # that also reads questions about the room
 HOUSEHOLD_KWARGS='{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
+# shop's default miniature (docs/environments.md, 'The shop miniature'): 3 results per page, 10 steps, and a
+# demonstrator that on half of the tasks buys before clicking the requested options
+SHOP_KWARGS='{"page_size": 3, "max_steps": 10, "hasty": 0.5}'
 if [ "$ENV" = household ]; then
   ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"}
+elif [ "$ENV" = shop ]; then  # longer episodes: budgets that fit ~20 minutes, replies of up to 64 tokens
+  ENV_KWARGS=${ENV_KWARGS:-$SHOP_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-0} BC_ARGS=${BC_ARGS:-"--epochs 4"}
+  CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2"} COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 64"}
 else
   ENV_KWARGS=${ENV_KWARGS:-"{}"} EVAL_WORLDS=${EVAL_WORLDS:-0}
 fi

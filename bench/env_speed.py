@@ -42,7 +42,8 @@ def main():
     rng = random.Random(args.seed)
     graded = args.env == "shop"
     if graded:
-        print(f"shop (seed {args.seed}): {len(env.products)} products, max_steps {env.max_steps}")
+        print(f"shop (seed {args.seed}): {len(env.products)} products, page_size {env.page_size}, "
+              f"max_steps {env.max_steps}, hasty {env.hasty}")
         print("| split | tasks | expert success | expert avg reward | expert avg steps | random success "
               "| random avg reward | random steps/s |")
         print("|---|---|---|---|---|---|---|---|")

@@ -1,5 +1,5 @@
-"""Where a household policy's episodes go wrong, read from episode JSONL files (02 or 04 output).
-One line per file:
+"""Where a policy's episodes go wrong, read from episode JSONL files (02 or 04 output). One line
+per file. For household:
 
 - the habit: right after arriving at a closed receptacle ("You arrive at X. The X is closed."),
   does the policy `examine` it (the demonstrator's habit: "Nothing happens.", labelled invalid)
@@ -8,8 +8,14 @@ One line per file:
 - the first mistake (the first step not labelled ok) of each episode, and how many episodes with
   a mistake still succeed (recover).
 
+For shop (the episodes' "env"): does the policy copy what it must - a product click on a results
+page names an id that page shows, a search is a span of the instruction (the expert's request) -
+and how many of its purchases are hasty (no option clicked since the product was opened: the
+demonstrator's imperfection, which the graded reward penalises)?
+
     python bench/mistakes.py runs/default/eval/world0/policy_0_dev.jsonl runs/default/eval/world0/policy_2_dev.jsonl
     python bench/mistakes.py runs/default/iter_1/adv.jsonl
+    python bench/mistakes.py runs/shop_default/eval/world0/policy_0_dev.jsonl
 """
 import argparse
 import collections
@@ -74,12 +80,41 @@ def summary(episodes):
     return line
 
 
+VIEWS = ("click[description]", "click[features]", "click[attributes]", "click[< prev]")  # item sub-pages
+
+
+def shop_summary(episodes):
+    clicks = on_page = searches = spans = bought = hasty = 0
+    for ep in episodes:
+        last_obs, opened = ep["obs0"], False
+        for step in ep["steps"]:
+            action = step["action"] or ""
+            product = re.fullmatch(r"click\[(b0[0-9a-z]{8})\]", action, re.IGNORECASE)
+            if product and last_obs.startswith("Back to Search [SEP] Page "):
+                clicks += 1
+                on_page += product.group(1).upper() in last_obs.split(" [SEP] ")
+            if action.startswith("search["):
+                searches += 1
+                spans += action[len("search["):-1] in ep["task"]
+            if step["label"] == "ok" and action.lower() == "click[buy now]":
+                bought += 1
+                hasty += opened  # nothing clicked between opening the product and buying it
+            elif step["label"] == "ok" and action.lower() not in VIEWS:
+                opened = bool(product)  # an option, a search, a page turn: no longer just opened
+            last_obs = step["obs"]
+    reward = sum(ep["reward"] for ep in episodes) / len(episodes)
+    return (f"success {sum(ep['success'] for ep in episodes)}/{len(episodes)}, avg reward {reward:.3f}; product "
+            f"clicks on a results page {clicks}, of an id that page shows {on_page}; searches {searches}, a span of "
+            f"the instruction {spans}; purchases {bought}, hasty {hasty}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="episode JSONL files (02_collect.py or 04_gae.py output)")
     for path in p.parse_args(argv).files:
         with open(path) as f:
-            print(f"{path}: {summary([json.loads(line) for line in f if line.strip()])}")
+            episodes = [json.loads(line) for line in f if line.strip()]
+        print(f"{path}: {(shop_summary if episodes[0].get('env') == 'shop' else summary)(episodes)}")
 
 
 if __name__ == "__main__":

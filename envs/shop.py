@@ -22,11 +22,11 @@ Pages and actions (WebShop's text mode: a page's visible text joined by " [SEP] 
              [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Attributes [SEP] Buy Now
     sub-page Back to Search [SEP] < Prev [SEP] <description | bullet points | attributes and categories>
 Actions are `search[keywords]` (only on the search page, which has the search bar) and
-`click[value]` with value one of the page's clickables, lower-cased as WebShop does: "back to
-search", "next >", "< prev", a product id, an option value, "description", "features",
-"attributes", "buy now". Search is BM25 over each product's title, description, first bullet
-and options (WebShop's index fields) and shows the top 50 results, 10 per page. `click[buy
-now]` ends the episode (terminated) with the graded reward; `max_steps` actions end it
+`click[value]` with value one of the page's clickables, compared lower-cased as WebShop's
+are: "back to search", "next >", "< prev", a product id, an option value, "description",
+"features", "attributes", "buy now". Search is BM25 over each product's title, description,
+first bullet and options (WebShop's index fields) and shows the top 50 results, 10 per page
+(`page_size`). `click[buy now]` ends the episode (terminated) with the graded reward; `max_steps` actions end it
 without a purchase (truncated, reward 0). Anything else - an unknown clickable, a search
 without a search bar, a malformed action - changes nothing, gets reward 0 and the
 observation INVALID ("Invalid action."), which `is_invalid` recognises.
@@ -73,12 +73,16 @@ Splits. Two product types per category are held out (`UNSEEN_TYPES`, 10 of 50):
              distribution on new products, dev for model selection.
 The catalogue is the same for every split: any product can be found and bought.
 
-The expert searches the distinctive words the target's title shares with the instruction (the
-goal's attributes that the title shows, and the type) and the goal's option values, opens the
+The expert searches the instruction's request (without its opening words and the price), opens the
 first result that would score 1.0 with the goal's options (the target or an equivalent
 product; next page if needed, the target's title if none of the 50 fits), clicks each goal
-option and buys. It writes ReAct text: a short `Thought:` where its plan
-changes, a bare `Action:` elsewhere. `admissible_actions()` lists the valid actions of the
+option and buys. It clicks a product by its id as the page shows it (`click[B0GBQYYBTV]`; the
+env lower-cases every click, so this is the same action as WebShop's `click[b0gbqyybtv]`, and a
+model copies it from the page token for token). It writes ReAct text: a short `Thought:` where
+its plan changes, a bare `Action:` elsewhere. With `hasty=p` (default 0) it is imperfect as
+WebShop's human demonstrators are: on a share p of the tasks (`is_hasty`) it buys the product
+it opened without clicking the requested options, a purchase the graded reward scores
+(n_att + 1[price]) / total, never 1.0. `admissible_actions()` lists the valid actions of the
 page; `random_action(rng)` draws one of them (a baseline).
 """
 import difflib
@@ -95,7 +99,7 @@ from envs.base import TextEnv
 INVALID = "Invalid action."
 SEP = " [SEP] "
 SEARCH_RETURN_N = 50   # WebShop: top 50 results ...
-PAGE_SIZE = 10         # ... 10 per page
+PAGE_SIZE = 10         # ... 10 per page (the page_size knob)
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]  # WebShop's price bounds
 
 # ---------------------------------------------------------------------------- catalogue data
@@ -432,14 +436,22 @@ def _price_text(p):
 
 # ---------------------------------------------------------------------------- the env
 class ShopEnv(TextEnv):
-    """See the module docstring. Size knobs: n_per_type (products per type), max_steps, and
-    the number of tasks per split."""
+    """See the module docstring. Size knobs: n_per_type (products per type), page_size (results
+    per page), max_steps, and the number of tasks per split; the demonstrator's haste."""
 
     name = "shop"
     splits = ("train", "seen", "unseen", "dev")
 
-    def __init__(self, seed=0, n_per_type=16, max_steps=15, n_train=1000, n_seen=100, n_unseen=100, n_dev=100):
-        self.seed = seed
+    def __init__(self, seed=0, n_per_type=16, page_size=PAGE_SIZE, max_steps=15, n_train=1000, n_seen=100,
+                 n_unseen=100, n_dev=100, hasty=0.0):
+        for key, value, low in [("n_per_type", n_per_type, 1), ("page_size", page_size, 1), ("max_steps", max_steps, 1),
+                                ("n_train", n_train, 1), ("n_seen", n_seen, 1), ("n_unseen", n_unseen, 1),
+                                ("n_dev", n_dev, 1)]:
+            if not value >= low:
+                raise ValueError(f"shop: {key} must be at least {low}, got {value!r}")
+        if not 0 <= hasty <= 1:
+            raise ValueError(f"shop: hasty must be in [0, 1], got {hasty!r}")
+        self.seed, self.page_size, self.hasty = seed, page_size, hasty
         self.max_steps = max_steps
         self.n_tasks = {"train": n_train, "seen": n_seen, "unseen": n_unseen, "dev": n_dev}
         self.products, self.index = build_catalogue(seed, n_per_type)
@@ -484,7 +496,7 @@ class ShopEnv(TextEnv):
     # ------------------------------------------------------------------ pages
     def _shown(self):
         """Catalogue indices of the results on the current results page."""
-        return self.results[(self.page_no - 1) * PAGE_SIZE:self.page_no * PAGE_SIZE]
+        return self.results[(self.page_no - 1) * self.page_size:self.page_no * self.page_size]
 
     def _render(self):
         """(observation, clickables, has_search_bar) of the current page."""
@@ -501,7 +513,7 @@ class ShopEnv(TextEnv):
             if self.page_no > 1:
                 parts.append("< Prev")
                 clicks.append("< prev")
-            if self.page_no * PAGE_SIZE < n:
+            if self.page_no * self.page_size < n:
                 parts.append("Next >")
                 clicks.append("next >")
             for i in shown:
@@ -529,10 +541,11 @@ class ShopEnv(TextEnv):
         return SEP.join(parts), clicks, False
 
     def admissible_actions(self):
-        """The valid actions of the current page: every click, and `search[<keywords>]` (any
-        keywords) where the search bar is shown."""
+        """The valid actions of the current page: every click (a product by its id as the page
+        shows it), and `search[<keywords>]` (any keywords) where the search bar is shown."""
         _, clicks, bar = self._render()
-        return (["search[<keywords>]"] if bar else []) + [f"click[{c}]" for c in clicks]
+        return (["search[<keywords>]"] if bar else []) + [f"click[{c.upper() if c.upper() in self.by_asin else c}]"
+                                                          for c in clicks]
 
     # ------------------------------------------------------------------ episode
     def reset(self, task_id):
@@ -600,25 +613,37 @@ class ShopEnv(TextEnv):
 
     def reading_question(self, rng):
         """A question about the page just read and its answer, for 00_pretrain.py's reading
-        comprehension: what the instruction asks for, which results are of the asked type (the
-        choice a shopping agent makes on a results page), an item's price against the budget."""
+        comprehension: what the instruction asks for; on a results page, a product's id (to copy)
+        or which results are of the asked type (the choice a shopping agent makes there); on an
+        item page, which of its options the instruction asks for, its price against the budget,
+        or its type."""
         g = self._task
         if self.page == "results":
-            hits = [self.products[i]["asin"].lower() for i in self._shown() if self.products[i]["query"] == g["type"]]
+            shown = [self.products[i] for i in self._shown()]
+            kind = rng.choice(["ids", "id", "type"]) if shown else "type"
+            if kind == "ids":
+                return "Question: which ids does this page show?", f"Answer: {', '.join(p['asin'] for p in shown)}."
+            if kind == "id":
+                p = rng.choice(shown)
+                return f"Question: what is the id of {p['title']}?", f"Answer: {p['asin']}."
+            hits = [p["asin"] for p in shown if p["query"] == g["type"]]
             return (f"Question: which results here are {g['article']}{g['type']}?",
                     f"Answer: {', '.join(hits) if hits else 'none'}.")
-        if self.page == "item" and rng.random() < 0.5:
-            p = self.by_asin[self.asin]
-            ok = "yes" if p["price"] <= g["price_upper"] else "no"
-            return ("Question: is this item's price within the budget?",
-                    f"Answer: {ok}, {_price_text(p)} against {g['price_upper']:.2f} dollars.")
+        if self.page == "item":
+            p, kind = self.by_asin[self.asin], rng.choice(["options", "price", "type"])
+            if kind == "options":
+                asked = [v for a, v in g["options"].items() if v in p["options"].get(a, [])]
+                return ("Question: which options here does the instruction ask for?",
+                        f"Answer: {', '.join(asked) if asked else 'none'}.")
+            if kind == "price":
+                ok = "yes" if p["price"] <= g["price_upper"] else "no"
+                return ("Question: is this item's price within the budget?",
+                        f"Answer: {ok}, {_price_text(p)} against {g['price_upper']:.2f} dollars.")
         if self.page in ("item", "description", "features", "attributes"):
             p = self.by_asin[self.asin]
             return (f"Question: is this item {g['article']}{g['type']}?",
                     f"Answer: {'yes' if p['query'] == g['type'] else 'no'}, it is {p['article']}{p['query']}.")
-        want = _join(g["attributes"]) + "".join(f", {k}: {v}" for k, v in g["options"].items())
-        return ("Question: what does the instruction ask for?",
-                f"Answer: {g['article']}{g['type']}: {want}; under {g['price_upper']:.2f} dollars.")
+        return "Question: what does the instruction ask for?", f"Answer: {self.expert_query()}."
 
     # ------------------------------------------------------------------ expert
     def fits(self, p):
@@ -629,12 +654,12 @@ class ShopEnv(TextEnv):
         return self._fits[p["asin"]]
 
     def expert_query(self):
-        """The expert's search: the goal's attributes that the target's title shows and the type
-        (the distinctive words the title shares with the instruction), then the goal's option
-        values (the index holds each product's options)."""
+        """The expert's search: the instruction's request without its opening words and its price
+        ("a face serum that is argan oil, sulfate free and natural ingredients with size: 4 fl oz"),
+        one span a model copies from the instruction; BM25 drops the stop words."""
         g = self._task
-        return " ".join([a for a in g["attributes"] if a in self.target["in_title"]] + [g["type"]]
-                        + list(g["options"].values()))
+        request = g["task"].split(", and price lower than")[0]
+        return request[request.index(g["article"] + g["type"]):]
 
     def _plan(self):
         """(phase, action) of the expert on the current page."""
@@ -649,20 +674,28 @@ class ShopEnv(TextEnv):
             rank = next((r for r, i in enumerate(self.results) if self.fits(self.products[i])), None)
             if rank is None:
                 return "back", "click[back to search]"
-            if rank // PAGE_SIZE + 1 > self.page_no:
+            if rank // self.page_size + 1 > self.page_no:
                 return "next", "click[next >]"
-            if rank // PAGE_SIZE + 1 < self.page_no:
+            if rank // self.page_size + 1 < self.page_no:
                 return "prev", "click[< prev]"
-            return "open", f"click[{self.products[self.results[rank]]['asin'].lower()}]"
+            return "open", f"click[{self.products[self.results[rank]]['asin']}]"  # the id as the page shows it
         if self.page == "item":
             p = self.by_asin[self.asin]
             if not self.fits(p):
                 return "back", "click[< prev]"
+            if self.is_hasty():
+                return "buy", "click[buy now]"
             for axis, want in g["options"].items():
                 if want in p["options"].get(axis, []) and self.chosen.get(axis) != want:
                     return "options", f"click[{want}]"
             return "buy", "click[buy now]"
         return "back", "click[< prev]"  # a sub-page
+
+    def is_hasty(self):
+        """Is the demonstrator hasty on this task? With probability `hasty` (decided per task,
+        reproducibly) it buys the product it opened without clicking the requested options: a
+        purchase that loses the options' share of the reward (n_opt = 0) and never scores 1.0."""
+        return bool(self.hasty) and random.Random(f"hasty/{self.seed}/{self._task['task_id']}").random() < self.hasty
 
     def expert_action(self):
         return self._plan()[1]

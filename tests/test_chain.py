@@ -60,8 +60,8 @@ def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
 
 def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):
     """Without SMOKE, run_all.sh's defaults: household plays the miniature of docs/design.md
-    ('The default miniature') for K = 2 iterations; another environment gets '{}', not
-    household's keywords; ENV_KWARGS set by the caller wins."""
+    ('The default miniature') for K = 2 iterations; shop plays its own miniature; another
+    environment gets '{}'; ENV_KWARGS set by the caller wins."""
     def commands(**settings):
         env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS + ["SMOKE"]}
         env.update(RUN=str(tmp_path / "run"), BASE_CACHE=str(tmp_path / "base"), PYTHON="echo", **settings)
@@ -80,10 +80,17 @@ def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):
     assert all("--env-seed" not in c for c in household if "--greedy" not in c)  # training stays in world 0
     assert any("05_bppo.py" in c and "--out " + str(tmp_path / "run" / "policy_2") in c for c in household)
     assert not any("policy_3" in c for c in household)
+    # shop plays its miniature (docs/environments.md, 'The shop miniature') with its own budgets, in world 0
     shop = commands(ENV="shop")
-    assert all("--env shop --env-kwargs {}" in c for c in shop if "--env " in c)
-    assert all("--env-seed 0 " in c for c in shop if "--greedy" in c)
+    shop_miniature = '{"page_size": 3, "max_steps": 10, "hasty": 0.5}'
+    assert all(f"--env shop --env-kwargs {shop_miniature}" in c for c in shop if "--env " in c)
+    assert all("--env-seed 0 " in c for c in shop if "--greedy" in c) and len([c for c in shop if "--greedy" in c]) == 6
+    assert any("01_bc.py" in c and c.endswith("--epochs 4") for c in shop)
+    assert any("03_critic.py" in c and c.endswith("--epochs 2") for c in shop)
+    assert all(c.endswith("--max-new-tokens 64") for c in shop if "02_collect.py" in c and "--policy expert" not in c)
+    assert any("01_bc.py" in c and c.endswith("--epochs 7") for c in commands(ENV="shop", BC_ARGS="--epochs 7"))
     assert all("--env-kwargs {}" in c for c in commands(ENV_KWARGS="{}") if "--env " in c)
+    assert all("--env textworld --env-kwargs {}" in c for c in commands(ENV="textworld") if "--env " in c)
 
 
 def test_run_all_end_to_end_then_resume(tmp_path):

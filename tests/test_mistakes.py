@@ -61,3 +61,30 @@ def test_the_printed_line_counts_habit_mistakes_and_recoveries(tmp_path):
                          text=True, check=True).stdout
     assert out == (f"{path}: success 3/5; at a closed receptacle: examine 1, open 0, other 1 (habit rate 0.50); "
                    "with a mistake 3 (recovered 2), first mistake: take: object not in last obs 2, examine 1\n")
+
+
+def test_shop_line_counts_copies_and_hasty_purchases(tmp_path):
+    """On shop episodes: product clicks naming an id of the results page just read, searches that are
+    a span of the instruction, and purchases with no option clicked since the product was opened."""
+    task = "i need a face serum that is argan oil with size: 4 fl oz, and price lower than 50.00 dollars"
+    page = "Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > [SEP] B0GBQYYBTV [SEP] Face Serum [SEP] $35.99"
+    item = "Back to Search [SEP] < Prev [SEP] size [SEP] 4 fl oz [SEP] Face Serum [SEP] Buy Now"
+    done = "Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 0.67"
+
+    def s(action, obs, label="ok"):
+        return {"action": action, "obs": obs, "label": label, "done": obs == done}
+    search = s("search[a face serum that is argan oil with size: 4 fl oz]", page)
+    hasty = [search, s("click[B0GBQYYBTV]", item), s("click[features]", "Back to Search [SEP] < Prev [SEP] x"),
+             s("click[< prev]", item), s("click[buy now]", done)]
+    careful = [s("search[face serum lavender]", page), s("click[b0gbqyybtv]", item),
+               s("click[4 fl oz]", "You have clicked 4 fl oz. [SEP] " + item), s("click[buy now]", done)]
+    invalid = "Invalid action."
+    lost = [search, s("click[B0XXXXXXXX]", invalid, "invalid"), s("click[buy now]", invalid, "invalid")]
+    eps = [{"env": "shop", "task": task, "obs0": "WebShop [SEP] Instruction: [SEP] " + task, "steps": steps,
+            "reward": r, "success": r == 1.0} for steps, r in [(hasty, 2 / 3), (careful, 1.0), (lost, 0.0)]]
+    path = tmp_path / "shop.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in eps))
+    out = subprocess.run([sys.executable, "bench/mistakes.py", str(path)], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out == (f"{path}: success 1/3, avg reward 0.556; product clicks on a results page 3, of an id that page "
+                   "shows 2; searches 3, a span of the instruction 2; purchases 2, hasty 1\n")

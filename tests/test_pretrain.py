@@ -121,8 +121,32 @@ def test_shop_corpus_fills_searches_and_answers_from_the_page(stages):
         for i, m in enumerate(msgs):
             if m["role"] == "user" and m["content"].startswith("Question: which results here are"):
                 page = msgs[i - 1]["content"]  # the results page the question is about
-                shown = [w.lower() for w in page.split(" [SEP] ") if w in env.by_asin]
-                want = [a for a in shown if env.by_asin[a.upper()]["query"] == goal["type"]]
+                shown = [w for w in page.split(" [SEP] ") if w in env.by_asin]  # ids as the page shows them
+                want = [a for a in shown if env.by_asin[a]["query"] == goal["type"]]
                 assert msgs[i + 1]["content"] == f"Answer: {', '.join(want) if want else 'none'}."
                 checked += 1
     assert checked >= 5
+
+
+def test_shop_corpus_holds_no_evaluation_task(stages):
+    """The shop corpus reads `train` goals only: every transcript's task is a `train` instruction,
+    no `dev` / `seen` / `unseen` instruction appears anywhere in it, and the answers about the
+    goal ('what does the instruction ask for?') are about train goals. (The catalogue is shared
+    by every split, as in WebShop, so pages may show any product.)"""
+    pre = stages["00_pretrain"]
+    env = envs.make("shop", seed=0, page_size=3, max_steps=10, hasty=0.5)
+    corpus = pre.build_corpus(env, 300, random.Random(0), 0.3, 1.0)
+    train = {env.generate(t)["task"] for t in env.task_ids("train")}
+    held = {env.generate(t)["task"] for s in ("dev", "seen", "unseen") for t in env.task_ids(s)}
+    assert {msgs[1]["content"].split("\n")[0][len("Your task is to: "):] for msgs in corpus} <= train
+    text = "\n".join(m["content"] for msgs in corpus for m in msgs)
+    assert not any(h in text for h in held)
+    checked = 0
+    for task_id, msgs in zip(env.task_ids("train"), corpus):  # the corpus cycles through train in order
+        g = env.generate(task_id)
+        for i, m in enumerate(msgs[:-1]):
+            if m["content"] == "Question: what does the instruction ask for?":
+                assert msgs[i + 1]["content"].startswith(f"Answer: {g['article']}{g['type']}: ")
+                assert f"under {g['price_upper']:.2f} dollars" in msgs[i + 1]["content"]
+                checked += 1
+    assert checked >= 50

@@ -151,7 +151,7 @@ def test_expert_writes_react_text_and_recovers(env):
     # from a wrong product's sub-page, the expert goes back and still scores 1.0
     env.reset("seen/00003")
     obs, *_ = env.step("search[black]")
-    wrong = next(a for a in env.admissible_actions() if re.fullmatch(r"click\[b0[0-9a-z]{8}\]", a)
+    wrong = next(a for a in env.admissible_actions() if re.fullmatch(r"click\[B0[0-9A-Z]{8}\]", a)
                  and not env.fits(env.by_asin[a[6:-1].upper()]))
     env.step(wrong)
     env.step("click[features]")
@@ -213,6 +213,46 @@ def test_step_limit_truncates():
     assert [r[3] for r in results] == [False, False, True] and all(r[1] == 0 for r in results)
     with pytest.raises(RuntimeError):
         e.step("click[nothing]")
+
+
+def test_page_size_and_bad_knobs():
+    e = envs.make("shop", page_size=3)
+    e.reset("train/00000")
+    obs = e.step("search[black]")[0]
+    assert "Page 1 (Total results: 50)" in obs and len([w for w in obs.split(" [SEP] ") if w in e.by_asin]) == 3
+    assert "Page 2 " in e.step("click[next >]")[0]
+    for kw in ({"page_size": 0}, {"max_steps": 0}, {"hasty": 1.5}, {"hasty": -0.1}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            envs.make("shop", **kw)
+
+
+def test_hasty_demonstrator_buys_before_the_options_and_loses_their_share(env):
+    """The demonstrator's imperfection (issue 42): with probability `hasty`, decided per task,
+    it buys the product it opened without clicking the requested options. The graded reward
+    then misses the options' share: R = (n_att + 0 + 1[price]) / (|attributes| + |options| + 1)."""
+    hasty = envs.make("shop", seed=0, hasty=0.5)
+    rate = sum(hasty.reset(t) and hasty.is_hasty() for t in hasty.task_ids("train")) / 1000
+    assert 0.45 < rate < 0.55  # measured: 0.49
+    for h in (0.0, 1.0):
+        e = envs.make("shop", seed=0, hasty=h)
+        assert all(e.reset(t) and e.is_hasty() == bool(h) for t in e.task_ids("dev"))
+    # dev/00001 "find me a lipstick that is alcohol free and dry skin with color: nude, and price lower
+    # than 50.00 dollars": 2 attributes, 1 option, a price. Clean: 4 / 4; hasty: (2 + 0 + 1) / 4.
+    r_clean, info_clean, steps_clean, _ = run_expert(env, "dev/00001")
+    assert hasty.generate("dev/00001")["task"].startswith("find me a lipstick that is alcohol free and dry skin")
+    r, info, steps, texts = run_expert(hasty, "dev/00001")
+    assert hasty.is_hasty() and r_clean == 1.0 and info_clean["won"]
+    assert r == 3 / 4 and not info["won"] and steps == steps_clean - 1
+    assert "click[nude]" in " ".join(run_expert(env, "dev/00001")[3]) and "click[nude]" not in " ".join(texts)
+    # on every dev task: a clean task scores 1.0; a hasty one loses exactly its options' share
+    for t in hasty.task_ids("dev"):
+        r, info, _, _ = run_expert(hasty, t)
+        g = hasty.generate(t)
+        n_att, n_opt = len(g["attributes"]), len(g["options"])
+        if hasty.is_hasty():
+            assert r == pytest.approx((n_att + 1) / (n_att + n_opt + 1)) and info["reward_info"]["n_opt"] == 0
+        else:
+            assert r == 1.0 and info["reward_info"]["n_opt"] == n_opt
 
 
 def test_splits_are_disjoint(env):
