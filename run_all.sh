@@ -9,7 +9,7 @@
 # running this again after an interruption resumes where it stopped. Settings are
 # environment variables (defaults = the fast CPU configuration):
 #
-#   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS (household: the default miniature below; other envs: '{}')
+#   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS (household, shop: their miniatures below; others: '{}')
 #   N_EXPERT=1000 expert demos (household: every train task), N_SELF=300 self trajectories per iteration,
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"),
 #   EVAL_WORLDS: the world seeds every policy is evaluated in (household: "0 1 2 3" - training uses world 0,

@@ -120,7 +120,7 @@ def test_bm25_ranks_the_target_first_for_the_experts_query(env):
             fits_first += env.fits(env.products[res[0]])
             on_page += any(env.fits(env.products[i]) for i in res[:shop.PAGE_SIZE])
             n += 1
-    # measured with seed 0 (500 tasks): the target first 81%, a product worth 1.0 first 89%, on page 1 100%
+    # measured with seed 0 (500 tasks): the target first 74%, a product worth 1.0 first 84%, on page 1 100%
     assert first / n > 0.7 and fits_first / n > 0.8 and on_page / n > 0.98
 
 
