@@ -22,6 +22,14 @@ def bad(action, label="invalid"):
     return {"action": action, "obs": NOTHING, "label": label}
 
 
+def printed(tmp_path, episodes):
+    """(path, stdout) of `bench/mistakes.py path` on these episodes written as a JSONL file."""
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    return path, subprocess.run([sys.executable, "bench/mistakes.py", str(path)], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout
+
+
 def test_closed_arrivals_read_only_the_step_after_arriving_at_a_closed_receptacle():
     def s(action, obs, adv):
         return {"action": action, "obs": obs, "adv": adv}
@@ -55,10 +63,7 @@ def test_the_printed_line_counts_habit_mistakes_and_recoveries(tmp_path):
     take = bad("take bowl 1 from countertop 1")
     eps = [episode([closed, bad("examine cabinet 1"), ARRIVE], True), episode([closed, ARRIVE], True),
            episode([ARRIVE], False), episode([take, ARRIVE], True), episode([take], False)]
-    path = tmp_path / "eval.jsonl"
-    path.write_text("".join(json.dumps(e) + "\n" for e in eps))
-    out = subprocess.run([sys.executable, "bench/mistakes.py", str(path)], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout
+    path, out = printed(tmp_path, eps)
     assert out == (f"{path}: success 3/5; at a closed receptacle: examine 1, open 0, other 1 (habit rate 0.50); "
                    "with a mistake 3 (recovered 2), first mistake: take: object not in last obs 2, examine 1\n")
 
@@ -72,7 +77,7 @@ def test_shop_line_counts_copies_and_hasty_purchases(tmp_path):
     done = "Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 0.67"
 
     def s(action, obs, label="ok"):
-        return {"action": action, "obs": obs, "label": label, "done": obs == done}
+        return {"action": action, "obs": obs, "label": label}
     search = s("search[a face serum that is argan oil with size: 4 fl oz]", page)
     hasty = [search, s("click[B0GBQYYBTV]", item), s("click[features]", "Back to Search [SEP] < Prev [SEP] x"),
              s("click[< prev]", item), s("click[buy now]", done)]
@@ -82,9 +87,6 @@ def test_shop_line_counts_copies_and_hasty_purchases(tmp_path):
     lost = [search, s("click[B0XXXXXXXX]", invalid, "invalid"), s("click[buy now]", invalid, "invalid")]
     eps = [{"env": "shop", "task": task, "obs0": "WebShop [SEP] Instruction: [SEP] " + task, "steps": steps,
             "reward": r, "success": r == 1.0} for steps, r in [(hasty, 2 / 3), (careful, 1.0), (lost, 0.0)]]
-    path = tmp_path / "shop.jsonl"
-    path.write_text("".join(json.dumps(e) + "\n" for e in eps))
-    out = subprocess.run([sys.executable, "bench/mistakes.py", str(path)], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout
+    path, out = printed(tmp_path, eps)
     assert out == (f"{path}: success 1/3, avg reward 0.556; product clicks on a results page 3, of an id that page "
                    "shows 2; searches 3, a span of the instruction 2; purchases 2, hasty 1\n")

@@ -131,8 +131,8 @@ def test_shop_corpus_fills_searches_and_answers_from_the_page(stages):
 def test_shop_corpus_holds_no_evaluation_task(stages):
     """The shop corpus reads `train` goals only: every transcript's task is a `train` instruction,
     no `dev` / `seen` / `unseen` instruction appears anywhere in it, and the answers about the
-    goal ('what does the instruction ask for?') are the transcript's own train request. (The catalogue is shared
-    by every split, as in WebShop, so pages may show any product.)"""
+    goal ('what does the instruction ask for?') are the transcript's own train request. (The
+    catalogue is shared by every split, as in WebShop, so pages may show any product.)"""
     pre = stages["00_pretrain"]
     env = envs.make("shop", seed=0, page_size=3, max_steps=10, hasty=0.5)
     corpus = pre.build_corpus(env, 300, random.Random(0), 0.3, 1.0)
