@@ -40,6 +40,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import envs
 from plumbing import (
+    add_machine_flags,
+    autocast,
     check_finite,
     check_flags,
     check_out,
@@ -76,7 +78,7 @@ def parse_args(argv=None):
     p.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size")
     p.add_argument("--max-len", type=int, default=2048, help="context length in tokens")
     p.add_argument("--seed", type=int, default=0, help="random seed (corpus and training)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     return p.parse_args(argv)
 
@@ -208,7 +210,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
-    device, _ = pick_device()  # the tiny model trains in fp32 on any device
+    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
 
     try:
         env = envs.make(args.env, seed=args.env_seed, **env_kwargs)
@@ -248,7 +250,8 @@ def main(argv=None):
             input_ids, attention_mask, mask = input_ids.to(device), attention_mask.to(device), mask.to(device)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
+            with autocast(device, amp):
+                logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
             loss = lm_loss(token_logprobs(logits[:, :-1], input_ids[:, 1:]), mask[:, 1:])  # position i predicts i + 1
             if not torch.isfinite(loss):
                 die(f"loss became {loss.item()} at step {step}; lower --lr")

@@ -33,6 +33,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 
 from plumbing import (
     add_lora,
+    add_machine_flags,
+    autocast,
     average_info,
     check_finite,
     check_flags,
@@ -86,7 +88,7 @@ def parse_args(argv=None):
     p.add_argument("--vocab-size", type=int, default=1024, help="tiny model: BPE vocabulary size")
     p.add_argument("--max-len", type=int, default=2048, help="tiny model: context length in tokens")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
@@ -134,7 +136,7 @@ def reply_matches(logits, batch):
     return (wrong.view(B, T) == 0) & (batch["step_mask"] > 0)
 
 
-def evaluate(model, data, pad_id, batch_size, device):
+def evaluate(model, data, pad_id, batch_size, device, amp):
     """Validation: action-token NLL, the fraction of replies greedy decoding reproduces, and the
     fraction of trajectories it reproduces at every turn. Watch the last: greedy decoding that
     reproduces a demonstration at every turn replays it in the environment (same task, same
@@ -144,7 +146,8 @@ def evaluate(model, data, pad_id, batch_size, device):
     with torch.no_grad():
         for i in range(0, len(data), batch_size):
             b = {k: v.to(device) for k, v in collate(data[i:i + batch_size], pad_id).items()}
-            logits = reply_logits(model, b)  # (N, V) at the N reply tokens
+            with autocast(device, amp):
+                logits = reply_logits(model, b)  # (N, V) at the N reply tokens
             total += -token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]).sum().item()
             count += len(logits)
             ok = reply_matches(logits, b)
@@ -222,7 +225,7 @@ def main(argv=None):
     rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
-    device, dtype = pick_device()
+    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
 
     episodes = read_episodes(args.data)
     if args.filter == "success":  # RFT: imitate only the trajectories that reached the goal
@@ -239,7 +242,7 @@ def main(argv=None):
         model = build_tiny_model(tokenizer, args)
     else:
         tokenizer = load_tokenizer(args.model)
-        model = add_lora(load_model(AutoModelForCausalLM, args.model, dtype), args.lora)
+        model = add_lora(load_model(AutoModelForCausalLM, args.model), args.lora)
     model.to(device)
     train_model = distribute(model, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the model itself
     max_len = model.config.max_position_embeddings
@@ -277,7 +280,8 @@ def main(argv=None):
             for i, (b, _) in enumerate(parts):
                 n_tok += int(b["attention_mask"].sum())
                 grad_sync(train_model, world, args.fsdp, on=i == len(parts) - 1)
-                logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
+                with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
+                    logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
                 loss, part_info = bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
                 if not torch.isfinite(loss):
                     die(f"loss became {loss.item()} at step {step}; lower --lr")
@@ -290,7 +294,7 @@ def main(argv=None):
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.3f}")
-        val_loss, val_replies, val_episodes = evaluate(model, val, tokenizer.pad_token_id, args.batch_size, device)
+        val_loss, val_replies, val_episodes = evaluate(model, val, tokenizer.pad_token_id, args.batch_size, device, amp)
         record = {"stage": "01_bc", "epoch": epoch + 1, "step": step, "train_loss": epoch_loss / steps_per_epoch,
                   "val_loss": val_loss, "val_reply_match": val_replies, "val_episode_match": val_episodes,
                   "elapsed_s": time.time() - t0, **cost(n_tok, time.time() - t0, device)}

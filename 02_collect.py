@@ -53,6 +53,8 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, Dynamic
 import envs
 from plumbing import (
     ARTIFACTS,
+    add_machine_flags,
+    autocast,
     check_flags,
     check_out,
     die,
@@ -104,7 +106,7 @@ def parse_args(argv=None):
     p.add_argument("--plain-generate", action="store_true",
                    help="generate with the plain loop (ModelPolicy.generate: every prompt read in full each turn) "
                         "instead of the KV cache kept across turns; the same replies up to float rounding, slower")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the summary to this JSONL file")
     return p.parse_args(argv)
 
@@ -223,8 +225,8 @@ class ModelPolicy:
 
     def __init__(self, path, args):
         self.tokenizer = load_tokenizer(path)
-        self.device, dtype = pick_device()
-        self.model = load_model(AutoModelForCausalLM, path, dtype).to(self.device).eval()
+        self.device, self.amp = pick_device(args.precision)
+        self.model = load_model(AutoModelForCausalLM, path).to(self.device).eval()
         self.args, self.eos_id, self.pad_id = args, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
         self.generated_tokens = self.cut_replies = 0  # cut: replies that reached --max-new-tokens unfinished
@@ -239,7 +241,9 @@ class ModelPolicy:
     def act(self, rows, prompts):
         """One reply (a string) for each row in `rows`, given its prompt (token ids)."""
         out = []
-        for toks in self.generate(rows, prompts) if self.args.plain_generate else generate_cached(self, rows, prompts):
+        with autocast(self.device, self.amp):  # fp32, or bf16 matmuls on fp32 weights (--precision)
+            replies = self.generate(rows, prompts) if self.args.plain_generate else generate_cached(self, rows, prompts)
+        for toks in replies:
             self.generated_tokens += len(toks)
             if toks and toks[-1] == self.eos_id:
                 toks = toks[:-1]
@@ -404,8 +408,8 @@ class Reranker:
     """The critic of 03 scoring candidate replies with Q(s_t, a) (QLASS-style selection)."""
 
     def __init__(self, path, args):
-        self.device, dtype = pick_device()
-        self.critic, self.tokenizer = Critic.load(path, self.device, dtype)  # in eval mode
+        self.device, self.amp = pick_device(args.precision)
+        self.critic, self.tokenizer = Critic.load(path, self.device)  # in eval mode
         self.m, self.batch_size = args.candidates, args.critic_batch_size
 
     @torch.no_grad()
@@ -418,7 +422,8 @@ class Reranker:
             xs = [tokenize_episode(self.tokenizer, dict(ep, steps=ep["steps"] + [{"text": text, "obs": ""}]))
                   for ep, text in zip(episodes[i:i + self.batch_size], texts[i:i + self.batch_size])]
             batch = {k: v.to(self.device) for k, v in collate(xs, self.tokenizer.pad_token_id).items()}
-            _, _, q_all = self.critic(batch)                       # (B, T): Q at every action
+            with autocast(self.device, self.amp):
+                _, _, q_all = self.critic(batch)                   # (B, T): Q at every action
             last = torch.tensor([len(x["action_pos"]) - 1 for x in xs], device=self.device)
             q += q_all[torch.arange(len(xs), device=self.device), last].tolist()
         return q
@@ -444,9 +449,10 @@ class Critic(torch.nn.Module):
         """-> the features at the action positions (B, T, d) (for 03's target Q head), V (B, T+1), Q (B, T)."""
         h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         d = h.shape[-1]
-        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
-        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
-        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
+        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d)).float()    # (B, T+1, d)
+        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d)).float()  # (B, T, d)
+        with torch.autocast(h.device.type, enabled=False):  # the heads in fp32, also under bf16 autocast
+            return h_action, self.v_head(h_state).squeeze(-1), self.q_head(h_action).squeeze(-1)
 
     def save(self, out_dir, tokenizer, args, state=None):
         """Atomically: the transformer (save_pretrained), its tokenizer, heads.safetensors and args.json.
@@ -464,7 +470,7 @@ class Critic(torch.nn.Module):
         write_atomic(out_dir, write)
 
     @classmethod
-    def load(cls, path, device, dtype):
+    def load(cls, path, device):
         """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
         if not owned(path, "critic"):
             die(f"{path} is not {ARTIFACTS['critic'][0]}")
@@ -473,7 +479,7 @@ class Critic(torch.nn.Module):
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as e:
             die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
-        critic = cls(load_model(AutoModel, path, dtype))
+        critic = cls(load_model(AutoModel, path))
         try:
             for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
                 head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})

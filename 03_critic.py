@@ -40,6 +40,8 @@ from transformers import AutoModel, AutoTokenizer
 
 from plumbing import (
     ARTIFACTS,
+    add_machine_flags,
+    autocast,
     average_info,
     check_finite,
     check_flags,
@@ -85,7 +87,7 @@ def parse_args(argv=None):
     p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
     p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard the model (FSDP2) instead of a copy per process (DDP)")
@@ -146,8 +148,8 @@ def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux)
     mean V(s_t) and Q(s_t, a_t) over the batch's real steps."""
     h_action, v_all, q = critic(batch)                 # v_all (B, T+1), q (B, T)
     v, v_next = v_all[:, :-1], v_all[:, 1:].detach()
-    with torch.no_grad():
-        q_target = target_q_head(h_action.detach().float()).squeeze(-1)  # Qbar(s_t, a_t)
+    with torch.no_grad(), torch.autocast(h_action.device.type, enabled=False):
+        q_target = target_q_head(h_action.detach()).squeeze(-1)  # Qbar(s_t, a_t), in fp32 like the heads
     reward = traj["r_env"] + (traj["r_aux"] if use_aux else 0.0)
     not_done = 1.0 - traj["done"]
     loss_v = expectile_loss(q_target - v, tau, weights)
@@ -175,9 +177,10 @@ class Critic(torch.nn.Module):
         """-> the features at the action positions (B, T, d) (for 03's target Q head), V (B, T+1), Q (B, T)."""
         h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         d = h.shape[-1]
-        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
-        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
-        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
+        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d)).float()    # (B, T+1, d)
+        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d)).float()  # (B, T, d)
+        with torch.autocast(h.device.type, enabled=False):  # the heads in fp32, also under bf16 autocast
+            return h_action, self.v_head(h_state).squeeze(-1), self.q_head(h_action).squeeze(-1)
 
     def save(self, out_dir, tokenizer, args, state=None):
         """Atomically: the transformer (save_pretrained), its tokenizer, heads.safetensors and args.json.
@@ -195,7 +198,7 @@ class Critic(torch.nn.Module):
         write_atomic(out_dir, write)
 
     @classmethod
-    def load(cls, path, device, dtype):
+    def load(cls, path, device):
         """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
         if not owned(path, "critic"):
             die(f"{path} is not {ARTIFACTS['critic'][0]}")
@@ -204,7 +207,7 @@ class Critic(torch.nn.Module):
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as e:
             die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
-        critic = cls(load_model(AutoModel, path, dtype))
+        critic = cls(load_model(AutoModel, path))
         try:
             for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
                 head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
@@ -222,13 +225,13 @@ def discounted_returns(rewards, gamma):
     return out[::-1]
 
 
-def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device):
+def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device, amp):
     """What the critic learned, for a student to read: how much of the discounted return-to-go
     (with the critic's rewards) V explains (explained variance: 1 = all, 0 = no better than a
     constant), and V and Q (mean, std) by data source beside the mean return, which V should be
     near (far above it, V is optimistic and 04's GAE blames the last steps of failed episodes)."""
     stats = {s: {"v": [], "q": [], "ret": []} for s in ("expert", "self")}
-    with torch.no_grad():
+    with torch.no_grad(), autocast(device, amp):
         for i in range(0, len(data), batch_size):
             chunk = data[i:i + batch_size]
             batch = {k: v.to(device) for k, v in collate([x for _, x in chunk], pad_id).items()}
@@ -263,10 +266,10 @@ def main(argv=None):
     rank, world = setup_distributed()  # DISTRIBUTED (torchrun, docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
-    device, dtype = pick_device()
+    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data)
     tokenizer = load_tokenizer(args.policy)
-    critic = Critic(load_model(AutoModel, args.policy, dtype)).to(device)
+    critic = Critic(load_model(AutoModel, args.policy)).to(device)
     data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")
@@ -302,8 +305,9 @@ def main(argv=None):
             for i, (batch, traj, weights, _) in enumerate(parts):
                 n_tok += int(batch["attention_mask"].sum())
                 grad_sync(train_critic, world, args.fsdp, on=i == len(parts) - 1)
-                loss, part_info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
-                                             not args.no_aux)
+                with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights (the heads stay fp32)
+                    loss, part_info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau,
+                                                 args.gamma, not args.no_aux)
                 if not torch.isfinite(loss):
                     die(f"critic loss became {loss.item()} at step {step}; lower --lr")
                 (loss * shares[i]).backward()
@@ -325,7 +329,8 @@ def main(argv=None):
     bar.close()
 
     critic.eval()
-    report = critic_report(critic, data, args.batch_size, tokenizer.pad_token_id, args.gamma, not args.no_aux, device)
+    report = critic_report(critic, data, args.batch_size, tokenizer.pad_token_id, args.gamma, not args.no_aux, device,
+                           amp)
     summary = {"stage": "03_critic", "step": step, **report}
     state = full_state(critic, args.fsdp)  # DISTRIBUTED --fsdp: the shards gathered; else None
     if not is_main():  # DISTRIBUTED: rank 0 alone writes

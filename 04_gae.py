@@ -41,6 +41,8 @@ from transformers import AutoModel, AutoTokenizer
 from plumbing import (
     ARTIFACTS,
     MAX_REWARD,
+    add_machine_flags,
+    autocast,
     check_flags,
     check_out,
     die,
@@ -70,7 +72,7 @@ def parse_args(argv=None):
                         "a critic from 03 --no-aux); 'env' = r_env only (the paper's placement, ablation)")
     p.add_argument("--batch-size", type=int, default=32, help="trajectories per forward pass")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the diagnostics to this JSONL file")
     return p.parse_args(argv)
 
@@ -156,9 +158,10 @@ class Critic(torch.nn.Module):
         """-> the features at the action positions (B, T, d) (for 03's target Q head), V (B, T+1), Q (B, T)."""
         h = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         d = h.shape[-1]
-        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d))    # (B, T+1, d)
-        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d))  # (B, T, d)
-        return h_action, self.v_head(h_state.float()).squeeze(-1), self.q_head(h_action.float()).squeeze(-1)
+        h_state = h.gather(1, batch["state_pos"][..., None].expand(-1, -1, d)).float()    # (B, T+1, d)
+        h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d)).float()  # (B, T, d)
+        with torch.autocast(h.device.type, enabled=False):  # the heads in fp32, also under bf16 autocast
+            return h_action, self.v_head(h_state).squeeze(-1), self.q_head(h_action).squeeze(-1)
 
     def save(self, out_dir, tokenizer, args, state=None):
         """Atomically: the transformer (save_pretrained), its tokenizer, heads.safetensors and args.json.
@@ -176,7 +179,7 @@ class Critic(torch.nn.Module):
         write_atomic(out_dir, write)
 
     @classmethod
-    def load(cls, path, device, dtype):
+    def load(cls, path, device):
         """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
         if not owned(path, "critic"):
             die(f"{path} is not {ARTIFACTS['critic'][0]}")
@@ -185,7 +188,7 @@ class Critic(torch.nn.Module):
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as e:
             die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
-        critic = cls(load_model(AutoModel, path, dtype))
+        critic = cls(load_model(AutoModel, path))
         try:
             for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
                 head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
@@ -206,9 +209,9 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
-    device, dtype = pick_device()
+    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data)
-    critic, tokenizer = Critic.load(args.critic, device, dtype)
+    critic, tokenizer = Critic.load(args.critic, device)
     trained = read_json(os.path.join(args.critic, "args.json"))  # the flags 03 trained the critic with
     gamma = trained.get("gamma") if args.gamma is None else args.gamma
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
@@ -219,7 +222,7 @@ def main(argv=None):
         die("no trajectory fits the model's context")
 
     out_eps = []
-    with torch.no_grad():  # one forward pass per batch of trajectories: V at every state, Q at every action
+    with torch.no_grad(), autocast(device, amp):  # one forward pass per batch: V at every state, Q at every action
         for i in tqdm(range(0, len(data), args.batch_size), desc="04_gae", unit="batch"):
             chunk = data[i:i + args.batch_size]
             batch = {k: v.to(device) for k, v in collate([x for _, x in chunk], tokenizer.pad_token_id).items()}

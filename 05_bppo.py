@@ -41,6 +41,8 @@ from transformers import AutoModelForCausalLM
 from plumbing import (
     STEP_KEYS,
     add_lora,
+    add_machine_flags,
+    autocast,
     average_info,
     check_finite,
     check_flags,
@@ -92,7 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step: the same step in less memory (the batch stays --batch-size)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
@@ -204,16 +206,16 @@ def main(argv=None):
     rank, world = setup_distributed()  # distributed (torchrun); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
-    device, dtype = pick_device()
+    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
     tokenizer = load_tokenizer(args.policy)
     ref_tokenizer = load_tokenizer(args.ref)
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
         die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
             "their next-token distributions token by token, so both must share one (pass the BC policy)")
-    policy = add_lora(load_model(AutoModelForCausalLM, args.policy, dtype), args.lora).to(device)
+    policy = add_lora(load_model(AutoModelForCausalLM, args.policy), args.lora).to(device)
     train_policy = distribute(policy, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the policy itself
-    ref = load_model(AutoModelForCausalLM, args.ref, dtype).to(device).eval()
+    ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval()
     ref.requires_grad_(False)
     data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
     if not data:
@@ -231,7 +233,7 @@ def main(argv=None):
     # log pi_old of every reply token, once: pi_old is the policy as it entered the stage.
     policy.eval()
     logp_old = []  # one (n_j,) tensor per trajectory j
-    with torch.no_grad():
+    with torch.no_grad(), autocast(device, amp):
         for i in range(0, len(data), args.batch_size):
             b = make_batch(data[i:i + args.batch_size])
             logp = token_logprobs(reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
@@ -262,11 +264,12 @@ def main(argv=None):
                 n_tok += int(b["attention_mask"].sum())
                 grad_sync(train_policy, world, args.fsdp, on=i == len(parts) - 1)  # distributed
                 old = torch.cat([logp_old[j] for j in part]).to(device)  # (N,) log pi_old of the reply tokens
-                logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
-                logr = None  # (N, V) log pi_ref, for the KL anchor
-                if args.kl_coef > 0:
-                    with torch.no_grad():
-                        logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1)
+                with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
+                    logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
+                    logr = None  # (N, V) log pi_ref, for the KL anchor
+                    if args.kl_coef > 0:
+                        with torch.no_grad():
+                            logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1)
                 loss, part_info = policy_loss(logits, logr, b, old, args)
                 if not torch.isfinite(loss):
                     die(f"loss became {loss.item()} at step {step}; lower --lr")

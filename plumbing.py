@@ -6,6 +6,7 @@ of its own kind (check_out, owned), atomically (write_atomic, save_text, log_met
 saves a diverged update (check_finite). The torchrun helpers at the bottom are a no-op for a plain
 `python` run (docs/distributed.md).
 """
+import contextlib
 import json
 import math
 import os
@@ -213,13 +214,14 @@ def load_tokenizer(path):
     return tokenizer
 
 
-def load_model(auto_class, path, dtype):
-    """from_pretrained on a local directory (nothing downloaded, no code run); refused when broken
-    or missing a tensor (transformers would fill that in with random weights)."""
+def load_model(auto_class, path):
+    """from_pretrained on a local directory in fp32 (nothing downloaded, no code run); refused when
+    broken or missing a tensor (transformers would fill that in with random weights)."""
     if not os.path.isfile(os.path.join(path, "config.json")):
         die(f"{path}: no config.json; pass a model directory from 01_bc.py / 05_bppo.py")
     try:
-        model, info = auto_class.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
+        model, info = auto_class.from_pretrained(path, local_files_only=True, dtype=torch.float32,
+                                                 output_loading_info=True)
     except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
         die(f"{path}: cannot load the model ({e})")
     if info["missing_keys"]:
@@ -238,9 +240,34 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def pick_device():
-    """CUDA with bf16 when available, else CPU with fp32 (bf16 is ~20x slower on CPU)."""
-    return (torch.device("cuda"), torch.bfloat16) if torch.cuda.is_available() else (torch.device("cpu"), torch.float32)
+def add_machine_flags(p):
+    """The flags every stage shares that say how to run, not what to compute."""
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="auto: bf16 autocast on a GPU that has bf16, else fp32; bf16: autocast on any device "
+                        "(on a CPU, the GPU's arithmetic: docs/real_model.md); fp32: no autocast. Weights and "
+                        "optimizer state are fp32 in every case")
+
+
+def pick_device(precision="auto"):
+    """-> (device, amp): CUDA when available, else the CPU; amp is the dtype the forward and its
+    backward run in under torch.autocast (autocast below), None for plain fp32. Weights, gradients
+    and optimizer state stay fp32 whatever amp is: an AdamW step of lr 1e-6 is below bf16's
+    resolution for almost every weight (8 bits of mantissa), so bf16 weights would drop it."""
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if precision == "fp32" or (precision == "auto" and device.type == "cpu"):
+        return device, None
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        if precision == "bf16":
+            die("--precision bf16: this GPU has no bf16 (torch.cuda.is_bf16_supported() is false); use fp32")
+        print("note: this GPU has no bf16: the stage runs in fp32 (slower, as correct)")
+        return device, None
+    return device, torch.bfloat16
+
+
+def autocast(device, amp):
+    """The context a forward pass runs in: torch.autocast to amp (pick_device), or nothing."""
+    return torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext()
 
 
 def add_lora(model, rank):
@@ -294,6 +321,10 @@ def setup_distributed():
     if world == 1:
         return 0, 1
     if torch.cuda.is_available():
+        per_node, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", world)), torch.cuda.device_count()
+        if per_node > gpus:  # NCCL cannot share one GPU between two processes of a group
+            die(f"torchrun started {per_node} processes on this machine but it has {gpus} GPU(s): one process per "
+                f"GPU (--nproc-per-node {gpus}), or CUDA_VISIBLE_DEVICES= to run {per_node} processes on the CPU")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # then pick_device's "cuda" is this GPU
     torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return torch.distributed.get_rank(), world

@@ -1,6 +1,8 @@
-"""The stages under torchrun, on CPU with the gloo backend and 2 processes (docs/distributed.md):
-the same global batch split over 2 ranks gives the same update as 1 rank with all of it, and
-02 on 2 ranks writes the same episodes as on 1 rank."""
+"""The stages under torchrun with 2 processes (docs/distributed.md): the same global batch split
+over 2 ranks gives the same update as 1 rank with all of it, and 02 on 2 ranks writes the same
+episodes as on 1 rank. Every run in fp32 (the comparison is of the arithmetic of the split, not of
+bf16's rounding), on 2 GPUs where the machine has them, else on the CPU with the gloo backend
+(torchrun refuses more processes than GPUs)."""
 import json
 import os
 import subprocess
@@ -10,21 +12,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, run_stage
+from conftest import ROOT, STAGE_DIR, run_stage
 
 pytestmark = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
                                 reason="torch.distributed with the gloo backend is not available")
 
 TINY = ["--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--vocab-size", 400, "--threads", 1]
+CPU_UNLESS_2_GPUS = {} if torch.cuda.device_count() >= 2 else {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def run_ranks(nproc, name, *args):
-    """A stage as a user runs it: `python` for one process, `torchrun --standalone` for more."""
-    if nproc == 1:
-        return run_stage(name, *args)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), f"{name}.py"]
-    proc = subprocess.run(cmd + list(map(str, args)), cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    """A stage as a user runs it: `python` for one process, `torchrun --standalone` for more; in fp32."""
+    cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+                              if nproc > 1 else []) + [f"{name}.py"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **CPU_UNLESS_2_GPUS}
+    proc = subprocess.run(cmd + list(map(str, args)) + ["--precision", "fp32"], cwd=STAGE_DIR if nproc == 1 else ROOT,
+                          capture_output=True, text=True, env=env)
     assert proc.returncode == 0, f"{name} on {nproc} ranks failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc
 
