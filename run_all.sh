@@ -14,7 +14,8 @@
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"),
 #   EVAL_WORLDS: the world seeds every policy is evaluated in (household: "0 1 2 3" - training uses world 0,
 #   the others are worlds the run never saw; other envs: "0"), KEEP_OLD=0 (1: the buffer keeps every
-#   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python)
+#   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
+#   PRECISION=auto (01-05's --precision: bf16 autocast on a GPU; bf16 takes that arithmetic on a CPU too)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
 #   ENV, ENV_KWARGS, PRETRAIN_ARGS and the code of 00_pretrain.py, plumbing.py and envs/), 'tiny' (from
@@ -78,6 +79,7 @@ N_EVAL=${N_EVAL:-0}
 EVAL_SPLITS=${EVAL_SPLITS:-"seen unseen"}
 KEEP_OLD=${KEEP_OLD:-0}
 THREADS=${THREADS:-2}
+PRECISION=${PRECISION:-auto}
 PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
 NPROC=${NPROC:-1}
 BASE_CACHE=${BASE_CACHE:-runs/base}
@@ -91,7 +93,7 @@ BPPO_ARGS=${BPPO_ARGS:-}
 
 mkdir -p "$RUN"
 METRICS="$RUN/metrics.jsonl"
-COMMON=(--seed "$SEED" --threads "$THREADS" --metrics "$METRICS")
+COMMON=(--seed "$SEED" --threads "$THREADS" --precision "$PRECISION" --metrics "$METRICS")
 ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")
 RUNS=($PYTHON)  # how 01, 02, 03 and 05 start: one process, or NPROC under torchrun
 if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON -m torch.distributed.run --standalone --nproc_per_node "$NPROC"); fi
@@ -154,7 +156,7 @@ for k in $(seq 1 "$K"); do
   # D_self: pi_{k-1} on a fresh draw of training tasks (sampling, not greedy).
   stage "$it/self.json" "${RUNS[@]}" 02_collect.py --policy "$prev" "${ENVARGS[@]}" --split train \
     --episodes "$N_SELF" --out "$it/self.jsonl" \
-    --seed $((SEED * 1000 + k)) --threads "$THREADS" \
+    --seed $((SEED * 1000 + k)) --threads "$THREADS" --precision "$PRECISION" \
     --metrics "$METRICS" $COLLECT_ARGS
   # D = D_expert U D_self (the latest, or every iteration's with KEEP_OLD=1).
   buffer=("$RUN/data/expert.jsonl")

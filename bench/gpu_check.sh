@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU check: one command of at most 10 minutes on one GPU (docs/real_model.md, 'On a GPU').
+#   1. the test suite, one line per test, into CHECK/tests.log (on 8 workers where pytest-xdist is installed)
+#   2. SmolLM2's chain (run_all.sh BASE=smollm2, K=1, world 0, reduced budgets below) on household and shop,
+#      side by side with the tests, each chain's log in CHECK/<env>.log and its wall-clock in CHECK/<env>.seconds
+#   3. bench/gpu_report.py: per-stage seconds, tokens/s, peak GPU memory and model FLOP utilisation, how far
+#      05 moved the policy, the results tables -> bench/results/gpu.md
+# DRY=1 runs the same script on a CPU with the tiny model, SMOKE's budgets and --precision bf16, its report in
+# CHECK/gpu.md (tests/test_gpu_check.py, so CI keeps it working). Settings: CHECK=runs/gpu_check,
+# ENVS="household shop", TESTS=tests (pytest's arguments; empty: no tests), PYTHON=python (else python3).
+#
+#   bash bench/gpu_check.sh                 # on the GPU machine
+#   DRY=1 ENVS=household TESTS= bash bench/gpu_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CHECK=${CHECK:-runs/gpu_check}
+DRY=${DRY:-0}
+ENVS=${ENVS:-"household shop"}
+TESTS=${TESTS-tests}
+PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
+mkdir -p "$CHECK"
+
+if [ "$DRY" = 1 ]; then
+  chain=(env SMOKE=1 BASE_CACHE="$CHECK/base" PRECISION=bf16 K=1 EVAL_WORLDS=0)
+  report="$CHECK/gpu.md"
+else  # SmolLM2, converted once before the two chains start (not twice at the same time)
+  [ -e models/smollm2-135m ] || $PYTHON -m models.smollm2 --out models/smollm2-135m
+  chain=(env BASE=smollm2 K=1 EVAL_WORLDS=0 N_EXPERT=500 N_SELF=200 N_EVAL=100
+         BC_ARGS="--epochs 2 --lr 5e-5 --batch-size 16" CRITIC_ARGS="--epochs 1 --lr 1e-5 --batch-size 16")
+  report=bench/results/gpu.md
+fi
+
+pids=()
+for env in $ENVS; do
+  ( start=$(date +%s)
+    "${chain[@]}" ENV="$env" RUN="$CHECK/$env" PYTHON="$PYTHON" bash run_all.sh > "$CHECK/$env.log" 2>&1
+    echo $(( $(date +%s) - start )) > "$CHECK/$env.seconds" ) &
+  pids+=($!)
+done
+if [ -n "$TESTS" ]; then
+  workers=$($PYTHON -c "import xdist" 2>/dev/null && echo "-n 8" || true)
+  $PYTHON -m pytest -v -p no:cacheprovider $workers $TESTS > "$CHECK/tests.log" 2>&1 &
+  pids+=($!)
+fi
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # by id: never a monitor started beside them
+$PYTHON bench/gpu_report.py --check "$CHECK" --out "$report"
+if [ "$failed" = 1 ]; then echo "gpu_check: a chain or a test failed (logs in $CHECK)" >&2; fi
+exit "$failed"
