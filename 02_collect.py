@@ -78,12 +78,16 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Stage 02: collect labeled trajectories or evaluate a policy.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--policy", required=True, help="'expert' or a policy directory (save_pretrained)")
-    p.add_argument("--out", required=True, help="output episode JSONL; the summary goes to the same name with .json")
+    p.add_argument("--out", required=True,
+                   help="output episode JSONL; the summary goes to the same name with .json. With several --env-seed "
+                        "or --split values, one pair per (world, split): the path names them with {world} and {split}")
     p.add_argument("--env", default="household",
                    help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
-    p.add_argument("--env-seed", type=int, default=0, help="the environment's world seed (which tasks exist)")
-    p.add_argument("--split", default="train", help="task split: train, dev (household: for tuning), seen or unseen")
+    p.add_argument("--env-seed", type=int, nargs="+", default=[0],
+                   help="the environment's world seed(s) (which tasks exist); several: one model load for all")
+    p.add_argument("--split", nargs="+", default=["train"],
+                   help="task split(s): train, dev (household: for tuning), seen or unseen")
     p.add_argument("--episodes", type=int, default=0,
                    help="number of tasks, drawn without replacement with --seed (0: every task of the split, in order)")
     p.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")
@@ -501,36 +505,55 @@ def main(argv=None):
         assert isinstance(env_kwargs, dict)
     except (json.JSONDecodeError, AssertionError):
         die(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
-    make_env = lambda: envs.make(args.env, seed=args.env_seed, **env_kwargs)
-    try:
-        probe = make_env()
-        all_ids = probe.task_ids(args.split)
-        probe.close()
-    except (ValueError, ImportError) as e:  # an unknown env, a keyword it does not take, a bad split, a missing package
-        die(e)
-    if args.episodes > len(all_ids):
-        die(f"--episodes {args.episodes} exceeds the {len(all_ids)} tasks of split {args.split!r}")
+    # One run per (world, split) pair, each as a run of its own (its args, its output pair); the policy is loaded once.
+    runs = [argparse.Namespace(**{**vars(args), "env_seed": w, "split": split,
+                                  "out": args.out.replace("{world}", str(w)).replace("{split}", split)})
+            for w in args.env_seed for split in args.split]
+    if len({r.out for r in runs}) < len(runs):
+        die(f"--out {args.out}: several --env-seed / --split values need {{world}} and {{split}} in the path")
+    task_lists = []
+    for r in runs:
+        try:
+            probe = envs.make(args.env, seed=r.env_seed, **env_kwargs)
+            all_ids = probe.task_ids(r.split)
+            probe.close()
+        except (ValueError, ImportError) as e:  # an unknown env, a keyword it does not take, a bad split, a package
+            die(e)
+        if args.episodes > len(all_ids):
+            die(f"--episodes {args.episodes} exceeds the {len(all_ids)} tasks of split {r.split!r}")
+        task_lists.append(sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids)
     if args.rerank and args.policy == "expert":
         die("--rerank needs a policy directory to sample candidates from, not --policy expert")
     if args.rerank and args.greedy:
         die("--rerank samples its candidates at --temperature; drop --greedy (lower --temperature instead)")
     inputs = [p for p in (args.policy, args.rerank) if p and p != "expert"]
-    check_out(args.out, "02_collect", inputs)
+    for r in runs:
+        check_out(r.out, "02_collect", inputs)
     if args.metrics:
-        check_out(args.metrics, "log", inputs + [args.out])
+        check_out(args.metrics, "log", inputs + [r.out for r in runs])
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
     # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
-    task_ids = sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids
-    if world > 1:  # distributed: every rank its share of the tasks, sampled with its own random stream
-        task_ids = task_ids[rank::world]
-        torch.manual_seed(args.seed + rank)
     reranker = Reranker(args.rerank, args) if args.rerank else None  # first: a bad CRITIC_DIR fails fast
     policy = "expert" if args.policy == "expert" else ModelPolicy(args.policy, args)
     aux = {"ok": 0.0, "invalid": args.r_inv, "repeat": args.r_repeat, "format": args.r_fmt}
+    for i, (r, task_ids) in enumerate(zip(runs, task_lists)):
+        if i > 0:  # each pair after the first starts from --seed again
+            seed_everything(args.seed)
+        collect(r, task_ids, policy, aux, reranker, env_kwargs, rank, world)
+    finish_distributed()
 
+
+def collect(args, task_ids, policy, aux, reranker, env_kwargs, rank, world):
+    """One (world, split): its episodes -> args.out (JSONL) and its summary (.json), one record to --metrics."""
+    make_env = lambda: envs.make(args.env, seed=args.env_seed, **env_kwargs)
+    if world > 1:  # distributed: every rank its share of the tasks, sampled with its own random stream
+        task_ids = task_ids[rank::world]
+        torch.manual_seed(args.seed + rank)
+    if policy != "expert":
+        policy.generated_tokens = policy.cut_replies = 0
     t0, cpu0 = time.time(), time.process_time()  # CPU time: less sensitive than wall time to other load
     episodes, env_steps = run_episodes(make_env, task_ids, policy, args, aux, reranker)
     generated, cut = (0, 0) if policy == "expert" else (policy.generated_tokens, policy.cut_replies)
@@ -538,7 +561,7 @@ def main(argv=None):
         gathered = [None] * world if rank == 0 else None
         torch.distributed.gather_object((episodes, [env_steps, generated, cut]), gathered, dst=0)
         if rank != 0:
-            return finish_distributed()
+            return
         episodes = [ep for eps, _ in gathered for ep in eps]
         env_steps, generated, cut = (sum(c) for c in zip(*(counts for _, counts in gathered)))
     episodes.sort(key=lambda ep: ep["task_id"])
@@ -568,7 +591,6 @@ def main(argv=None):
           f"avg reward {summary['avg_reward']:.3f}, avg steps {summary['avg_steps']:.1f}, labels ok {lab['ok']} "
           f"invalid {lab['invalid']} repeat {lab['repeat']} format {lab['format']}, {n} episodes "
           f"{rerank}in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f} ep/s) -> {args.out}")
-    finish_distributed()
 
 
 # ----------------------------------------------------------------------------------------

@@ -98,26 +98,38 @@ ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")
 RUNS=($PYTHON)  # how 01, 02, 03 and 05 start: one process, or NPROC under torchrun
 if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON -m torch.distributed.run --standalone --nproc_per_node "$NPROC"); fi
 
-# stage OUTPUT COMMAND...: run COMMAND unless OUTPUT already exists.
+# run COMMAND...: print it, run it. stage OUTPUT COMMAND...: run COMMAND unless OUTPUT already exists.
+run() {
+  echo "== $*"
+  "$@"
+}
 stage() {
   local out=$1; shift
   if [ -e "$out" ]; then
     echo "== skip (exists): $out"
   else
-    echo "== $*"
-    "$@"
+    run "$@"
   fi
 }
 
-# evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS in each world of EVAL_WORLDS.
+# evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS in each world of EVAL_WORLDS, in one
+# process (one model load), for the worlds and splits that miss a result.
 evaluate() {
+  local worlds=() splits=() world split
   for world in $EVAL_WORLDS; do
     for split in $EVAL_SPLITS; do
-      stage "$RUN/eval/world$world/$2_$split.json" "${RUNS[@]}" 02_collect.py --policy "$1" "${ENVARGS[@]}" \
-        --env-seed "$world" --split "$split" --episodes "$N_EVAL" --greedy \
-        --out "$RUN/eval/world$world/$2_$split.jsonl" "${COMMON[@]}" $COLLECT_ARGS
+      if [ ! -e "$RUN/eval/world$world/$2_$split.json" ]; then
+        [[ " ${worlds[*]} " == *" $world "* ]] || worlds+=("$world")
+        [[ " ${splits[*]} " == *" $split "* ]] || splits+=("$split")
+      fi
     done
   done
+  if [ ${#worlds[@]} -eq 0 ]; then
+    echo "== skip (exists): $RUN/eval/world*/$2_*.json"
+    return
+  fi
+  run "${RUNS[@]}" 02_collect.py --policy "$1" "${ENVARGS[@]}" --env-seed "${worlds[@]}" --split "${splits[@]}" \
+    --episodes "$N_EVAL" --greedy --out "$RUN/eval/world{world}/$2_{split}.jsonl" "${COMMON[@]}" $COLLECT_ARGS
 }
 
 # ---- the base language model, shared by every run with the same environment and settings

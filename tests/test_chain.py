@@ -71,12 +71,13 @@ def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):
     household = commands()
     miniature = '{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
     assert all(f"--env-kwargs {miniature}" in c for c in household if "--env " in c)
-    # every policy is evaluated greedily on seen and unseen in worlds 0 (the training world) to 3
+    # every policy is evaluated greedily on seen and unseen in worlds 0 (the training world) to 3, in one process
     evals = [c for c in household if "--greedy" in c]
-    assert len(evals) == 3 * 2 * 4
-    for k, world, split in [(0, 0, "seen"), (2, 3, "unseen"), (1, 2, "seen")]:
-        assert any(f"--policy {tmp_path / 'run' / f'policy_{k}'} " in c and f"--env-seed {world} --split {split} " in c
-                   and f"eval/world{world}/policy_{k}_{split}.jsonl" in c for c in evals)
+    assert len(evals) == 3
+    for k in range(3):
+        assert f"--policy {tmp_path / 'run' / f'policy_{k}'} " in evals[k]
+        assert "--env-seed 0 1 2 3 --split seen unseen " in evals[k]
+        assert f"--out {tmp_path / 'run' / 'eval' / 'world{world}' / f'policy_{k}_{{split}}.jsonl'} " in evals[k]
     assert all("--env-seed" not in c for c in household if "--greedy" not in c)  # training stays in world 0
     assert any("05_bppo.py" in c and "--out " + str(tmp_path / "run" / "policy_2") in c for c in household)
     assert not any("policy_3" in c for c in household)
@@ -84,7 +85,8 @@ def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):
     shop = commands(ENV="shop")
     shop_miniature = '{"page_size": 3, "max_steps": 10, "hasty": 0.5}'
     assert all(f"--env shop --env-kwargs {shop_miniature}" in c for c in shop if "--env " in c)
-    assert all("--env-seed 0 " in c for c in shop if "--greedy" in c) and len([c for c in shop if "--greedy" in c]) == 6
+    assert all("--env-seed 0 --split seen unseen " in c for c in shop if "--greedy" in c)
+    assert len([c for c in shop if "--greedy" in c]) == 3
     assert any("01_bc.py" in c and c.endswith("--epochs 4") for c in shop)
     assert any("03_critic.py" in c and c.endswith("--epochs 2") for c in shop)
     assert all(c.endswith("--max-new-tokens 64") for c in shop if "02_collect.py" in c and "--policy expert" not in c)

@@ -200,3 +200,26 @@ def test_every_flag_has_help(stages, monkeypatch):
         assert any(a.dest == "seed" for a in flags), parser.prog
         for a in flags:
             assert a.help and len(a.help) > 8, f"{parser.prog} {a.option_strings[0]} has no help"
+
+
+def test_one_process_runs_every_world_and_split_as_runs_of_their_own(tiny_run, tmp_path):
+    """--env-seed 0 1 --split seen unseen: the policy loaded once, and each (world, split) pair written as a
+    run of its own writes it - the same sampled episodes (each pair starts from --seed), the same summary
+    but for its timings."""
+    common = ["--policy", tiny_run / "policy_0", "--episodes", 3, "--num-envs", 2, "--max-new-tokens", 12,
+              "--env-kwargs", '{"max_steps": 3}', "--seed", 3, "--threads", 1]
+    run_stage("02_collect", *common, "--env-seed", 0, 1, "--split", "seen", "unseen",
+              "--out", tmp_path / "w{world}_{split}.jsonl")
+    assert len(list(tmp_path.glob("w*_*.jsonl"))) == 4
+    timing = ("wall_s", "cpu_s", "episodes_per_s")
+    for world, split in [(0, "seen"), (1, "unseen"), (1, "seen")]:
+        alone = tmp_path / f"alone_{world}_{split}.jsonl"
+        run_stage("02_collect", *common, "--env-seed", world, "--split", split, "--out", alone)
+        pair = tmp_path / f"w{world}_{split}.jsonl"
+        assert pair.read_text() == alone.read_text()
+        a, b = (json.loads(p.with_suffix(".json").read_text()) for p in (pair, alone))
+        assert {k: v for k, v in a.items() if k not in timing + ("args",)} == \
+               {k: v for k, v in b.items() if k not in timing + ("args",)}
+        assert {**a["args"], "out": ""} == {**b["args"], "out": ""} and a["args"]["env_seed"] == world
+    proc = run_stage("02_collect", *common, "--env-seed", 0, 1, "--out", tmp_path / "x.jsonl", check=False)
+    assert proc.returncode == 2 and "need {world} and {split} in the path" in proc.stderr
