@@ -1,0 +1,113 @@
+"""Where a run of run_all.sh spends its time. Each launch is timed by GNU time (wall, CPU = user + sys);
+the stage's own loop comes from the run's metrics.jsonl (01 / 03 / 05: the training loop, 02: the
+episodes); the rest of a launch is start-up and wrap-up (imports, model load, tokenizing, saving).
+Training stages also get their model FLOP/s against this machine's matmul peak, measured here: a
+token through a training step costs 6 N FLOPs (forward 2 N, backward 4 N; 05 adds pi_ref's forward:
+8 N), N the model's parameters outside the input embedding; attention's quadratic term is left out.
+
+    python bench/stage_times.py --run runs/timed               # bash run_all.sh with RUN=runs/timed, each launch timed
+    python bench/stage_times.py --run runs/timed --table-only   # the table from that run's launches.log again
+
+run_all.sh's other settings come from the environment as usual. Writes --out (bench/results/stage_times.md).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from plumbing import die, save_text  # noqa: E402
+
+FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
+
+
+def matmul_peak(threads, dtype, n=1024, seconds=2.0):
+    """GFLOP/s of an n x n matmul on this CPU, `threads` torch threads (the best of repeated runs)."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    best, t_end = 0.0, time.time() + seconds
+    while time.time() < t_end:
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        best = max(best, 4 * 2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def launches(log):
+    """GNU time's lines 'wall,user,sys,command' -> [(stage, command, wall, cpu)]."""
+    out = []
+    for line in open(log):
+        wall, user, system, command = line.rstrip("\n").split(",", 3)
+        script = next((w for w in command.split() if w.endswith(".py") or w == "-"), "?")
+        out.append((os.path.basename(script)[:-3] if script != "-" else "results table", command,
+                    float(wall), float(user) + float(system)))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", default="runs/timed", help="the run directory (RUN)")
+    p.add_argument("--out", default="bench/results/stage_times.md", help="the markdown table to write")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the matmul peak (run_all.sh's THREADS)")
+    p.add_argument("--table-only", action="store_true", help="do not run; tabulate RUN/launches.log")
+    args = p.parse_args()
+    log = os.path.join(args.run, "launches.log")
+    t0 = time.time()
+    if not args.table_only:
+        if os.path.exists(log):
+            die(f"{log} exists: a timed run must start from nothing (another --run, or --table-only)")
+        os.makedirs(args.run, exist_ok=True)
+        python = os.environ.get("PYTHON", "python")
+        env = {**os.environ, "RUN": args.run, "PYTHON": f"/usr/bin/time -a -o {log} -f %e,%U,%S,%C {python}"}
+        subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, check=True)
+    if not os.path.exists(log):
+        die(f"{log}: no such file; run without --table-only first")
+    total = time.time() - t0
+    records = [json.loads(line) for line in open(os.path.join(args.run, "metrics.jsonl"))]
+    peak = {dt: matmul_peak(args.threads, getattr(torch, dt)) for dt in ("float32", "bfloat16")}
+    n_body = sum(t.numel() for k, t in load_file(os.path.join(args.run, "policy_0", "model.safetensors")).items()
+                 if "embed_tokens" not in k)
+    rows = ["| launch | wall s | CPU s | the stage's loop s | start-up and wrap-up s | tokens/s | GFLOP/s | "
+            "of the fp32 peak |", "|---|---|---|---|---|---|---|---|"]
+    peak_fp32, seen = peak["float32"], {}  # seen: stage -> launches of it so far (02: its records so far)
+    for stage, command, wall, cpu in launches(log):
+        mine, k = [r for r in records if r.get("stage") == stage], seen.get(stage, 0)
+        loop, rate, flops = None, None, None
+        if stage in FLOPS_PER_N:  # this launch's epochs: the k-th run of records starting at epoch 1
+            epochs = [r for r in mine if "epoch" in r]
+            ends = [i for i, r in enumerate(epochs) if r["epoch"] == 1][1:] + [len(epochs)]
+            loop, rate = epochs[ends[k] - 1]["elapsed_s"], epochs[ends[k] - 1]["tokens_per_s"]
+            flops = rate * FLOPS_PER_N[stage] * n_body / 1e9
+            seen[stage] = k + 1
+        elif stage == "02_collect":  # this launch's (world, split) pairs: one record each
+            words = command.split()
+            n_pairs = 1
+            for flag in ("--env-seed", "--split"):
+                if flag in words:
+                    rest = words[words.index(flag) + 1:]
+                    n_pairs *= next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))
+            loop, seen[stage] = sum(r["wall_s"] for r in mine[k:k + n_pairs]), k + n_pairs
+        what = stage + (" " + command.split("--policy ")[1].split()[0].split("/")[-1] if "--policy " in command else "")
+        rows.append(f"| {what} | {wall:.1f} | {cpu:.1f} | {'-' if loop is None else f'{loop:.1f}'} | "
+                    f"{'-' if loop is None else f'{wall - loop:.1f}'} | {'-' if rate is None else f'{rate:,.0f}'} | "
+                    f"{'-' if flops is None else f'{flops:.1f}'} | "
+                    f"{'-' if flops is None else f'{flops / peak_fp32:.0%}'} |")
+    walls = [w for _, _, w, _ in launches(log)]
+    text = (f"# Where the run's time goes: `{args.run}`\n\n`python bench/stage_times.py --run {args.run}` "
+            f"(settings from the environment; {os.cpu_count()} CPUs). {len(walls)} launches, {sum(walls):.0f} s "
+            f"of launches" + ("" if args.table_only else f", {total:.0f} s in all") + ". This machine's matmul "
+            f"peak with {args.threads} threads: {peak['float32']:.0f} GFLOP/s fp32, {peak['bfloat16']:.0f} bf16 "
+            f"(1024 x 1024). N = {n_body:,} parameters outside the embedding.\n\n" + "\n".join(rows) + "\n")
+    save_text(args.out, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
