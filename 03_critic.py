@@ -17,7 +17,7 @@ the two losses are
 
 where Qbar is a Polyak-averaged copy of the Q head. tau = 0.5 makes V the mean of Q over the
 data's actions, tau > 0.5 an upper expectile (docs/design.md, 'Where this reference departs from
-the paper'). The step limit is part of the task: a trajectory cut by it ends there (done = 1,
+the paper, and why'). The step limit is part of the task: a trajectory cut by it ends there (done = 1,
 V = 0 after it), so a step that wastes time is worth less than one that makes progress.
 V and Q share one transformer: one forward pass over a trajectory gives every V and every Q.
 
