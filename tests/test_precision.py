@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 from plumbing import pick_device
 
 
-def test_pick_device_on_cpu():
+def test_pick_device_on_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a machine with a GPU
     assert pick_device("auto") == (torch.device("cpu"), None)  # the CPU default: plain fp32, as before
     assert pick_device("fp32") == (torch.device("cpu"), None)
     assert pick_device("bf16") == (torch.device("cpu"), torch.bfloat16)
@@ -75,11 +76,11 @@ def test_a_small_step_under_bf16_autocast_moves_every_weight_it_reaches(stages, 
     """One optimizer step at lr 1e-6 under --precision bf16: the forward ran under autocast, the
     optimizer state is fp32, the saved policy is fp32, and nearly every weight with a non-zero
     gradient differs in the saved file (pure bf16 weights would keep almost all of them)."""
-    module = stages[stage]
+    module, device = stages[stage], "cuda" if torch.cuda.is_available() else "cpu"  # where the stage computes
     autocast_on = []
     real = module.reply_logits
     monkeypatch.setattr(module, "reply_logits", lambda model, b: autocast_on.append(
-        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16) or real(model, b))
+        torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.bfloat16) or real(model, b))
     monkeypatch.setattr(torch.optim, "AdamW", SpyAdamW)
     SpyAdamW.steps = []
     base, out = tiny_run / "policy_0", tmp_path / "out"
