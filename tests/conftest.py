@@ -1,6 +1,8 @@
 """Shared fixtures: load stage files as modules (their names start with digits), and a tiny
 expert buffer + freshly trained tiny policy that several tests reuse. `--stages DIR` grades another
-folder's stage files (course/make_exercises.py): the tests then load and run DIR's 0X_*.py."""
+folder's stage files (course/make_exercises.py): the tests then load and run DIR's 0X_*.py.
+Tests marked `slow` (torchrun, SmolLM2, the real environments, the course round trip, the GPU
+check's dry run) run only with `--slow`, as CI does: `python -m pytest -q --slow tests`."""
 import importlib.util
 import os
 import subprocess
@@ -17,9 +19,19 @@ def pytest_addoption(parser):
     parser.addoption("--stages", default=None, metavar="DIR",
                      help="load and run the stage files of DIR instead of the repository's (a course/make_exercises.py "
                           "folder: each exercise's stub fails with its name until it is solved)")
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (CI does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--slow"):
+        skip = pytest.mark.skip(reason="slow: run with --slow (CI does)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: minutes of work; runs only with --slow")
     global STAGE_DIR
     if config.getoption("--stages"):
         STAGE_DIR = os.path.abspath(config.getoption("--stages"))

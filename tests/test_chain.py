@@ -96,8 +96,9 @@ def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):
 
 
 def test_run_all_end_to_end_then_resume(tmp_path):
+    """The smoke chain with one iteration, evaluated in worlds 0 and 1; then resume."""
     run = tmp_path / "a run"  # a space in RUN: run_all.sh quotes every path
-    out = run_all(run)
+    out = run_all(run, K="1")
     bases = list((tmp_path / "base").iterdir())  # the pretrained base, cached outside the run
     assert len(bases) == 1 and (bases[0] / "model.safetensors").exists()
     assert json.load(open(run / "policy_0" / "args.json"))["model"] == str(bases[0])
@@ -136,7 +137,7 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     mtimes = {p: os.path.getmtime(p) for p in run.rglob("*") if p.is_file()}
     (run / "eval/world1/policy_1_unseen.json").unlink()
     (run / "eval/world1/policy_1_unseen.jsonl").unlink()
-    out = run_all(run)
+    out = run_all(run, K="1")
     ran = [line for line in out.splitlines() if line.startswith("== ") and "skip" not in line]
     assert len(ran) == 1 and "--env-seed 1 --split unseen" in ran[0] and "policy_1" in ran[0], ran
     for p, t in mtimes.items():

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, load_module
 
 mx = load_module("course/make_exercises.py", "make_exercises")
@@ -30,6 +32,7 @@ def put_back(student, reference, names):
     return "".join(lines)
 
 
+@pytest.mark.slow
 def test_exercises_are_graded_and_put_back_they_are_the_reference(tmp_path):
     ex = tmp_path / "exercises"
     made = subprocess.run([sys.executable, "course/make_exercises.py", "--out", str(ex)], cwd=ROOT,

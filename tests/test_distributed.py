@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 from conftest import ROOT, STAGE_DIR, run_stage
 
-pytestmark = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
-                                reason="torch.distributed with the gloo backend is not available")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                                 reason="torch.distributed with the gloo backend is not available")]
 
 TINY = ["--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--vocab-size", 400, "--threads", 1]
 CPU_UNLESS_2_GPUS = {} if torch.cuda.device_count() >= 2 else {"CUDA_VISIBLE_DEVICES": ""}

@@ -3,9 +3,12 @@ budgets, --precision bf16), so that it still runs when a GPU is at hand."""
 import os
 import subprocess
 
+import pytest
+
 from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_writes_its_report(tmp_path):
     env = {**os.environ, "DRY": "1", "CHECK": str(tmp_path), "ENVS": "household", "OMP_NUM_THREADS": "1",
            "TESTS": "tests/test_precision.py::test_pick_device_on_cpu"}

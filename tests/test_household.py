@@ -89,6 +89,7 @@ def grammar(env):
     return cmds + [f"use {o}" for o in objs] + [f"examine {o}" for o in objs]
 
 
+@pytest.mark.slow
 def test_admissible_actions_are_exactly_the_valid_commands():
     """At states along expert and random episodes: every admissible command does something,
     and every command of the grammar that does something is admissible."""

@@ -18,6 +18,7 @@ import pytest
 import envs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
 
 
 def need(module, program=None):

