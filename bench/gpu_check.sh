@@ -7,7 +7,9 @@
 #      05 moved the policy, the results tables -> bench/results/gpu.md
 # DRY=1 runs the same script on a CPU with the tiny model, SMOKE's budgets and --precision bf16, its report in
 # CHECK/gpu.md (tests/test_gpu_check.py, so CI keeps it working). Settings: CHECK=runs/gpu_check,
-# ENVS="household shop", TESTS=tests (pytest's arguments; empty: no tests), PYTHON=python (else python3).
+# ENVS="household shop", TESTS="--slow tests" (pytest's arguments; empty: no tests), PYTHON=python (else python3),
+# SMOLLM2_DIR=models/smollm2-135m (converted first if missing: from the installed wheel, or from
+# SMOLLM2_GGUF=<file> where the wheel is not installed).
 #
 #   bash bench/gpu_check.sh                 # on the GPU machine
 #   DRY=1 ENVS=household TESTS= bash bench/gpu_check.sh
@@ -16,7 +18,8 @@ cd "$(dirname "$0")/.."
 CHECK=${CHECK:-runs/gpu_check}
 DRY=${DRY:-0}
 ENVS=${ENVS:-"household shop"}
-TESTS=${TESTS-tests}
+TESTS=${TESTS-"--slow tests"}
+SMOLLM2_DIR=${SMOLLM2_DIR:-models/smollm2-135m}
 PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
 mkdir -p "$CHECK"
 
@@ -24,8 +27,8 @@ if [ "$DRY" = 1 ]; then
   chain=(env SMOKE=1 BASE_CACHE="$CHECK/base" PRECISION=bf16 K=1 EVAL_WORLDS=0)
   report="$CHECK/gpu.md"
 else  # SmolLM2, converted once before the two chains start (not twice at the same time)
-  [ -e models/smollm2-135m ] || $PYTHON -m models.smollm2 --out models/smollm2-135m
-  chain=(env BASE=smollm2 K=1 EVAL_WORLDS=0 N_EXPERT=500 N_SELF=200 N_EVAL=100
+  [ -e "$SMOLLM2_DIR" ] || $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
+  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" K=1 EVAL_WORLDS=0 N_EXPERT=500 N_SELF=200 N_EVAL=100
          BC_ARGS="--epochs 2 --lr 5e-5 --batch-size 16" CRITIC_ARGS="--epochs 1 --lr 1e-5 --batch-size 16")
   report=bench/results/gpu.md
 fi
