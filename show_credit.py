@@ -27,7 +27,6 @@ import sys
 STEP_KEYS = ("action", "text", "obs", "label", "r_env", "r_aux", "v", "adv")
 EPISODE_KEYS = ("task_id", "task", "steps", "success", "source")
 MARKED = {"invalid": "tab:red", "format": "tab:orange", "repeat": "tab:purple"}  # labels other than "ok"
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def die(msg):
@@ -188,22 +187,18 @@ def plot(ep, index, args):
     title = f"{ep['source']} episode {ep['task_id']}: {outcome(ep).upper()} - {shorten(ep['task'], 50)}"
     top.set_title(title, fontsize=10, color="tab:green" if ep["success"] else "tab:red")
     fig.tight_layout()
-    # Written next to FILE, then renamed: a failed write leaves no half PNG.
-    tmp = f"{args.png}.tmp{os.getpid()}.png"
+    # Written beside FILE, then renamed (plumbing.write_atomic), stamped so that a later --png may replace it.
+    from plumbing import STAMP, write_atomic
     try:
-        fig.savefig(tmp, dpi=args.dpi)
-        os.replace(tmp, args.png)
-    except OSError as e:
-        die(f"{args.png}: cannot write the plot ({e.strerror})")
-    finally:  # also on Ctrl-C: no temporary stays
+        write_atomic(args.png, lambda tmp: fig.savefig(tmp, dpi=args.dpi, format="png",
+                                                       metadata={"Software": STAMP + "show_credit.py"}))
+    finally:
         plt.close(fig)
-        if os.path.lexists(tmp):
-            os.remove(tmp)
 
 
 def check_png(path, buffer):
-    """--png, before any work: a new .png or an existing PNG (its 8-byte signature), never the buffer
-    nor any other file (a model's weights, a JSONL) that a mistyped path would destroy."""
+    """--png, before any work: a new .png or a PNG this script wrote (its Software text chunk), never the
+    buffer nor any other file (a model's weights, a JSONL, someone's picture) that a mistyped path would destroy."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -212,13 +207,11 @@ def check_png(path, buffer):
         die(f"--png {path}: " + ("its directory does not exist" if path.endswith(".png") else "must end in .png"))
     if os.path.realpath(path) == os.path.realpath(buffer):
         die(f"--png {path} is the input buffer; write the plot elsewhere")
-    try:
-        with open(path, "rb") as f:
-            is_png = f.read(8) == PNG_SIGNATURE
-    except OSError:  # no such file yet: fine (unless a dangling link); a directory, unreadable: refused
-        is_png = not os.path.lexists(path)
-    if not is_png:
-        die(f"--png {path} exists and is not a PNG; refusing to replace it (pick another path)")
+    from plumbing import check_path, owned  # the project's one rule of what a script may replace
+    check_path(path, [buffer])
+    if os.path.lexists(path) and not owned(path, "png"):
+        die(f"--png {path} exists and is not a PNG written by show_credit.py; refusing to replace it "
+            "(pick another path)")
 
 
 def main(argv=None):

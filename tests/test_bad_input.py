@@ -7,12 +7,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from conftest import run_stage
+from conftest import ROOT, run_stage
 
 GOOD_STEP = {"text": "Action: look", "action": "look", "obs": "o", "r_env": 0.0, "label": "ok", "r_aux": 0.0,
              "done": False}
@@ -112,6 +114,11 @@ def world(tiny_run, stages, tmp_path_factory):
     shutil.copytree(R / "iter_1/critic", B / "critic_truncated_heads")
     (B / "critic_truncated_heads/heads.safetensors").write_bytes(b"\x10\x00")
 
+    (policy_copy("policy_with_notes") / "notes.txt").write_text("my notes on this policy\n")
+    (B / "empty.jsonl").write_text("")
+    (B / "fresh.json").write_text("")
+    (B / "my_log.jsonl").write_text(json.dumps({"stage": "my experiment", "loss": 1.0}) + "\n")
+
     G.mkdir()
     (G / "notes.txt").write_text("a file under version control\n")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
@@ -142,9 +149,9 @@ BPPO = ["05_bppo", "--data", ADV, "--policy", POLICY, "--ref", POLICY]
 PROBES = {
     # -- data loss: --out names something that is not the stage's own artifact
     "01_out_run_dir": (BC + ["--out", "{R}"], "is (or holds) an input"),
-    "01_out_git_checkout": (BC + ["--out", "{G}"], "is not a policy directory"),
+    "01_out_git_checkout": (BC + ["--out", "{G}"], "is the current directory"),
     "01_out_critic": (BC + ["--out", CRITIC], "is not a policy directory"),
-    "02_out_dot_in_checkout": (COLLECT + ["--out", "."], "must end in .jsonl"),
+    "02_out_dot_in_checkout": (COLLECT + ["--out", "."], "is the current directory"),
     "02_out_dir_named_jsonl": (COLLECT + ["--out", "{B}/dir.jsonl"], "is not an episode JSONL"),
     "02_out_json_collides_with_summary": (COLLECT + ["--out", "{B}/x.json"], "must end in .jsonl"),
     "02_out_other_stage_jsonl": (COLLECT + ["--out", ADV], "is not an episode JSONL"),
@@ -156,7 +163,7 @@ PROBES = {
     "04_out_is_its_input": (GAE + ["--out", EXPERT], "is (or holds) an input"),
     "04_out_expert_data": (["04_gae", "--data", ADV, "--critic", CRITIC, "--out", EXPERT],
                            "is not a JSONL with advantages"),
-    "05_out_checkout": (BPPO + ["--out", "{G}"], "is not a policy directory"),
+    "05_out_checkout": (BPPO + ["--out", "{G}"], "is the current directory"),
     "05_out_is_policy": (BPPO + ["--out", POLICY], "is (or holds) an input"),
     "01_metrics_into_weights": (BC + ["--out", "{T}/new", "--metrics", POLICY + "/model.safetensors"],
                                 "must end in .jsonl"),
@@ -168,6 +175,19 @@ PROBES = {
                                         "is not an episode JSONL"),
     "02_metrics_into_summary": (COLLECT + ["--out", "{T}/x.jsonl", "--metrics", "{R}/data/expert.json"],
                                 "must end in .jsonl"),
+    # -- issue 52: an output path that would take a directory of the user's along (before any work)
+    "00_out_empty": (["00_pretrain", "--out", ""], "the output path is empty"),
+    "01_out_empty": (BC + ["--out", ""], "the output path is empty"),
+    "03_out_dot": (CRITIC_ + ["--out", "."], "is the current directory"),
+    "00_out_root": (["00_pretrain", "--out", "/"], "is the current directory, the home directory or one above"),
+    "05_out_home": (BPPO + ["--out", os.path.expanduser("~")], "is the current directory, the home directory"),
+    "01_out_parent_of_cwd": (BC + ["--out", "{G}/.."], "is (or holds) an input"),
+    "00_out_parent_of_cwd": (["00_pretrain", "--out", "{G}/.."], "is the current directory"),
+    "01_out_policy_with_notes": (BC + ["--out", "{B}/policy_with_notes"], "is not a policy directory"),
+    "02_out_empty_jsonl": (COLLECT + ["--out", "{B}/empty.jsonl"], "is not an episode JSONL"),
+    "02_out_empty_summary": (COLLECT + ["--out", "{B}/fresh.jsonl"], "fresh.json exists and is not"),
+    "01_metrics_other_stage_names": (BC + ["--out", "{T}/new", "--metrics", "{B}/my_log.jsonl"],
+                                     "is not a metrics JSONL"),
     # -- numeric flags, before any work
     "01_seed_beyond_numpy": (BC + ["--out", "{T}/new", "--seed", str(2 ** 32)], "--seed must be a seed"),
     "05_seed_negative": (BPPO + ["--out", "{T}/p", "--seed", "-1"], "--seed must be a seed"),
@@ -388,7 +408,7 @@ def test_full_disk_while_appending_metrics_is_one_line(stages, tmp_path, capsys,
 
     def opener(path, mode="r", *a, **k):
         f = real_open(path, mode, *a, **k)
-        return Full(f) if str(path).startswith(str(metrics)) and ("w" in mode or "a" in mode) else f
+        return Full(f) if "metrics.jsonl" in str(path) and ("w" in mode or "a" in mode) else f
     monkeypatch.setattr("builtins.open", opener)
     with pytest.raises(SystemExit) as exit_:
         stages["05_bppo"].log_metrics(str(metrics), {"stage": "05_bppo", "epoch": 1})
@@ -412,3 +432,48 @@ def test_failed_write_keeps_the_old_artifact_and_leaves_no_temporary(stages, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "No space left on device" in err[0]
     assert out.read_text() == "previous\n" and os.listdir(tmp_path) == ["a.jsonl"]
+
+
+def run_script(script, *args, cwd):
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("script, args, planted", [
+    ("course/make_exercises.py", ["--out", ""], "notes.txt"),
+    ("bench/ablation.py", ["--table-only", "--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.md"], "notes.md"),
+    ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], "run0.log"),
+    ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.md"], "notes.md"),
+])
+def test_scripts_outside_the_stages_keep_the_rule(script, args, planted, tmp_path):
+    """Issue 52: make_exercises.py --out '' replaced the current directory; ablation.py --table-only --out and
+    seeds.py --out / its --prefix logs truncated the user's files. Each is one error line, exit 2, nothing touched."""
+    (tmp_path / planted).write_text("the user's own text\n")
+    (tmp_path / "run0/eval/world0").mkdir(parents=True)  # a run whose variants are 'not run'
+    before = snapshot(tmp_path)
+    proc = run_script(script, *[a.format(d=tmp_path) for a in args], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_a_kill_between_the_two_renames_is_undone_by_the_next_check_out(stages, tmp_path):
+    """Issue 52: temporaries get unpredictable names (mkdtemp) beside the output; a SIGKILL after the old
+    directory was moved aside leaves it in its temporary, and the next check_out of that path puts it back
+    and removes every leftover temporary."""
+    wa, check_out = stages["01_bc"].write_atomic, stages["01_bc"].check_out
+    out, seen = tmp_path / "policy", []
+
+    def write(tmp):
+        seen.append(os.path.basename(os.path.dirname(tmp)))
+        os.mkdir(tmp)
+        (Path(tmp) / "args.json").write_text(json.dumps({"stage": "01_bc", "v": len(seen)}))
+    wa(str(out), write)
+    wa(str(out), write)
+    assert seen[0].startswith(".policy.qevolve-tmp-") and seen[0] != seen[1] and os.listdir(tmp_path) == ["policy"]
+    killed = tmp_path / ".policy.qevolve-tmp-k1ll3d"  # the state a kill between the two renames leaves
+    killed.mkdir()
+    out.rename(killed / "old")
+    write(str(killed / "new"))
+    (tmp_path / ".policy.qevolve-tmp-0ther").mkdir()  # a kill while writing
+    check_out(str(out), "policy")
+    assert json.loads((out / "args.json").read_text())["v"] == 2 and os.listdir(tmp_path) == ["policy"]
