@@ -176,9 +176,9 @@ def check_out(path, kind, inputs=()):
     check_path(path, inputs)
     if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
         die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl")
-    if is_main():  # one process clears leftovers (under torchrun the others' probes are beside them)
-        recover(path)
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
+        if is_main():  # one process clears leftovers (under torchrun the others' probes are beside them)
+            recover(p)
         if os.path.lexists(p) and not owned(p, kind):
             die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
     parent = os.path.dirname(os.path.abspath(path))
