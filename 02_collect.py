@@ -62,6 +62,7 @@ from plumbing import (
     load_tokenizer,
     log_metrics,
     owned,
+    parse_env_kwargs,
     pick_device,
     save_text,
     seed_everything,
@@ -487,14 +488,11 @@ def main(argv=None):
     # Every input is checked before any work; --out and its summary are written once every episode is in.
     check_flags(args, episodes="non-negative", seed="a seed in [0, 2**32)", num_envs="at least 1",
                 max_new_tokens="at least 1", candidates="at least 1", critic_batch_size="at least 1",
-                threads="non-negative")
+                threads="non-negative", env_seed="a seed in [0, 2**32)", r_fmt="in [-100, 100]",
+                r_inv="in [-100, 100]", r_repeat="in [-100, 100]")
     if not args.greedy:
         check_flags(args, temperature="positive")
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-        assert isinstance(env_kwargs, dict)
-    except (json.JSONDecodeError, AssertionError):
-        die(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+    env_kwargs = parse_env_kwargs(args.env_kwargs)
     make_env = lambda: envs.make(args.env, seed=args.env_seed, **env_kwargs)
     try:
         probe = make_env()

@@ -29,16 +29,61 @@ def die(msg):
     sys.exit(2)
 
 
+MAX_REWARD = 100.0  # a reward or advantage larger than this is a broken buffer
 RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
          "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
-         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32}
+         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32, "in [-100, 100]": lambda v: abs(v) <= MAX_REWARD}
+# Flags that size an allocation or a loop have a ceiling; every other number one of 2**32.
+LIMITS = {"threads": 1024, "grad_accum": 1024, "d_model": 16384, "n_layers": 1024, "n_heads": 1024,
+          "vocab_size": 10**6, "max_len": 10**6, "lora": 4096, "candidates": 1024, "episodes": 10**6, "epochs": 10**6,
+          "num_envs": 10**4, "max_new_tokens": 10**5, "batch_size": 10**6, "critic_batch_size": 10**6}
 
 
 def check_flags(args, **rules):
     for name, rule in rules.items():
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and RULES[rule](value)):
-            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
+        value, flag, most = getattr(args, name), "--" + name.replace("_", "-"), LIMITS.get(name, 2**32)
+        if value is None:
+            continue
+        if not ((isinstance(value, int) or math.isfinite(value)) and RULES[rule](value)):
+            die(f"{flag} must be {rule}, got {value}")
+        if value > most:  # a huge int, not a traceback (math.isfinite) or a loop that never ends
+            die(f"{flag} must be at most {most}, got {value}")
+
+
+def unique_keys(pairs):
+    """json's object_pairs_hook: a key given twice is an error, not the last one silently winning."""
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"duplicate key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def loads(text):
+    """json.loads for what this project reads: a duplicate key, nesting deeper than Python's stack and a
+    string holding a lone surrogate (no tokenizer or UTF-8 file takes it) are a ValueError too."""
+    try:
+        obj = json.loads(text, object_pairs_hook=unique_keys)
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeEncodeError:
+        raise ValueError("a string holds a lone surrogate") from None
+    return obj
+
+
+def parse_env_kwargs(text):
+    """--env-kwargs: a JSON object of environment keywords (the world seed is --env-seed's)."""
+    try:
+        kwargs = loads(text)
+    except ValueError as e:
+        die(f"--env-kwargs must be a JSON object, got {text!r} ({e})")
+    if not isinstance(kwargs, dict):
+        die(f"--env-kwargs must be a JSON object, got {text!r}")
+    if "seed" in kwargs:
+        die("--env-kwargs: pass the world seed as --env-seed, not as 'seed'")
+    return kwargs
 
 
 # Each kind of output: what it is, and who writes it (named in its args.json / summary / metrics record / stamp).
@@ -65,8 +110,8 @@ def read_json(path):
     """A JSON object from a file, or None (missing, binary, not JSON, not an object)."""
     try:
         with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            obj = loads(f.read())
+    except (OSError, UnicodeDecodeError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -121,8 +166,8 @@ def owned(path, kind):
         return (read_json(path) or {}).get("stage") in writers
     try:
         with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except (UnicodeDecodeError, ValueError, RecursionError):
+            rows = [loads(line) for line in f if line.strip()]
+    except (UnicodeDecodeError, ValueError):
         return False
     if kind == "log":
         return bool(rows) and all(isinstance(r, dict) and r.get("stage") in writers for r in rows)
@@ -237,9 +282,8 @@ def log_metrics(path, *records):
 
 EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
                 "reward": float, "success": bool, "source": str}
+LABELS = ("format", "invalid", "repeat", "ok")  # 02_collect.retro_label's
 STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
-MAX_REWARD = 100.0  # a reward or advantage larger than this is a broken buffer
-
 
 def field_error(obj, types, where=""):
     """What is wrong with a JSON object given its keys' types (float: finite, at most MAX_REWARD in size), or None."""
@@ -258,26 +302,45 @@ def field_error(obj, types, where=""):
 
 
 def episode_error(ep, step_keys):
-    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None."""
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None: a field of the
+    wrong type, a label retro_label does not give, an 'ok' step with an r_aux, `done` before the end."""
     problem = field_error(ep, EPISODE_KEYS)
     if problem or not ep["steps"]:
         return problem or "has no steps"
-    return next(filter(None, (field_error(s, step_keys, f" at step {t}") for t, s in enumerate(ep["steps"]))), None)
+    for t, s in enumerate(ep["steps"]):
+        problem = field_error(s, step_keys, f" at step {t}")
+        if problem:
+            return problem
+        if s["label"] not in LABELS:
+            return f"label must be one of {', '.join(LABELS)} at step {t}, got {json.dumps(s['label'])[:40]}"
+        if s["label"] == "ok" and s["r_aux"] != 0:
+            return f"r_aux must be 0 for an 'ok' step at step {t}, got {s['r_aux']}"
+        if s["done"] and t < len(ep["steps"]) - 1:
+            return f"is done at step {t}, before its last step {len(ep['steps']) - 1}"
+    return None
 
 
 def read_episodes(paths, step_keys=STEP_KEYS):
-    """Episode JSONL files -> a list of episodes; a bad line (or a binary file) is one error naming file and line."""
-    episodes = []
+    """Episode JSONL files -> a list of episodes; a bad line (or a binary file) is one error naming file and
+    line. One collection (an episode's policy, seed and split) gives every step of a label the same r_aux
+    (02's --r-fmt / --r-inv / --r-repeat): a step that disagrees with an earlier one is refused too."""
+    episodes, aux = [], {}
     for path in paths:
         if not os.path.isfile(path):
             die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 try:
-                    ep = json.loads(line.decode("utf-8")) if line.strip() else None
+                    ep = loads(line.decode("utf-8")) if line.strip() else None
                 except (UnicodeDecodeError, ValueError) as e:
-                    die(f"{path}:{lineno}: not a line of JSON text ({type(e).__name__})")
+                    die(f"{path}:{lineno}: not a line of JSON text ({type(e).__name__}: {e})")
                 problem = None if ep is None else episode_error(ep, step_keys)
+                for t, s in enumerate([] if problem or ep is None else ep["steps"]):
+                    key = json.dumps([ep.get("policy"), ep.get("seed"), ep.get("split"), s["label"]])
+                    if aux.setdefault(key, s["r_aux"]) != s["r_aux"]:
+                        problem = (f"step {t} has r_aux {s['r_aux']} for label {s['label']!r}, but "
+                                   f"{aux[key]} earlier in the same collection")
+                        break
                 if problem:
                     die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py / 04_gae.py?")
                 episodes += [] if ep is None else [ep]

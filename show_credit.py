@@ -78,6 +78,8 @@ def read_buffer(path):
             ep = json.loads(line)
         except json.JSONDecodeError as e:
             die(f"{path}:{lineno}: not valid JSON ({e.msg})")
+        except RecursionError:
+            die(f"{path}:{lineno}: not valid JSON (nested too deeply)")
         where = f"{path}:{lineno}"
         if not isinstance(ep, dict) or any(k not in ep for k in EPISODE_KEYS) or not isinstance(ep["steps"], list) \
                 or not ep["steps"]:
@@ -216,8 +218,8 @@ def check_png(path, buffer):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.dpi < 10 or args.width < 10:
-        die("--dpi and --width must be at least 10")
+    if not (10 <= args.dpi <= 1000 and 10 <= args.width <= 10000):  # a huge --dpi allocates a huge picture
+        die(f"--dpi must be in [10, 1000] and --width in [10, 10000], got {args.dpi} and {args.width}")
     if args.png:
         check_png(args.png, args.buffer)
     index, ep = choose(read_buffer(args.buffer), args)

@@ -44,7 +44,19 @@ BAD_BUFFERS = {
     "no_source": episode(source=None),
     "no_steps": episode(steps=[]),
     "adv_string": episode(steps=[{**GOOD_STEP, "adv": "0.5"}]),
+    # issue 52: fields that contradict each other
+    "label_unknown": step(label="great"),
+    "ok_with_r_aux": step(r_aux=-0.1),
+    "done_before_last": episode(steps=[{**GOOD_STEP, "done": True}, GOOD_STEP]),
 }
+# issue 52: lines that json.loads takes silently (a duplicate key, a lone surrogate) or crashes on (nesting)
+ODD_JSON = {"duplicate_key": episode()[:-1] + ', "reward": 1.0}', "lone_surrogate": episode(task="\ud800"),
+            "deep": "[" * 10**6 + "]" * 10**6,
+            "r_aux_differs": step(label="invalid", r_aux=-0.1) + "\n" + step(label="invalid", r_aux=-0.3)}
+ODD_JSON_MESSAGES = {"duplicate_key": ":1: not a line of JSON text (ValueError: duplicate key 'reward')",
+                     "lone_surrogate": ":1: not a line of JSON text (ValueError: a string holds a lone surrogate)",
+                     "deep": ":1: not a line of JSON text (ValueError: nested too deeply)",
+                     "r_aux_differs": ":2: episode step 0 has r_aux -0.3 for label 'invalid', but -0.1 earlier"}
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +83,8 @@ def world(tiny_run, stages, tmp_path_factory):
     B.mkdir()
     for name, line in BAD_BUFFERS.items():
         (B / f"{name}.jsonl").write_text(line + "\n")
+    for name, text in ODD_JSON.items():
+        (B / f"{name}.jsonl").write_text(text + "\n")
     (B / "good.jsonl").write_text(episode() + "\n")
     (B / "dir.jsonl").mkdir()
     (B / "dir.jsonl/keep.txt").write_text("keep")
@@ -188,6 +202,33 @@ PROBES = {
     "02_out_empty_summary": (COLLECT + ["--out", "{B}/fresh.jsonl"], "fresh.json exists and is not"),
     "01_metrics_other_stage_names": (BC + ["--out", "{T}/new", "--metrics", "{B}/my_log.jsonl"],
                                      "is not a metrics JSONL"),
+    # -- issue 52: a traceback, or a value that allocates or loops without end, instead of one line
+    **{f"01_buffer_{name}": (["01_bc", "--data", f"{{B}}/{name}.jsonl", "--out", "{T}/new"], f"{name}.jsonl{message}")
+       for name, message in ODD_JSON_MESSAGES.items()},
+    "05_buffer_deep": (["05_bppo", "--data", "{B}/deep.jsonl", "--policy", POLICY, "--ref", POLICY, "--out", "{T}/p"],
+                       "nested too deeply"),
+    "01_epochs_huge_int": (BC + ["--out", "{T}/new", "--epochs", "9" * 300], "--epochs must be at most 1000000"),
+    "05_epochs_huge_int": (BPPO + ["--out", "{T}/p", "--epochs", "9" * 300], "--epochs must be at most"),
+    "03_seed_huge_int": (CRITIC_ + ["--out", "{T}/c", "--seed", "9" * 300], "--seed must be a seed"),
+    "01_grad_accum_huge": (BC + ["--out", "{T}/new", "--grad-accum", "100000"], "--grad-accum must be at most"),
+    "01_threads_100000": (BC + ["--out", "{T}/new", "--threads", "100000"], "--threads must be at most 1024"),
+    "02_threads_100000": (COLLECT + ["--out", "{T}/x.jsonl", "--threads", "100000"], "--threads must be at most"),
+    "00_d_model_huge": (["00_pretrain", "--out", "{T}/b", "--d-model", "10000000", "--n-heads", "1"],
+                        "--d-model must be at most"),
+    "05_lora_huge": (BPPO + ["--out", "{T}/p", "--lora", "100000"], "--lora must be at most"),
+    "02_candidates_huge": (COLLECT + ["--out", "{T}/x.jsonl", "--candidates", "100000"],
+                           "--candidates must be at most"),
+    "02_episodes_huge_int": (COLLECT + ["--out", "{T}/x.jsonl", "--episodes", "9" * 300], "--episodes must be at most"),
+    "02_env_kwargs_seed": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs", '{"seed": 5}'], "--env-seed"),
+    "00_env_kwargs_seed": (["00_pretrain", "--out", "{T}/b", "--env-kwargs", '{"seed": 5}'], "--env-seed"),
+    "02_env_kwargs_duplicate_key": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs",
+                                               '{"max_steps": 5, "max_steps": 9}'], "duplicate key 'max_steps'"),
+    "02_env_kwargs_deep": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs", "[" * 10**5], "--env-kwargs must be"),
+    # -- issue 52: nonsense that was taken silently
+    "02_r_inv_nan": (COLLECT + ["--out", "{T}/x.jsonl", "--r-inv", "nan"], "--r-inv must be in [-100, 100]"),
+    "02_r_fmt_1e9": (COLLECT + ["--out", "{T}/x.jsonl", "--r-fmt=-1e9"], "--r-fmt must be in [-100, 100]"),
+    "02_env_seed_negative": (COLLECT + ["--out", "{T}/x.jsonl", "--env-seed", "-1"], "--env-seed must be a seed"),
+    "00_env_seed_negative": (["00_pretrain", "--out", "{T}/b", "--env-seed", "-1"], "--env-seed must be a seed"),
     # -- numeric flags, before any work
     "01_seed_beyond_numpy": (BC + ["--out", "{T}/new", "--seed", str(2 ** 32)], "--seed must be a seed"),
     "05_seed_negative": (BPPO + ["--out", "{T}/p", "--seed", "-1"], "--seed must be a seed"),
@@ -272,7 +313,7 @@ def test_bad_input_is_one_line_exit_2_nothing_touched(probe, world, stages, capf
     before = snapshot(world)
     capfd.readouterr()
     with pytest.raises(SystemExit) as exit_:
-        stages[name].main(args + ["--threads", "1"])
+        stages[name].main(args + ([] if "--threads" in args else ["--threads", "1"]))
     err = capfd.readouterr().err
     lines = err.strip().splitlines()
     assert exit_.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
