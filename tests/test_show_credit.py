@@ -155,8 +155,13 @@ def test_bad_input_exits_2_with_one_line(buffer, tmp_path):
     latin1.write_bytes(json.dumps(EPISODES[0]).replace("mug", "m\u00fcg").encode("latin-1") + b"\n")
     bad_label = tmp_path / "bad_label.jsonl"
     bad_label.write_text(json.dumps({**EPISODES[0], "steps": [{**EPISODES[0]["steps"][0], "label": None}]}) + "\n")
+    deep = tmp_path / "deep.jsonl"  # issue 52: a RecursionError, not one line
+    deep.write_text("[" * 10**6 + "]" * 10**6 + "\n")
     png = tmp_path / "out.png"
     cases = [
+        [deep, "--index", 0],
+        [buffer, "--index", 0, "--dpi", 100000],  # issue 52: a picture of 10^10 x 10^10 pixels
+
         [tmp_path / "missing.jsonl", "--index", 0],
         [buffer, "--index", 2],
         [buffer, "--index", -1],
