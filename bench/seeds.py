@@ -25,7 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import eval_worlds  # noqa: E402
-from plumbing import STAMP, check_out, save_text  # noqa: E402
+from plumbing import STAMP, check_out, die, save_text  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
@@ -40,6 +40,8 @@ def main():
     p.add_argument("--out", default="bench/results/seeds.md", help="markdown table to write")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     args = p.parse_args()
+    if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
+        die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
     check_out(os.path.join(ROOT, args.out), "table")  # before any run: a table a bench script wrote, or new
     for seed in args.seeds:  # each run's log: new, or one this script wrote (its stamped first line)
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")

@@ -207,9 +207,9 @@ PROBES = {
        for name, message in ODD_JSON_MESSAGES.items()},
     "05_buffer_deep": (["05_bppo", "--data", "{B}/deep.jsonl", "--policy", POLICY, "--ref", POLICY, "--out", "{T}/p"],
                        "nested too deeply"),
-    "01_epochs_huge_int": (BC + ["--out", "{T}/new", "--epochs", "9" * 300], "--epochs must be at most 1000000"),
-    "05_epochs_huge_int": (BPPO + ["--out", "{T}/p", "--epochs", "9" * 300], "--epochs must be at most"),
-    "03_seed_huge_int": (CRITIC_ + ["--out", "{T}/c", "--seed", "9" * 300], "--seed must be a seed"),
+    "01_epochs_huge_int": (BC + ["--out", "{T}/new", "--epochs", "9" * 400], "--epochs must be at most 1000000"),
+    "05_epochs_huge_int": (BPPO + ["--out", "{T}/p", "--epochs", "9" * 400], "--epochs must be at most"),
+    "03_seed_huge_int": (CRITIC_ + ["--out", "{T}/c", "--seed", "9" * 400], "--seed must be a seed"),
     "01_grad_accum_huge": (BC + ["--out", "{T}/new", "--grad-accum", "100000"], "--grad-accum must be at most"),
     "01_threads_100000": (BC + ["--out", "{T}/new", "--threads", "100000"], "--threads must be at most 1024"),
     "02_threads_100000": (COLLECT + ["--out", "{T}/x.jsonl", "--threads", "100000"], "--threads must be at most"),
@@ -218,7 +218,7 @@ PROBES = {
     "05_lora_huge": (BPPO + ["--out", "{T}/p", "--lora", "100000"], "--lora must be at most"),
     "02_candidates_huge": (COLLECT + ["--out", "{T}/x.jsonl", "--candidates", "100000"],
                            "--candidates must be at most"),
-    "02_episodes_huge_int": (COLLECT + ["--out", "{T}/x.jsonl", "--episodes", "9" * 300], "--episodes must be at most"),
+    "02_episodes_huge_int": (COLLECT + ["--out", "{T}/x.jsonl", "--episodes", "9" * 400], "--episodes must be at most"),
     "02_env_kwargs_seed": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs", '{"seed": 5}'], "--env-seed"),
     "00_env_kwargs_seed": (["00_pretrain", "--out", "{T}/b", "--env-kwargs", '{"seed": 5}'], "--env-seed"),
     "02_env_kwargs_duplicate_key": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs",
@@ -485,6 +485,8 @@ def run_script(script, *args, cwd):
     ("bench/ablation.py", ["--table-only", "--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.md"], "notes.md"),
     ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], "run0.log"),
     ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.md"], "notes.md"),
+    ("bench/seeds.py", ["--seeds", "0", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], "notes.md"),
+    ("bench/ablation.py", ["--table-only", "--seeds", "-1", "--prefix", "{d}/run", "--out", "{d}/t.md"], "notes.md"),
 ])
 def test_scripts_outside_the_stages_keep_the_rule(script, args, planted, tmp_path):
     """Issue 52: make_exercises.py --out '' replaced the current directory; ablation.py --table-only --out and
