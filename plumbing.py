@@ -285,6 +285,7 @@ EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": s
 LABELS = ("format", "invalid", "repeat", "ok")  # 02_collect.retro_label's
 STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
 
+
 def field_error(obj, types, where=""):
     """What is wrong with a JSON object given its keys' types (float: finite, at most MAX_REWARD in size), or None."""
     if not isinstance(obj, dict):
