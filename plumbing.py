@@ -222,10 +222,12 @@ def check_out(path, kind, inputs=()):
     if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
         die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl")
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if is_main():  # one process clears leftovers (under torchrun the others' probes are beside them)
+        if is_main():  # the process that writes (under torchrun, rank 0) clears leftovers: no race
             recover(p)
         if os.path.lexists(p) and not owned(p, kind):
             die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
+    if not is_main():
+        return
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
