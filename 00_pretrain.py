@@ -49,6 +49,7 @@ from plumbing import (
     length_batches,
     log_metrics,
     lr_at,
+    parse_env_kwargs,
     pick_device,
     seed_everything,
     write_atomic,
@@ -195,17 +196,14 @@ def main(argv=None):
     check_flags(args, episodes="at least 1", epochs="at least 1", batch_size="at least 1", lr="positive",
                 weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", p_random="in [0, 1]",
                 qa="in [0, 1]", d_model="at least 1", n_layers="at least 1", n_heads="at least 1",
-                vocab_size="at least 1", max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative")
+                vocab_size="at least 1", max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative",
+                env_seed="a seed in [0, 2**32)")
     if args.d_model % args.n_heads:
         die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
     check_out(args.out, "policy")
     if args.metrics:
         check_out(args.metrics, "log", [args.out])
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-        assert isinstance(env_kwargs, dict)
-    except (ValueError, AssertionError):
-        die(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+    env_kwargs = parse_env_kwargs(args.env_kwargs)
     if args.threads:
         torch.set_num_threads(args.threads)
     # TRY NOT TO MODIFY: seeding

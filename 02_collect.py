@@ -64,6 +64,7 @@ from plumbing import (
     load_tokenizer,
     log_metrics,
     owned,
+    parse_env_kwargs,
     pick_device,
     save_text,
     seed_everything,
@@ -497,14 +498,13 @@ def main(argv=None):
     # Every input is checked before any work; --out and its summary are written once every episode is in.
     check_flags(args, episodes="non-negative", seed="a seed in [0, 2**32)", num_envs="at least 1",
                 max_new_tokens="at least 1", candidates="at least 1", critic_batch_size="at least 1",
-                threads="non-negative")
+                threads="non-negative", r_fmt="in [-100, 100]",
+                r_inv="in [-100, 100]", r_repeat="in [-100, 100]")
     if not args.greedy:
         check_flags(args, temperature="positive")
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-        assert isinstance(env_kwargs, dict)
-    except (json.JSONDecodeError, AssertionError):
-        die(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+    env_kwargs = parse_env_kwargs(args.env_kwargs)
+    if not all(0 <= w < 2**32 for w in args.env_seed):
+        die(f"--env-seed must be a seed in [0, 2**32), got {' '.join(map(str, args.env_seed))}")
     # One run per (world, split) pair, each as a run of its own (its args, its output pair); the policy is loaded once.
     runs = [argparse.Namespace(**{**vars(args), "env_seed": w, "split": split,
                                   "out": args.out.replace("{world}", str(w)).replace("{split}", split)})

@@ -11,9 +11,11 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import shutil
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -28,106 +30,243 @@ def die(msg):
     sys.exit(2)
 
 
+MAX_REWARD = 100.0  # a reward or advantage larger than this is a broken buffer
 RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
          "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
-         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32}
+         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32, "in [-100, 100]": lambda v: abs(v) <= MAX_REWARD}
+# Flags that size an allocation or a loop have a ceiling; every other number one of 2**32.
+LIMITS = {"threads": 1024, "grad_accum": 1024, "d_model": 16384, "n_layers": 1024, "n_heads": 1024,
+          "vocab_size": 10**6, "max_len": 10**6, "lora": 4096, "candidates": 1024, "episodes": 10**6, "epochs": 10**6,
+          "num_envs": 10**4, "max_new_tokens": 10**5, "batch_size": 10**6, "critic_batch_size": 10**6}
 
 
 def check_flags(args, **rules):
     for name, rule in rules.items():
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and RULES[rule](value)):
-            die(f"--{name.replace('_', '-')} must be {rule}, got {value}")
+        value, flag, most = getattr(args, name), "--" + name.replace("_", "-"), LIMITS.get(name, 2**32)
+        if value is None:
+            continue
+        if not ((isinstance(value, int) or math.isfinite(value)) and RULES[rule](value)):
+            die(f"{flag} must be {rule}, got {value}")
+        if value > most:  # a huge int, not a traceback (math.isfinite) or a loop that never ends
+            die(f"{flag} must be at most {most}, got {value}")
 
 
-# Each kind of output: what it is, and the stages that write it (named in its args.json / summary).
+def unique_keys(pairs):
+    """json's object_pairs_hook: a key given twice is an error, not the last one silently winning."""
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"duplicate key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def loads(text):
+    """json.loads for what this project reads: a duplicate key, nesting deeper than Python's stack and a
+    string holding a lone surrogate (no tokenizer or UTF-8 file takes it) are a ValueError too."""
+    try:
+        obj = json.loads(text, object_pairs_hook=unique_keys)
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeEncodeError:
+        raise ValueError("a string holds a lone surrogate") from None
+    return obj
+
+
+def parse_env_kwargs(text):
+    """--env-kwargs: a JSON object of environment keywords (the world seed is --env-seed's)."""
+    try:
+        kwargs = loads(text)
+    except ValueError as e:
+        die(f"--env-kwargs must be a JSON object, got {text!r} ({e})")
+    if not isinstance(kwargs, dict):
+        die(f"--env-kwargs must be a JSON object, got {text!r}")
+    if "seed" in kwargs:
+        die("--env-kwargs: pass the world seed as --env-seed, not as 'seed'")
+    return kwargs
+
+
+# Each kind of output: what it is, and who writes it (named in its args.json / summary / metrics record / stamp).
+STAGE_NAMES = ("00_pretrain", "01_bc", "02_collect", "03_critic", "04_gae", "05_bppo")
 ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py / 05_bppo.py",
                         ("00_pretrain", "01_bc", "05_bppo")),
              "critic": ("a critic directory written by 03_critic.py", ("03_critic",)),
              "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
              "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
-             "log": ("a metrics JSONL", ())}
+             "log": ("a metrics JSONL written by the stages", STAGE_NAMES),
+             "png": ("a PNG written by this project (its Software text chunk)", ("show_credit.py",)),
+             "table": ("a results table written by bench/", ("bench/ablation.py", "bench/seeds.py")),
+             "run_log": ("a run log written by bench/seeds.py", ("bench/seeds.py",))}
+# The files a policy / critic directory may hold: what save_pretrained (one or sharded safetensors),
+# tokenizer.save_pretrained (fast or slow tokenizers), args.json, 00's corpus_sample.txt and 03's
+# heads.safetensors write. A file the user added (notes.txt) makes the directory theirs.
+MODEL_FILES = re.compile(r"(config|generation_config|args|tokenizer|tokenizer_config|special_tokens_map|added_tokens"
+                         r"|vocab|model\.safetensors\.index)\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
+                         r"heads\.safetensors|chat_template\.jinja|merges\.txt|tokenizer\.model|corpus_sample\.txt")
+STAMP = "q-evolve "  # + the writer: a PNG's Software text, a run log's first line ("# q-evolve bench/seeds.py")
 
 
 def read_json(path):
     """A JSON object from a file, or None (missing, binary, not JSON, not an object)."""
     try:
         with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
+            obj = loads(f.read())
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
 
 
-def owned(path, kind):
-    """Whether an existing path is this kind's artifact, judged from all of it: a directory of plain
-    files whose args.json names a stage of the kind; a summary naming one; a JSONL whose every line is
-    an episode of the kind (with `adv`: 04's) or a metrics record."""
-    stages = ARTIFACTS[kind][1]
-    if kind in ("policy", "critic"):
-        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
-        return (all(os.path.isfile(os.path.join(path, n)) for n in names) and ("heads.safetensors" in names) ==
-                (kind == "critic") and (read_json(os.path.join(path, "args.json")) or {}).get("stage") in stages)
-    if os.path.islink(path) or not os.path.isfile(path):
-        return False
-    if path.endswith(".json"):
-        return os.path.getsize(path) == 0 or (read_json(path) or {}).get("stage") in stages
+def png_software(path):
+    """The Software text chunk of a PNG file (savefig(metadata={"Software": ...}) writes it), or None."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 16)  # matplotlib writes its text chunks right after the header
+    except OSError:
+        return None
+    pos = 8 if data[:8] == b"\x89PNG\r\n\x1a\n" else len(data)
+    while pos + 8 <= len(data):
+        size, kind = int.from_bytes(data[pos:pos + 4], "big"), data[pos + 4:pos + 8]
+        if kind == b"tEXt" and data[pos + 8:pos + 8 + size].startswith(b"Software\0"):
+            return data[pos + 17:pos + 8 + size].decode("latin-1")
+        if kind in (b"IDAT", b"IEND"):
+            return None
+        pos += 12 + size
+    return None
+
+
+def first_line(path):
     try:
         with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+            return f.readline()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def owned(path, kind):
+    """Whether an existing path is this kind's artifact, judged from all of it: a directory holding only
+    the files a stage writes (MODEL_FILES), whose args.json names a stage of the kind; a summary naming
+    one; a JSONL of at least one line, every line an episode of the kind (with `adv`: 04's) or a metrics
+    record of a stage; a PNG or run log with the project's stamp; a table naming its bench script."""
+    writers = ARTIFACTS[kind][1]
+    if kind in ("policy", "critic"):
+        names = [] if os.path.islink(path) or not os.path.isdir(path) else os.listdir(path)
+        return (all(MODEL_FILES.fullmatch(n) and os.path.isfile(os.path.join(path, n)) for n in names)
+                and ("heads.safetensors" in names) == (kind == "critic")
+                and (read_json(os.path.join(path, "args.json")) or {}).get("stage") in writers)
+    if os.path.islink(path) or not os.path.isfile(path):
+        return False
+    if kind == "png":
+        return png_software(path) in [STAMP + w for w in writers]
+    if kind == "run_log":
+        return first_line(path).startswith("# " + STAMP + writers[0])
+    if kind == "table":  # 'Measured DATE on ... by `[SETTINGS] python bench/ablation.py ...`'
+        line = first_line(path)
+        return line.startswith("Measured ") and any(f"python {w}" in line for w in writers)
+    if path.endswith(".json"):
+        return (read_json(path) or {}).get("stage") in writers
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [loads(line) for line in f if line.strip()]
     except (UnicodeDecodeError, ValueError):
         return False
     if kind == "log":
-        return all(isinstance(r, dict) and "stage" in r for r in rows)
+        return bool(rows) and all(isinstance(r, dict) and r.get("stage") in writers for r in rows)
     keys = {**STEP_KEYS, "adv": float} if kind == "04_gae" else STEP_KEYS
-    return all(episode_error(r, keys) is None and ("adv" in r["steps"][0]) == (kind == "04_gae") for r in rows)
+    return bool(rows) and all(episode_error(r, keys) is None and ("adv" in r["steps"][0]) == (kind == "04_gae")
+                              for r in rows)
+
+
+def inside(path, top):
+    """Whether path is top or lies under it (both real paths)."""
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def check_path(path, inputs=()):
+    """The one rule of where any script may write (check_out and write_atomic ask it): never an empty
+    path, the current directory or one above it, the home directory or one above it (the root), nor an
+    input, a directory holding one or a path inside one."""
+    if not path.strip():
+        die("the output path is empty; name a file or directory to write")
+    real = os.path.realpath(path)
+    for p in map(os.path.realpath, inputs):
+        if inside(real, p) or inside(p, real):
+            die(f"{path} is (or holds) an input of this stage, or lies inside one; write the output elsewhere")
+    for top in (os.getcwd(), os.path.expanduser("~")):
+        if inside(os.path.realpath(top), real):
+            die(f"{path} is the current directory, the home directory or one above them; write the output elsewhere")
+
+
+def temporaries(path):
+    """The temporary directories write_atomic (and check_out's probe) made beside path: '.NAME.qevolve-tmp-*'."""
+    parent, base = os.path.split(os.path.abspath(path))
+    prefix = f".{base}.qevolve-tmp-"
+    names = os.listdir(parent) if os.path.isdir(parent) else []
+    return [os.path.join(parent, n) for n in sorted(names) if n.startswith(prefix)
+            and os.path.isdir(os.path.join(parent, n)) and not os.path.islink(os.path.join(parent, n))]
+
+
+def recover(path):
+    """What a killed write_atomic left beside path: a moved-aside old artifact goes back when path is
+    missing (killed between its two renames), then every temporary is removed."""
+    for tmp in temporaries(path):
+        if not os.path.lexists(path) and os.path.lexists(os.path.join(tmp, "old")):
+            os.rename(os.path.join(tmp, "old"), path)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_out(path, kind, inputs=()):
-    """Before any work: an output is new or owned (above), never an input, nor a directory holding
-    one or lying inside one, and its directory is writable. JSONL outputs and --metrics end in .jsonl."""
-    real = os.path.realpath(path)
-    for p in map(os.path.realpath, inputs):
-        if real == p or p.startswith(real + os.sep) or real.startswith(p + os.sep):
-            die(f"{path} is (or holds) an input of this stage, or lies inside one; write the output elsewhere")
+    """Before any work: an output is in a safe place (check_path), new or owned (above), and its directory
+    is writable; a killed earlier run's leftovers are cleared first (recover). JSONL outputs and --metrics
+    end in .jsonl."""
+    check_path(path, inputs)
     if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
         die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl")
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
+        if is_main():  # the process that writes (under torchrun, rank 0) clears leftovers: no race
+            recover(p)
         if os.path.lexists(p) and not owned(p, kind):
             die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
+    if not is_main():
+        return
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     try:  # a real file, not os.access: that says yes to root on a read-only or special file system
-        probe = os.path.join(parent, f".write_test{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
+        os.rmdir(tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}.qevolve-tmp-", dir=parent))
     except OSError as e:
         die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
 
 
 def write_atomic(path, write_fn):
-    """write_fn(tmp) writes a temporary sibling, then one rename: a killed stage leaves the old
-    artifact or none (a SIGKILL may leave its path.tmpPID, which no stage deletes)."""
+    """write_fn(tmp) writes the new artifact inside a fresh temporary directory beside path
+    ('.NAME.qevolve-tmp-XXXXXXXX', tempfile.mkdtemp: an unpredictable name), then it takes path's place:
+    a file in one rename; a directory in two (the old one into the temporary directory as 'old', then
+    the new one in). A killed stage leaves the old artifact or the new one, or - killed between a
+    directory's two renames - the old one in the temporary directory, which the next check_out of the
+    same path puts back (recover). For 02/04's pair (JSONL + .json summary, which run_all.sh takes as
+    'done') the stages remove the old summary first and write the new one last, so a kill leaves a
+    complete pair or a JSONL without summary (redone)."""
+    check_path(path)
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp, old = f"{path}.tmp{os.getpid()}", f"{path}.old{os.getpid()}"
+    box = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.qevolve-tmp-", dir=os.path.dirname(path))
+    tmp, old = os.path.join(box, "new"), os.path.join(box, "old")
     try:
         write_fn(tmp)
         if os.path.isdir(path) and not os.path.islink(path):
             os.rename(path, old)
             os.rename(tmp, path)
-            shutil.rmtree(old)
         else:
             os.replace(tmp, path)
     except BaseException as e:  # disk full (OSError, safetensors' own error), Ctrl-C: no temporary stays
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp)
-        elif os.path.lexists(tmp):
-            os.remove(tmp)
+        if os.path.lexists(old) and not os.path.lexists(path):
+            os.rename(old, path)
+        shutil.rmtree(box, ignore_errors=True)
         if isinstance(e, Exception):
             die(f"could not write {path} ({getattr(e, 'strerror', None) or e}); it was left as it was")
         raise
+    shutil.rmtree(box, ignore_errors=True)
 
 
 def save_text(path, text):
@@ -146,8 +285,8 @@ def log_metrics(path, *records):
 
 EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
                 "reward": float, "success": bool, "source": str}
+LABELS = ("format", "invalid", "repeat", "ok")  # 02_collect.retro_label's
 STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
-MAX_REWARD = 100.0  # a reward or advantage larger than this is a broken buffer
 
 
 def field_error(obj, types, where=""):
@@ -167,26 +306,45 @@ def field_error(obj, types, where=""):
 
 
 def episode_error(ep, step_keys):
-    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None."""
+    """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None: a field of the
+    wrong type, a label retro_label does not give, an 'ok' step with an r_aux, `done` before the end."""
     problem = field_error(ep, EPISODE_KEYS)
     if problem or not ep["steps"]:
         return problem or "has no steps"
-    return next(filter(None, (field_error(s, step_keys, f" at step {t}") for t, s in enumerate(ep["steps"]))), None)
+    for t, s in enumerate(ep["steps"]):
+        problem = field_error(s, step_keys, f" at step {t}")
+        if problem:
+            return problem
+        if s["label"] not in LABELS:
+            return f"label must be one of {', '.join(LABELS)} at step {t}, got {json.dumps(s['label'])[:40]}"
+        if s["label"] == "ok" and s["r_aux"] != 0:
+            return f"r_aux must be 0 for an 'ok' step at step {t}, got {s['r_aux']}"
+        if s["done"] and t < len(ep["steps"]) - 1:
+            return f"is done at step {t}, before its last step {len(ep['steps']) - 1}"
+    return None
 
 
 def read_episodes(paths, step_keys=STEP_KEYS):
-    """Episode JSONL files -> a list of episodes; a bad line (or a binary file) is one error naming file and line."""
-    episodes = []
+    """Episode JSONL files -> a list of episodes; a bad line (or a binary file) is one error naming file and
+    line. One collection (an episode's policy, seed and split) gives every step of a label the same r_aux
+    (02's --r-fmt / --r-inv / --r-repeat): a step that disagrees with an earlier one is refused too."""
+    episodes, aux = [], {}
     for path in paths:
         if not os.path.isfile(path):
             die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 try:
-                    ep = json.loads(line.decode("utf-8")) if line.strip() else None
+                    ep = loads(line.decode("utf-8")) if line.strip() else None
                 except (UnicodeDecodeError, ValueError) as e:
-                    die(f"{path}:{lineno}: not a line of JSON text ({type(e).__name__})")
+                    die(f"{path}:{lineno}: not a line of JSON text ({type(e).__name__}: {e})")
                 problem = None if ep is None else episode_error(ep, step_keys)
+                for t, s in enumerate([] if problem or ep is None else ep["steps"]):
+                    key = json.dumps([ep.get("policy"), ep.get("seed"), ep.get("split"), s["label"]])
+                    if aux.setdefault(key, s["r_aux"]) != s["r_aux"]:
+                        problem = (f"step {t} has r_aux {s['r_aux']} for label {s['label']!r}, but "
+                                   f"{aux[key]} earlier in the same collection")
+                        break
                 if problem:
                     die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py / 04_gae.py?")
                 episodes += [] if ep is None else [ep]

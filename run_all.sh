@@ -32,10 +32,17 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# A setting that reaches arithmetic or a command line must be what it claims before anything runs: bash
+# evaluates a $(command) inside $((...)), so SEED='K[$(rm -rf ~)0]' would run it. One error line, exit 2.
+bad() { echo "error: $1" >&2; exit 2; }
+need_int() { for v in "$@"; do [[ ${!v} =~ ^[0-9]+$ ]] || bad "$v must be a non-negative integer, got '${!v}'"; done; }
+SMOKE=${SMOKE:-0}
+need_int SMOKE
+
 # SMOKE=1: toy budgets, the run tests/test_chain.py checks (a tiny base model, 16 demos, 6 self episodes,
 # 4 evaluation tasks per split in 2 worlds, one epoch per stage, episodes of at most 5 steps). These are
 # only defaults: a variable you set still wins. The numbers it prints mean nothing.
-if [ "${SMOKE:-0}" = 1 ]; then
+if [ "$SMOKE" = 1 ]; then
   RUN=${RUN:-runs/smoke} N_EXPERT=${N_EXPERT:-16} N_SELF=${N_SELF:-6} N_EVAL=${N_EVAL:-4} THREADS=${THREADS:-1}
   ENV_KWARGS=${ENV_KWARGS:-'{"max_steps": 5}'} EVAL_WORLDS=${EVAL_WORLDS:-"0 1"}
   PRETRAIN_ARGS=${PRETRAIN_ARGS:-"--episodes 16 --epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}
@@ -90,6 +97,11 @@ COLLECT_ARGS=${COLLECT_ARGS:-}
 CRITIC_ARGS=${CRITIC_ARGS:-}
 GAE_ARGS=${GAE_ARGS:-}
 BPPO_ARGS=${BPPO_ARGS:-}
+need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC KEEP_OLD
+words='^[[:space:]]*WORD([[:space:]]+WORD)*[[:space:]]*$'  # one or more WORDs (a pattern) apart
+[[ $EVAL_WORLDS =~ ${words//WORD/[0-9]+} ]] || bad "EVAL_WORLDS must be non-negative integers, got '$EVAL_WORLDS'"
+[[ $EVAL_SPLITS =~ ${words//WORD/[A-Za-z0-9_]+} ]] || bad "EVAL_SPLITS must be split names, got '$EVAL_SPLITS'"
+[[ $ENV =~ ^[A-Za-z0-9_]+$ ]] || bad "ENV must be an environment name, got '$ENV'"  # ENV_KWARGS: the stages check
 
 mkdir -p "$RUN"
 METRICS="$RUN/metrics.jsonl"

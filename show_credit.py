@@ -27,7 +27,6 @@ import sys
 STEP_KEYS = ("action", "text", "obs", "label", "r_env", "r_aux", "v", "adv")
 EPISODE_KEYS = ("task_id", "task", "steps", "success", "source")
 MARKED = {"invalid": "tab:red", "format": "tab:orange", "repeat": "tab:purple"}  # labels other than "ok"
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def die(msg):
@@ -79,6 +78,8 @@ def read_buffer(path):
             ep = json.loads(line)
         except json.JSONDecodeError as e:
             die(f"{path}:{lineno}: not valid JSON ({e.msg})")
+        except RecursionError:
+            die(f"{path}:{lineno}: not valid JSON (nested too deeply)")
         where = f"{path}:{lineno}"
         if not isinstance(ep, dict) or any(k not in ep for k in EPISODE_KEYS) or not isinstance(ep["steps"], list) \
                 or not ep["steps"]:
@@ -188,22 +189,18 @@ def plot(ep, index, args):
     title = f"{ep['source']} episode {ep['task_id']}: {outcome(ep).upper()} - {shorten(ep['task'], 50)}"
     top.set_title(title, fontsize=10, color="tab:green" if ep["success"] else "tab:red")
     fig.tight_layout()
-    # Written next to FILE, then renamed: a failed write leaves no half PNG.
-    tmp = f"{args.png}.tmp{os.getpid()}.png"
+    # Written beside FILE, then renamed (plumbing.write_atomic), stamped so that a later --png may replace it.
+    from plumbing import STAMP, write_atomic
     try:
-        fig.savefig(tmp, dpi=args.dpi)
-        os.replace(tmp, args.png)
-    except OSError as e:
-        die(f"{args.png}: cannot write the plot ({e.strerror})")
-    finally:  # also on Ctrl-C: no temporary stays
+        write_atomic(args.png, lambda tmp: fig.savefig(tmp, dpi=args.dpi, format="png",
+                                                       metadata={"Software": STAMP + "show_credit.py"}))
+    finally:
         plt.close(fig)
-        if os.path.lexists(tmp):
-            os.remove(tmp)
 
 
 def check_png(path, buffer):
-    """--png, before any work: a new .png or an existing PNG (its 8-byte signature), never the buffer
-    nor any other file (a model's weights, a JSONL) that a mistyped path would destroy."""
+    """--png, before any work: a new .png or a PNG this script wrote (its Software text chunk), never the
+    buffer nor any other file (a model's weights, a JSONL, someone's picture) that a mistyped path would destroy."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -212,19 +209,17 @@ def check_png(path, buffer):
         die(f"--png {path}: " + ("its directory does not exist" if path.endswith(".png") else "must end in .png"))
     if os.path.realpath(path) == os.path.realpath(buffer):
         die(f"--png {path} is the input buffer; write the plot elsewhere")
-    try:
-        with open(path, "rb") as f:
-            is_png = f.read(8) == PNG_SIGNATURE
-    except OSError:  # no such file yet: fine (unless a dangling link); a directory, unreadable: refused
-        is_png = not os.path.lexists(path)
-    if not is_png:
-        die(f"--png {path} exists and is not a PNG; refusing to replace it (pick another path)")
+    from plumbing import check_path, owned  # the project's one rule of what a script may replace
+    check_path(path, [buffer])
+    if os.path.lexists(path) and not owned(path, "png"):
+        die(f"--png {path} exists and is not a PNG written by show_credit.py; refusing to replace it "
+            "(pick another path)")
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.dpi < 10 or args.width < 10:
-        die("--dpi and --width must be at least 10")
+    if not (10 <= args.dpi <= 1000 and 10 <= args.width <= 10000):  # a huge --dpi allocates a huge picture
+        die(f"--dpi must be in [10, 1000] and --width in [10, 10000], got {args.dpi} and {args.width}")
     if args.png:
         check_png(args.png, args.buffer)
     index, ep = choose(read_buffer(args.buffer), args)

@@ -41,6 +41,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import eval_worlds  # noqa: E402
+from plumbing import check_out, die, save_text  # noqa: E402
 
 SPLITS = ("seen", "unseen")
 
@@ -166,6 +167,9 @@ def main():
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table from the variants finished so far (others: 'not run')")
     args = p.parse_args()
+    if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
+        die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
+    check_out(os.path.join(ROOT, args.out), "table")  # a table this script (or seeds.py) wrote, or a new file
     t0 = time.time()
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     if not args.table_only:
@@ -215,9 +219,7 @@ def main():
                for r in runs]
         lines.append(f"| {label} | " + " | ".join(row) + " |")
     text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
-    with open(os.path.join(ROOT, args.out), "w") as f:
-        f.write(text)
+    save_text(os.path.join(ROOT, args.out), text)
     print(text)
 
 

@@ -25,6 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import eval_worlds  # noqa: E402
+from plumbing import STAMP, check_out, die, save_text  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
@@ -39,6 +40,11 @@ def main():
     p.add_argument("--out", default="bench/results/seeds.md", help="markdown table to write")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     args = p.parse_args()
+    if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
+        die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
+    check_out(os.path.join(ROOT, args.out), "table")  # before any run: a table a bench script wrote, or new
+    for seed in args.seeds:  # each run's log: new, or one this script wrote (its stamped first line)
+        check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
     K = int(os.environ.get("K", 2))  # run_all.sh's default
     runs = []
     procs = []
@@ -49,6 +55,7 @@ def main():
             env["THREADS"] = "1"
         fresh = not os.path.exists(os.path.join(ROOT, run, "results.md"))
         log = open(os.path.join(ROOT, f"{run}.log"), "w")
+        print(f"# {STAMP}bench/seeds.py: bash run_all.sh with RUN={run} SEED={seed}", file=log, flush=True)
         t0 = time.time()
         proc = subprocess.Popen(["bash", "run_all.sh"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         procs.append((proc, t0))
@@ -110,9 +117,7 @@ def main():
     if any(r["fresh"] for r in runs):
         lines += ["", f"Peak memory of the largest single stage process: {peak_mib:.0f} MiB."]
     text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
-    with open(os.path.join(ROOT, args.out), "w") as f:
-        f.write(text)
+    save_text(os.path.join(ROOT, args.out), text)
     print(text)
 
 

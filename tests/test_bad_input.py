@@ -7,12 +7,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from conftest import run_stage
+from conftest import ROOT, run_stage
 
 GOOD_STEP = {"text": "Action: look", "action": "look", "obs": "o", "r_env": 0.0, "label": "ok", "r_aux": 0.0,
              "done": False}
@@ -42,7 +44,19 @@ BAD_BUFFERS = {
     "no_source": episode(source=None),
     "no_steps": episode(steps=[]),
     "adv_string": episode(steps=[{**GOOD_STEP, "adv": "0.5"}]),
+    # issue 52: fields that contradict each other
+    "label_unknown": step(label="great"),
+    "ok_with_r_aux": step(r_aux=-0.1),
+    "done_before_last": episode(steps=[{**GOOD_STEP, "done": True}, GOOD_STEP]),
 }
+# issue 52: lines that json.loads takes silently (a duplicate key, a lone surrogate) or crashes on (nesting)
+ODD_JSON = {"duplicate_key": episode()[:-1] + ', "reward": 1.0}', "lone_surrogate": episode(task="\ud800"),
+            "deep": "[" * 10**6 + "]" * 10**6,
+            "r_aux_differs": step(label="invalid", r_aux=-0.1) + "\n" + step(label="invalid", r_aux=-0.3)}
+ODD_JSON_MESSAGES = {"duplicate_key": ":1: not a line of JSON text (ValueError: duplicate key 'reward')",
+                     "lone_surrogate": ":1: not a line of JSON text (ValueError: a string holds a lone surrogate)",
+                     "deep": ":1: not a line of JSON text (ValueError: nested too deeply)",
+                     "r_aux_differs": ":2: episode step 0 has r_aux -0.3 for label 'invalid', but -0.1 earlier"}
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +83,8 @@ def world(tiny_run, stages, tmp_path_factory):
     B.mkdir()
     for name, line in BAD_BUFFERS.items():
         (B / f"{name}.jsonl").write_text(line + "\n")
+    for name, text in ODD_JSON.items():
+        (B / f"{name}.jsonl").write_text(text + "\n")
     (B / "good.jsonl").write_text(episode() + "\n")
     (B / "dir.jsonl").mkdir()
     (B / "dir.jsonl/keep.txt").write_text("keep")
@@ -112,6 +128,11 @@ def world(tiny_run, stages, tmp_path_factory):
     shutil.copytree(R / "iter_1/critic", B / "critic_truncated_heads")
     (B / "critic_truncated_heads/heads.safetensors").write_bytes(b"\x10\x00")
 
+    (policy_copy("policy_with_notes") / "notes.txt").write_text("my notes on this policy\n")
+    (B / "empty.jsonl").write_text("")
+    (B / "fresh.json").write_text("")
+    (B / "my_log.jsonl").write_text(json.dumps({"stage": "my experiment", "loss": 1.0}) + "\n")
+
     G.mkdir()
     (G / "notes.txt").write_text("a file under version control\n")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
@@ -142,9 +163,9 @@ BPPO = ["05_bppo", "--data", ADV, "--policy", POLICY, "--ref", POLICY]
 PROBES = {
     # -- data loss: --out names something that is not the stage's own artifact
     "01_out_run_dir": (BC + ["--out", "{R}"], "is (or holds) an input"),
-    "01_out_git_checkout": (BC + ["--out", "{G}"], "is not a policy directory"),
+    "01_out_git_checkout": (BC + ["--out", "{G}"], "is the current directory"),
     "01_out_critic": (BC + ["--out", CRITIC], "is not a policy directory"),
-    "02_out_dot_in_checkout": (COLLECT + ["--out", "."], "must end in .jsonl"),
+    "02_out_dot_in_checkout": (COLLECT + ["--out", "."], "is the current directory"),
     "02_out_dir_named_jsonl": (COLLECT + ["--out", "{B}/dir.jsonl"], "is not an episode JSONL"),
     "02_out_json_collides_with_summary": (COLLECT + ["--out", "{B}/x.json"], "must end in .jsonl"),
     "02_out_other_stage_jsonl": (COLLECT + ["--out", ADV], "is not an episode JSONL"),
@@ -156,7 +177,7 @@ PROBES = {
     "04_out_is_its_input": (GAE + ["--out", EXPERT], "is (or holds) an input"),
     "04_out_expert_data": (["04_gae", "--data", ADV, "--critic", CRITIC, "--out", EXPERT],
                            "is not a JSONL with advantages"),
-    "05_out_checkout": (BPPO + ["--out", "{G}"], "is not a policy directory"),
+    "05_out_checkout": (BPPO + ["--out", "{G}"], "is the current directory"),
     "05_out_is_policy": (BPPO + ["--out", POLICY], "is (or holds) an input"),
     "01_metrics_into_weights": (BC + ["--out", "{T}/new", "--metrics", POLICY + "/model.safetensors"],
                                 "must end in .jsonl"),
@@ -168,6 +189,46 @@ PROBES = {
                                         "is not an episode JSONL"),
     "02_metrics_into_summary": (COLLECT + ["--out", "{T}/x.jsonl", "--metrics", "{R}/data/expert.json"],
                                 "must end in .jsonl"),
+    # -- issue 52: an output path that would take a directory of the user's along (before any work)
+    "00_out_empty": (["00_pretrain", "--out", ""], "the output path is empty"),
+    "01_out_empty": (BC + ["--out", ""], "the output path is empty"),
+    "03_out_dot": (CRITIC_ + ["--out", "."], "is the current directory"),
+    "00_out_root": (["00_pretrain", "--out", "/"], "is the current directory, the home directory or one above"),
+    "05_out_home": (BPPO + ["--out", os.path.expanduser("~")], "is the current directory, the home directory"),
+    "01_out_parent_of_cwd": (BC + ["--out", "{G}/.."], "is (or holds) an input"),
+    "00_out_parent_of_cwd": (["00_pretrain", "--out", "{G}/.."], "is the current directory"),
+    "01_out_policy_with_notes": (BC + ["--out", "{B}/policy_with_notes"], "is not a policy directory"),
+    "02_out_empty_jsonl": (COLLECT + ["--out", "{B}/empty.jsonl"], "is not an episode JSONL"),
+    "02_out_empty_summary": (COLLECT + ["--out", "{B}/fresh.jsonl"], "fresh.json exists and is not"),
+    "01_metrics_other_stage_names": (BC + ["--out", "{T}/new", "--metrics", "{B}/my_log.jsonl"],
+                                     "is not a metrics JSONL"),
+    # -- issue 52: a traceback, or a value that allocates or loops without end, instead of one line
+    **{f"01_buffer_{name}": (["01_bc", "--data", f"{{B}}/{name}.jsonl", "--out", "{T}/new"], f"{name}.jsonl{message}")
+       for name, message in ODD_JSON_MESSAGES.items()},
+    "05_buffer_deep": (["05_bppo", "--data", "{B}/deep.jsonl", "--policy", POLICY, "--ref", POLICY, "--out", "{T}/p"],
+                       "nested too deeply"),
+    "01_epochs_huge_int": (BC + ["--out", "{T}/new", "--epochs", "9" * 400], "--epochs must be at most 1000000"),
+    "05_epochs_huge_int": (BPPO + ["--out", "{T}/p", "--epochs", "9" * 400], "--epochs must be at most"),
+    "03_seed_huge_int": (CRITIC_ + ["--out", "{T}/c", "--seed", "9" * 400], "--seed must be a seed"),
+    "01_grad_accum_huge": (BC + ["--out", "{T}/new", "--grad-accum", "100000"], "--grad-accum must be at most"),
+    "01_threads_100000": (BC + ["--out", "{T}/new", "--threads", "100000"], "--threads must be at most 1024"),
+    "02_threads_100000": (COLLECT + ["--out", "{T}/x.jsonl", "--threads", "100000"], "--threads must be at most"),
+    "00_d_model_huge": (["00_pretrain", "--out", "{T}/b", "--d-model", "10000000", "--n-heads", "1"],
+                        "--d-model must be at most"),
+    "05_lora_huge": (BPPO + ["--out", "{T}/p", "--lora", "100000"], "--lora must be at most"),
+    "02_candidates_huge": (COLLECT + ["--out", "{T}/x.jsonl", "--candidates", "100000"],
+                           "--candidates must be at most"),
+    "02_episodes_huge_int": (COLLECT + ["--out", "{T}/x.jsonl", "--episodes", "9" * 400], "--episodes must be at most"),
+    "02_env_kwargs_seed": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs", '{"seed": 5}'], "--env-seed"),
+    "00_env_kwargs_seed": (["00_pretrain", "--out", "{T}/b", "--env-kwargs", '{"seed": 5}'], "--env-seed"),
+    "02_env_kwargs_duplicate_key": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs",
+                                               '{"max_steps": 5, "max_steps": 9}'], "duplicate key 'max_steps'"),
+    "02_env_kwargs_deep": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs", "[" * 10**5], "--env-kwargs must be"),
+    # -- issue 52: nonsense that was taken silently
+    "02_r_inv_nan": (COLLECT + ["--out", "{T}/x.jsonl", "--r-inv", "nan"], "--r-inv must be in [-100, 100]"),
+    "02_r_fmt_1e9": (COLLECT + ["--out", "{T}/x.jsonl", "--r-fmt=-1e9"], "--r-fmt must be in [-100, 100]"),
+    "02_env_seed_negative": (COLLECT + ["--out", "{T}/x.jsonl", "--env-seed", "-1"], "--env-seed must be a seed"),
+    "00_env_seed_negative": (["00_pretrain", "--out", "{T}/b", "--env-seed", "-1"], "--env-seed must be a seed"),
     # -- numeric flags, before any work
     "01_seed_beyond_numpy": (BC + ["--out", "{T}/new", "--seed", str(2 ** 32)], "--seed must be a seed"),
     "05_seed_negative": (BPPO + ["--out", "{T}/p", "--seed", "-1"], "--seed must be a seed"),
@@ -252,7 +313,7 @@ def test_bad_input_is_one_line_exit_2_nothing_touched(probe, world, stages, capf
     before = snapshot(world)
     capfd.readouterr()
     with pytest.raises(SystemExit) as exit_:
-        stages[name].main(args + ["--threads", "1"])
+        stages[name].main(args + ([] if "--threads" in args else ["--threads", "1"]))
     err = capfd.readouterr().err
     lines = err.strip().splitlines()
     assert exit_.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
@@ -388,7 +449,7 @@ def test_full_disk_while_appending_metrics_is_one_line(stages, tmp_path, capsys,
 
     def opener(path, mode="r", *a, **k):
         f = real_open(path, mode, *a, **k)
-        return Full(f) if str(path).startswith(str(metrics)) and ("w" in mode or "a" in mode) else f
+        return Full(f) if "metrics.jsonl" in str(path) and ("w" in mode or "a" in mode) else f
     monkeypatch.setattr("builtins.open", opener)
     with pytest.raises(SystemExit) as exit_:
         stages["05_bppo"].log_metrics(str(metrics), {"stage": "05_bppo", "epoch": 1})
@@ -412,3 +473,50 @@ def test_failed_write_keeps_the_old_artifact_and_leaves_no_temporary(stages, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "No space left on device" in err[0]
     assert out.read_text() == "previous\n" and os.listdir(tmp_path) == ["a.jsonl"]
+
+
+def run_script(script, *args, cwd):
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("script, args, planted", [
+    ("course/make_exercises.py", ["--out", ""], "notes.txt"),
+    ("bench/ablation.py", ["--table-only", "--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.md"], "notes.md"),
+    ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], "run0.log"),
+    ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.md"], "notes.md"),
+    ("bench/seeds.py", ["--seeds", "0", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], "notes.md"),
+    ("bench/ablation.py", ["--table-only", "--seeds", "-1", "--prefix", "{d}/run", "--out", "{d}/t.md"], "notes.md"),
+])
+def test_scripts_outside_the_stages_keep_the_rule(script, args, planted, tmp_path):
+    """Issue 52: make_exercises.py --out '' replaced the current directory; ablation.py --table-only --out and
+    seeds.py --out / its --prefix logs truncated the user's files. Each is one error line, exit 2, nothing touched."""
+    (tmp_path / planted).write_text("the user's own text\n")
+    (tmp_path / "run0/eval/world0").mkdir(parents=True)  # a run whose variants are 'not run'
+    before = snapshot(tmp_path)
+    proc = run_script(script, *[a.format(d=tmp_path) for a in args], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_a_kill_between_the_two_renames_is_undone_by_the_next_check_out(stages, tmp_path):
+    """Issue 52: temporaries get unpredictable names (mkdtemp) beside the output; a SIGKILL after the old
+    directory was moved aside leaves it in its temporary, and the next check_out of that path puts it back
+    and removes every leftover temporary."""
+    wa, check_out = stages["01_bc"].write_atomic, stages["01_bc"].check_out
+    out, seen = tmp_path / "policy", []
+
+    def write(tmp):
+        seen.append(os.path.basename(os.path.dirname(tmp)))
+        os.mkdir(tmp)
+        (Path(tmp) / "args.json").write_text(json.dumps({"stage": "01_bc", "v": len(seen)}))
+    wa(str(out), write)
+    wa(str(out), write)
+    assert seen[0].startswith(".policy.qevolve-tmp-") and seen[0] != seen[1] and os.listdir(tmp_path) == ["policy"]
+    killed = tmp_path / ".policy.qevolve-tmp-k1ll3d"  # the state a kill between the two renames leaves
+    killed.mkdir()
+    out.rename(killed / "old")
+    write(str(killed / "new"))
+    (tmp_path / ".policy.qevolve-tmp-0ther").mkdir()  # a kill while writing
+    check_out(str(out), "policy")
+    assert json.loads((out / "args.json").read_text())["v"] == 2 and os.listdir(tmp_path) == ["policy"]

@@ -171,3 +171,18 @@ def test_a_real_model_gets_one_gpus_budgets(tmp_path):
     assert any("05_bppo.py" in c and c.endswith("--lr 1e-6") for c in shop)
     mine = commands(BASE=str(tmp_path / "smollm2"), RUN=str(run))
     assert any("01_bc.py" in c and c.endswith("--lr 5e-5 --batch-size 16") for c in mine)
+
+
+@pytest.mark.parametrize("name", ["SEED", "K", "N_EXPERT", "N_SELF", "N_EVAL", "THREADS", "NPROC", "KEEP_OLD", "SMOKE",
+                                  "EVAL_WORLDS", "ENV"])
+def test_a_setting_carrying_shell_code_is_refused_before_anything_runs(name, tmp_path):
+    """Issue 52: bash evaluates $(...) inside $((...)): SEED='K[$(touch FILE)0]' ran the command. Every setting
+    that reaches arithmetic or a command is checked first: one error line, exit 2, no command run, nothing made."""
+    planted = tmp_path / "planted"
+    env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS + ["SMOKE"]}
+    env.update({"RUN": str(tmp_path / "run"), "BASE_CACHE": str(tmp_path / "base"), "PYTHON": "echo", "SMOKE": "1",
+                name: f"K[$(touch {planted})0]"})
+    proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:]
+    assert proc.stderr.startswith(f"error: {name} must be") and proc.stderr.count("\n") == 1, proc.stderr
+    assert not planted.exists() and os.listdir(tmp_path) == []

@@ -120,6 +120,16 @@ def test_png_never_replaces_another_file(buffer, tmp_path):
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
+def test_png_never_replaces_a_picture_it_did_not_write(buffer, tmp_path):
+    """Issue 52: a PNG is replaced only when show_credit.py wrote it (the Software text chunk it stamps)."""
+    theirs = tmp_path / "holiday.png"
+    theirs.write_bytes(open(os.path.join(ROOT, "docs/img/learning_curve.png"), "rb").read())  # not stamped
+    before = theirs.read_bytes()
+    proc = show(buffer, "--index", 0, "--png", theirs)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --png ") and proc.stderr.count("\n") == 1
+    assert theirs.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["adv.jsonl", "holiday.png"]
+
+
 def test_png_without_matplotlib_is_one_line_and_exit_2(buffer, tmp_path):
     """A sitecustomize that hides matplotlib, whether or not it is installed."""
     (tmp_path / "hide").mkdir()
@@ -145,8 +155,13 @@ def test_bad_input_exits_2_with_one_line(buffer, tmp_path):
     latin1.write_bytes(json.dumps(EPISODES[0]).replace("mug", "m\u00fcg").encode("latin-1") + b"\n")
     bad_label = tmp_path / "bad_label.jsonl"
     bad_label.write_text(json.dumps({**EPISODES[0], "steps": [{**EPISODES[0]["steps"][0], "label": None}]}) + "\n")
+    deep = tmp_path / "deep.jsonl"  # issue 52: a RecursionError, not one line
+    deep.write_text("[" * 10**6 + "]" * 10**6 + "\n")
     png = tmp_path / "out.png"
     cases = [
+        [deep, "--index", 0],
+        [buffer, "--index", 0, "--dpi", 100000],  # issue 52: a picture of 10^10 x 10^10 pixels
+
         [tmp_path / "missing.jsonl", "--index", 0],
         [buffer, "--index", 2],
         [buffer, "--index", -1],
