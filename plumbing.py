@@ -96,7 +96,8 @@ ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py
              "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
              "log": ("a metrics JSONL written by the stages", STAGE_NAMES),
              "png": ("a PNG written by this project (its Software text chunk)", ("show_credit.py",)),
-             "table": ("a results table written by bench/", ("bench/ablation.py", "bench/seeds.py")),
+             "table": ("a results table written by bench/", ("bench/ablation.py", "bench/seeds.py",
+                                                             "bench/stage_times.py", "bench/gpu_report.py")),
              "run_log": ("a run log written by bench/seeds.py", ("bench/seeds.py",))}
 # The files a policy / critic directory may hold: what save_pretrained (one or sharded safetensors),
 # tokenizer.save_pretrained (fast or slow tokenizers), args.json, 00's corpus_sample.txt and 03's

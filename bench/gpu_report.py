@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from plumbing import die, save_text  # noqa: E402
+from plumbing import check_out, die, save_text  # noqa: E402
 
 PEAK_TFLOPS = {"H200": 989, "H100": 989, "A100": 312, "L40S": 362, "A10": 125, "L4": 121, "T4": 65}  # dense bf16
 FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
@@ -57,14 +57,15 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="the markdown page to write")
     p.add_argument("--peak-tflops", type=float, default=0, help="the device's dense bf16 peak (0: by its name)")
     args = p.parse_args(argv)
+    check_out(args.out, "table")  # a table a bench script wrote, or a new file
     runs = sorted(d for d in os.listdir(args.check) if os.path.isfile(os.path.join(args.check, d, "results.md")))
     if not runs:
         die(f"{args.check}: no finished run (a <env>/results.md); did bench/gpu_check.sh run?")
     name = device_name()
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), 0)
-    lines = [f"# GPU check: {name}", "",
-             f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}; `bash bench/gpu_check.sh` "
-             f"(bench/gpu_check.sh says what it runs; bench/gpu_report.py how it counts). "
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {name} by `bash bench/gpu_check.sh` (its last step: "
+             f"`python bench/gpu_report.py --check {args.check}`), torch {torch.__version__}", "",
+             "# GPU check", "", "bench/gpu_check.sh says what it runs; bench/gpu_report.py how it counts. "
              f"Peak for utilisation: {f'{peak:g} TFLOP/s (bf16, dense)' if peak else 'unknown (no MFU)'}.", "",
              f"**Tests** (`{args.check}/tests.log`): {test_summary(os.path.join(args.check, 'tests.log'))}", "",
              "| run | stage | loop seconds | tokens/s | peak memory (GB; CPU: RSS) | TFLOP/s | MFU |",

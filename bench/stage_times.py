@@ -13,6 +13,7 @@ run_all.sh's other settings come from the environment as usual. Writes --out (be
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plumbing import die, save_text  # noqa: E402
+from plumbing import check_out, die, save_text  # noqa: E402
 
 FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
 
@@ -58,6 +59,7 @@ def main():
     p.add_argument("--threads", type=int, default=2, help="torch threads of the matmul peak (run_all.sh's THREADS)")
     p.add_argument("--table-only", action="store_true", help="do not run; tabulate RUN/launches.log")
     args = p.parse_args()
+    check_out(os.path.join(ROOT, args.out), "table")  # a table a bench script wrote, or a new file
     log = os.path.join(args.run, "launches.log")
     t0 = time.time()
     if not args.table_only:
@@ -100,8 +102,9 @@ def main():
                     f"{'-' if flops is None else f'{flops:.1f}'} | "
                     f"{'-' if flops is None else f'{flops / peak_fp32:.0%}'} |")
     walls = [w for _, _, w, _ in launches(log)]
-    text = (f"# Where the run's time goes: `{args.run}`\n\n`python bench/stage_times.py --run {args.run}` "
-            f"(settings from the environment; {os.cpu_count()} CPUs). {len(walls)} launches, {sum(walls):.0f} s "
+    text = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {os.cpu_count()} CPU cores by "
+            f"`python bench/stage_times.py --run {args.run}` (run_all.sh's settings from the environment)\n\n"
+            f"# Where the run's time goes\n\n{len(walls)} launches, {sum(walls):.0f} s "
             f"of launches" + ("" if args.table_only else f", {total:.0f} s in all") + ". This machine's matmul "
             f"peak with {args.threads} threads: {peak['float32']:.0f} GFLOP/s fp32, {peak['bfloat16']:.0f} bf16 "
             f"(1024 x 1024). N = {n_body:,} parameters outside the embedding.\n\n" + "\n".join(rows) + "\n")
