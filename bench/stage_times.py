@@ -78,8 +78,8 @@ def main():
                  if "embed_tokens" not in k)
     rows = ["| launch | wall s | CPU s | the stage's loop s | start-up and wrap-up s | tokens/s | GFLOP/s | "
             "of the fp32 peak |", "|---|---|---|---|---|---|---|---|"]
-    peak_fp32, seen = peak["float32"], {}  # seen: stage -> launches of it so far (02: its records so far)
-    for stage, command, wall, cpu in launches(log):
+    peak_fp32, seen, timed = peak["float32"], {}, launches(log)  # seen: stage -> launches so far (02: records)
+    for stage, command, wall, cpu in timed:
         mine, k = [r for r in records if r.get("stage") == stage], seen.get(stage, 0)
         loop, rate, flops = None, None, None
         if stage in FLOPS_PER_N:  # this launch's epochs: the k-th run of records starting at epoch 1
@@ -101,7 +101,7 @@ def main():
                     f"{'-' if loop is None else f'{wall - loop:.1f}'} | {'-' if rate is None else f'{rate:,.0f}'} | "
                     f"{'-' if flops is None else f'{flops:.1f}'} | "
                     f"{'-' if flops is None else f'{flops / peak_fp32:.0%}'} |")
-    walls = [w for _, _, w, _ in launches(log)]
+    walls = [w for _, _, w, _ in timed]
     text = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {os.cpu_count()} CPU cores by "
             f"`python bench/stage_times.py --run {args.run}` (run_all.sh's settings from the environment)\n\n"
             f"# Where the run's time goes\n\n{len(walls)} launches, {sum(walls):.0f} s "
