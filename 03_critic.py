@@ -32,7 +32,6 @@ import os
 import random
 import time
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
@@ -216,42 +215,6 @@ class Critic(torch.nn.Module):
         return critic.to(device).eval(), tokenizer
 
 
-def discounted_returns(rewards, gamma):
-    """g_t = r_t + gamma * g_{t+1}, g_T = 0 (the step limit ends the task, as in L_Q)."""
-    out, g = [], 0.0
-    for r in reversed(rewards):
-        g = r + gamma * g
-        out.append(g)
-    return out[::-1]
-
-
-def critic_report(critic, data, batch_size, pad_id, gamma, use_aux, device, amp):
-    """What the critic learned, for a student to read: how much of the discounted return-to-go
-    (with the critic's rewards) V explains (explained variance: 1 = all, 0 = no better than a
-    constant), and V and Q (mean, std) by data source beside the mean return, which V should be
-    near (far above it, V is optimistic and 04's GAE blames the last steps of failed episodes)."""
-    stats = {s: {"v": [], "q": [], "ret": []} for s in ("expert", "self")}
-    with torch.no_grad(), autocast(device, amp):
-        for i in range(0, len(data), batch_size):
-            chunk = data[i:i + batch_size]
-            batch = {k: v.to(device) for k, v in collate([x for _, x in chunk], pad_id).items()}
-            _, v_all, q = critic(batch)
-            for j, (ep, _) in enumerate(chunk):
-                n, s = len(ep["steps"]), stats["expert" if ep["source"] == "expert" else "self"]
-                s["v"] += v_all[j, :n].tolist()
-                s["q"] += q[j, :n].tolist()
-                s["ret"] += discounted_returns([st["r_env"] + (st["r_aux"] if use_aux else 0.0) for st in ep["steps"]],
-                                               gamma)
-    v, ret = (np.array(stats["expert"][k] + stats["self"][k]) for k in ("v", "ret"))
-    report = {"explained_variance": float(1 - np.var(ret - v) / max(np.var(ret), 1e-8))}
-    for src, s in stats.items():
-        if s["v"]:
-            report.update({f"{src}_v_mean": float(np.mean(s["v"])), f"{src}_v_std": float(np.std(s["v"])),
-                           f"{src}_q_mean": float(np.mean(s["q"])), f"{src}_q_std": float(np.std(s["q"])),
-                           f"{src}_ret_mean": float(np.mean(s["ret"]))})
-    return report
-
-
 def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work, and --out is replaced only by a finished critic.
@@ -328,10 +291,7 @@ def main(argv=None):
         tqdm.write(f"epoch {epoch + 1}: L_V {record['loss_v']:.4f}  L_Q {record['loss_q']:.4f}")
     bar.close()
 
-    critic.eval()
-    report = critic_report(critic, data, args.batch_size, tokenizer.pad_token_id, args.gamma, not args.no_aux, device,
-                           amp)
-    summary = {"stage": "03_critic", "step": step, **report}
+    summary = {"stage": "03_critic", "step": step, "loss_v": record["loss_v"], "loss_q": record["loss_q"]}
     state = full_state(critic, args.fsdp)  # DISTRIBUTED --fsdp: the shards gathered; else None
     if not is_main():  # DISTRIBUTED: rank 0 alone writes
         return finish_distributed()
@@ -339,13 +299,9 @@ def main(argv=None):
     check_finite(state.values(), "the critic")
     critic.save(args.out, tokenizer, vars(args), state)
     log_metrics(args.metrics, *records, summary)
-    by_src = "  ".join(f"{src}: V {summary[src + '_v_mean']:+.3f}+-{summary[src + '_v_std']:.3f} "
-                       f"Q {summary[src + '_q_mean']:+.3f}+-{summary[src + '_q_std']:.3f} "
-                       f"(return {summary[src + '_ret_mean']:+.3f})"
-                       for src in ("expert", "self") if src + "_v_mean" in summary)
-    print(f"03_critic: explained variance of returns {summary['explained_variance']:.3f}; {by_src}; "
-          f"{time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, peak memory {record['peak_mem_gb']:.2f} GB "
-          f"-> {args.out}")
+    print(f"03_critic: L_V {summary['loss_v']:.4f}  L_Q {summary['loss_q']:.4f} in the last epoch (what V and Q "
+          f"learned: 04_gae's report); {time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, peak memory "
+          f"{record['peak_mem_gb']:.2f} GB -> {args.out}")
     finish_distributed()
 
 

@@ -119,18 +119,34 @@ def auc(scores, labels):
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def advantage_report(episodes):
-    """Do the process rewards make sense? The mean A_t by data source and by label (invalid, format
-    and repeat steps should score below ok ones, self steps below expert ones), and how well V(s_t)
-    separates the self episodes that succeed from those that fail (AUC: 0.5 = not at all, 1 =
-    perfectly) at s_0..s_3 and over every state: it should rise once a mistake is in the context."""
-    by_source, by_label = defaultdict(list), defaultdict(list)
+def advantage_report(episodes, gamma, learned_aux):
+    """Do V and the process rewards make sense? How much of the discounted return-to-go g_t (with the
+    critic's rewards: r_env, + r_aux if it learned on them) V explains (explained variance: 1 = all,
+    0 = no better than a constant), and V, Q and g_t by data source (V far above the return is
+    optimistic: GAE then blames the last steps of failed episodes). The mean A_t by data source and
+    by label (invalid, format and repeat steps should score below ok ones, self steps below expert
+    ones), and how well V(s_t) separates the self episodes that succeed from those that fail (AUC:
+    0.5 = not at all, 1 = perfectly) at s_0..s_3 and over every state: it should rise once a mistake
+    is in the context."""
+    by_source, by_label, vq, ret = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
     for ep in episodes:
+        g, returns = 0.0, []
+        for s in reversed(ep["steps"]):  # g_t = r_t + gamma * g_{t+1}, g_T = 0 (the step limit ends the task)
+            g = s["r_env"] + (s["r_aux"] if learned_aux else 0.0) + gamma * g
+            returns.append(g)
+        ret[ep["source"]] += returns[::-1]
         for s in ep["steps"]:
             by_source[ep["source"]].append(s["adv"])
             by_label[s["label"]].append(s["adv"])
+            vq[ep["source"]].append((s["v"], s["q"]))
+    all_vq, all_ret = (np.array([x for src in sorted(d) for x in d[src]]) for d in (vq, ret))
     own = [ep for ep in episodes if ep["source"] != "expert"]
-    return {"adv_mean_by_source": {k: float(np.mean(v)) for k, v in sorted(by_source.items())},
+    return {"explained_variance": float(1 - np.var(all_ret - all_vq[:, 0]) / max(np.var(all_ret), 1e-8)),
+            "critic_by_source": {src: {"v_mean": float(np.mean(x[:, 0])), "v_std": float(np.std(x[:, 0])),
+                                       "q_mean": float(np.mean(x[:, 1])), "q_std": float(np.std(x[:, 1])),
+                                       "ret_mean": float(np.mean(ret[src]))}
+                                 for src, x in sorted((src, np.array(x)) for src, x in vq.items())},
+            "adv_mean_by_source": {k: float(np.mean(v)) for k, v in sorted(by_source.items())},
             "adv_mean_by_label": {k: float(np.mean(v)) for k, v in sorted(by_label.items())},
             "steps_by_label": {k: len(v) for k, v in sorted(by_label.items())},
             "auc_v_self_by_step": [auc([ep["steps"][t]["v"] for ep in own if len(ep["steps"]) > t],
@@ -216,7 +232,8 @@ def main(argv=None):
     gamma = trained.get("gamma") if args.gamma is None else args.gamma
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
         die(f"{args.critic}/args.json: gamma must be a number in [0, 1], got {gamma!r}; or pass --gamma")
-    with_aux = args.rewards == "critic" and not trained.get("no_aux", False)  # r_t: the rewards the critic learned on
+    learned_aux = not trained.get("no_aux", False)  # the critic learned on r_env + r_aux (03 --no-aux: r_env)
+    with_aux = args.rewards == "critic" and learned_aux  # r_t of the advantage
     data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")
@@ -237,7 +254,7 @@ def main(argv=None):
             f"{MAX_REWARD:g} in size; nothing written")
 
     summary = {"stage": "04_gae", "advantage": args.advantage, "rewards": args.rewards, "with_aux": with_aux,
-               "gamma": gamma, "lam": args.lam, **advantage_report(out_eps)}
+               "gamma": gamma, "lam": args.lam, **advantage_report(out_eps, gamma, learned_aux)}
     summary_path = args.out[:-len(".jsonl")] + ".json"
     if os.path.exists(summary_path):  # JSONL and summary are a pair: the summary ("done") goes first, comes last
         os.remove(summary_path)
@@ -249,6 +266,9 @@ def main(argv=None):
     src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
     lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
     aucs = ", ".join(f"s_{t} {a:.3f}" for t, a in enumerate(summary["auc_v_self_by_step"]))
+    crit = "  ".join(f"{k}: V {c['v_mean']:+.3f}+-{c['v_std']:.3f} Q {c['q_mean']:+.3f}+-{c['q_std']:.3f} "
+                     f"(return {c['ret_mean']:+.3f})" for k, c in summary["critic_by_source"].items())
+    print(f"04_gae: the critic: explained variance of returns {summary['explained_variance']:.3f}; {crit}")
     print(f"04_gae: A_t = {how}\n04_gae: mean advantage by source: {src}\n04_gae: mean advantage by label:  {lab}\n"
           f"04_gae: AUC of V(s_t) for the episode's success (self): {aucs}, every state "
           f"{summary['auc_v_self_every_state']:.3f} -> {args.out}")

@@ -121,9 +121,8 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     stages_logged = {json.loads(line)["stage"] for line in open(run / "metrics.jsonl")}
     assert stages_logged == {"01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"}
     assert "Results:" in out
-    # 03 reports the mean discounted return (r_env + r_aux) per source beside V, to read V's calibration.
-    summary = [r for r in map(json.loads, open(run / "metrics.jsonl"))
-               if r["stage"] == "03_critic" and "epoch" not in r][-1]
+    # 04 reports the mean discounted return (r_env + r_aux) per source beside V, to read V's calibration.
+    summary = [r for r in map(json.loads, open(run / "metrics.jsonl")) if r["stage"] == "04_gae"][-1]
     gamma, returns = json.load(open(run / "iter_1/critic/args.json"))["gamma"], []
     for ep in map(json.loads, open(run / "iter_1/self.jsonl")):  # by hand: g_t = r_env + r_aux + gamma * g_{t+1}
         g, ep_returns = 0.0, []
@@ -131,7 +130,7 @@ def test_run_all_end_to_end_then_resume(tmp_path):
             g = s["r_env"] + s["r_aux"] + gamma * g
             ep_returns.append(g)
         returns += ep_returns
-    assert summary["self_ret_mean"] == pytest.approx(sum(returns) / len(returns), abs=1e-6)
+    assert summary["critic_by_source"]["self"]["ret_mean"] == pytest.approx(sum(returns) / len(returns), abs=1e-6)
 
     # Resume: delete only the last artifact; the rerun redoes that stage and nothing else.
     mtimes = {p: os.path.getmtime(p) for p in run.rglob("*") if p.is_file()}

@@ -208,6 +208,21 @@ def test_gae_matches_plain_loop(stages):
         assert np.allclose(gae(r, v, d, 0.97, 0.8), loop_gae(r, v, d, 0.97, 0.8))
 
 
+def test_critic_report_by_hand(stages):
+    """04's report on V: the returns g_t with the critic's rewards, their mean per source, and the explained
+    variance 1 - Var(g - V) / Var(g)."""
+    report = stages["04_gae"].advantage_report
+    st = lambda r_env, r_aux, v: {"r_env": r_env, "r_aux": r_aux, "v": v, "q": v + 1, "adv": 0.0, "label": "ok"}
+    eps = [{"source": "self", "success": True, "steps": [st(0.0, -0.1, 0.4), st(1.0, 0.0, 1.0)]},
+           {"source": "expert", "success": True, "steps": [st(1.0, 0.0, 0.0)]}]
+    g = [-0.1 + 0.5 * 1.0, 1.0, 1.0]  # gamma 0.5, with r_aux
+    out = report(eps, 0.5, True)
+    assert out["critic_by_source"]["self"]["ret_mean"] == pytest.approx((g[0] + g[1]) / 2)
+    assert out["critic_by_source"]["self"]["q_mean"] == pytest.approx(1.7)
+    assert out["explained_variance"] == pytest.approx(1 - np.var(np.subtract(g, [0.4, 1.0, 0.0])) / np.var(g))
+    assert report(eps, 0.5, False)["critic_by_source"]["self"]["ret_mean"] == pytest.approx((0.5 + 1.0) / 2)
+
+
 def test_auc_by_hand_and_against_pair_counting(stages):
     auc = stages["04_gae"].auc
     # positives 0.9, 0.4; negatives 0.5, 0.1: pairs won 2 + 1 of 4
