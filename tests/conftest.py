@@ -4,6 +4,7 @@ folder's stage files (course/make_exercises.py): the tests then load and run DIR
 Tests marked `slow` (torchrun, SmolLM2, the real environments, the course round trip, the GPU
 check's dry run) run only with `--slow`, as CI does: `python -m pytest -q --slow tests`."""
 import importlib.util
+import inspect
 import os
 import subprocess
 import sys
@@ -58,6 +59,38 @@ def run_stage(name, *args, check=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+@pytest.fixture
+def in_process(capfd, monkeypatch):
+    """in_process(module, *args, check=True): a script's main() on these command-line arguments in this
+    process, like run_stage but without a new interpreter's seconds of imports (take a stage from the
+    `stages` fixture or load_stage, so that --stages DIR is what runs). Returns a CompletedProcess:
+    returncode is the SystemExit code (0 when main() returns), stdout and stderr what it printed. An
+    exception other than SystemExit propagates (a real process would print a traceback). torch's thread
+    count, which --threads sets, is put back afterwards."""
+    import torch
+
+    def run(module, *args, check=True):
+        argv = list(map(str, args))
+        monkeypatch.setattr(sys, "argv", [module.__file__, *argv])  # for a main() that reads sys.argv
+        threads = torch.get_num_threads()
+        capfd.readouterr()
+        try:
+            module.main(argv) if inspect.signature(module.main).parameters else module.main()
+            code = 0
+        except SystemExit as e:
+            code = 0 if e.code is None else e.code
+            if not isinstance(code, int):  # sys.exit("message"): Python prints it and exits 1
+                print(code, file=sys.stderr)
+                code = 1
+        finally:
+            torch.set_num_threads(threads)
+        out, err = capfd.readouterr()
+        if check and code != 0:
+            raise AssertionError(f"{os.path.basename(module.__file__)} failed ({code}):\n{out[-2000:]}\n{err[-3000:]}")
+        return subprocess.CompletedProcess([module.__file__, *argv], code, out, err)
+    return run
 
 
 @pytest.fixture(scope="session")
