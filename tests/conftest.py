@@ -61,35 +61,41 @@ def run_stage(name, *args, check=True):
     return proc
 
 
-@pytest.fixture
-def in_process(capfd, monkeypatch):
-    """in_process(module, *args, check=True): a script's main() on these command-line arguments in this
-    process, like run_stage but without a new interpreter's seconds of imports (take a stage from the
-    `stages` fixture or load_stage, so that --stages DIR is what runs). Returns a CompletedProcess:
-    returncode is the SystemExit code (0 when main() returns), stdout and stderr what it printed. An
-    exception other than SystemExit propagates (a real process would print a traceback). torch's thread
-    count, which --threads sets, is put back afterwards."""
+def call_main(module, *args):
+    """module.main() on these command-line arguments in this process -> its exit code (SystemExit's, 0 when
+    main() returns); an exception other than SystemExit propagates (a real process would print a traceback).
+    sys.argv (which a main() without parameters reads) and torch's thread count (which --threads sets) are
+    put back afterwards."""
     import torch
+    argv = list(map(str, args))
+    saved_argv, threads = sys.argv, torch.get_num_threads()
+    sys.argv = [module.__file__, *argv]
+    try:
+        module.main(argv) if inspect.signature(module.main).parameters else module.main()
+        return 0
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code
+        if not isinstance(code, int):  # sys.exit("message"): Python prints it and exits 1
+            print(code, file=sys.stderr)
+            code = 1
+        return code
+    finally:
+        sys.argv = saved_argv
+        torch.set_num_threads(threads)
 
+
+@pytest.fixture
+def in_process(capfd):
+    """in_process(module, *args, check=True): like run_stage, but the script's main() in this process (call_main),
+    without a new interpreter's seconds of imports; take a stage from the `stages` fixture or load_stage, so that
+    --stages DIR is what runs. Returns a CompletedProcess: returncode, and stdout and stderr as printed."""
     def run(module, *args, check=True):
-        argv = list(map(str, args))
-        monkeypatch.setattr(sys, "argv", [module.__file__, *argv])  # for a main() that reads sys.argv
-        threads = torch.get_num_threads()
         capfd.readouterr()
-        try:
-            module.main(argv) if inspect.signature(module.main).parameters else module.main()
-            code = 0
-        except SystemExit as e:
-            code = 0 if e.code is None else e.code
-            if not isinstance(code, int):  # sys.exit("message"): Python prints it and exits 1
-                print(code, file=sys.stderr)
-                code = 1
-        finally:
-            torch.set_num_threads(threads)
+        code = call_main(module, *args)
         out, err = capfd.readouterr()
         if check and code != 0:
             raise AssertionError(f"{os.path.basename(module.__file__)} failed ({code}):\n{out[-2000:]}\n{err[-3000:]}")
-        return subprocess.CompletedProcess([module.__file__, *argv], code, out, err)
+        return subprocess.CompletedProcess([module.__file__, *map(str, args)], code, out, err)
     return run
 
 
@@ -99,10 +105,13 @@ def stages():
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory):
-    """20 expert demos and a 1-layer policy trained on them for one epoch (seconds)."""
+def tiny_run(tmp_path_factory, stages):
+    """20 expert demos and a 1-layer policy trained on them for one epoch (seconds; in this process)."""
     d = tmp_path_factory.mktemp("tiny_run")
-    run_stage("02_collect", "--policy", "expert", "--split", "train", "--episodes", 20, "--out", d / "expert.jsonl")
-    run_stage("01_bc", "--data", d / "expert.jsonl", "--out", d / "policy_0", "--epochs", 1, "--d-model", 32,
-              "--n-layers", 1, "--n-heads", 2, "--vocab-size", 400, "--threads", 1)
+    for name, *args in (["02_collect", "--policy", "expert", "--split", "train", "--episodes", 20,
+                         "--out", d / "expert.jsonl"],
+                        ["01_bc", "--data", d / "expert.jsonl", "--out", d / "policy_0", "--epochs", 1,
+                         "--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--vocab-size", 400, "--threads", 1]):
+        code = call_main(stages[name], *args)
+        assert code == 0, f"{name} failed ({code})"
     return d
