@@ -29,10 +29,37 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "slow" in item.keywords:
                 item.add_marker(skip)
+    # The longest tests first (the slow ones when they run, then the smoke chain, a minute alone): under
+    # pytest-xdist the other workers meanwhile take the many short ones, instead of waiting for it at the end.
+    def longest_first(item):
+        runs_slow = config.getoption("--slow") and "slow" in item.keywords
+        return not runs_slow, item.nodeid != "tests/test_chain.py::test_run_all_end_to_end_then_resume"
+    items.sort(key=longest_first)
+
+
+def cores():
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml): for a directory of tests (the suite), a worker per core, at most 4 - the
+    smoke chain alone takes a minute, so more would not finish sooner, and each worker imports torch and builds
+    its own session fixtures. For files or tests named one by one (grading tests/test_math.py, docs/course.md),
+    none: starting workers would cost more than they save. `-n N` decides instead."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # the caller's number: pytest-xdist reads it
+    where = config.invocation_params.dir
+    suite = any(os.path.isdir(os.path.join(where, arg.split("::")[0])) for arg in config.args)
+    return min(4, cores()) if suite else 0
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: minutes of work; runs only with --slow")
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")  # set in each pytest-xdist worker, before torch loads
+    if workers:  # N workers share the cores: each gets its share of torch threads, not all of them
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores() // int(workers))))
     global STAGE_DIR
     if config.getoption("--stages"):
         STAGE_DIR = os.path.abspath(config.getoption("--stages"))
