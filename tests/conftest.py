@@ -1,8 +1,12 @@
-"""Shared fixtures: load stage files as modules (their names start with digits), and a tiny
-expert buffer + freshly trained tiny policy that several tests reuse. `--stages DIR` grades another
-folder's stage files (course/make_exercises.py): the tests then load and run DIR's 0X_*.py.
-Tests marked `slow` (torchrun, SmolLM2, the real environments, the course round trip, the GPU
-check's dry run) run only with `--slow`, as CI does: `python -m pytest -q --slow tests`."""
+"""Shared fixtures: load stage files as modules (their names start with digits), run a script's main() in
+the test process (in_process; run_stage starts a real process, as a user does, for one test per contract),
+and a tiny expert buffer + freshly trained tiny policy that several tests reuse. `--stages DIR` grades
+another folder's stage files (course/make_exercises.py): the tests then load and run DIR's 0X_*.py.
+Tests marked `slow` (torchrun, SmolLM2, the real environments, the course round trip, the GPU check's
+dry run, LoRA end to end, one environment sweep) run only with `--slow`, as CI does:
+`python -m pytest -q --slow tests`. The default run keeps every equation, every stage's bad input and
+the smoke chain. pyproject.toml's `-n auto` spreads a run of the suite over pytest-xdist workers
+(pytest_xdist_auto_num_workers below)."""
 import importlib.util
 import inspect
 import os
