@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from conftest import ROOT, run_stage
+from conftest import ROOT, load_module, run_stage
 
 GOOD_STEP = {"text": "Action: look", "action": "look", "obs": "o", "r_env": 0.0, "label": "ok", "r_aux": 0.0,
              "done": False}
@@ -475,26 +475,40 @@ def test_failed_write_keeps_the_old_artifact_and_leaves_no_temporary(stages, tmp
     assert out.read_text() == "previous\n" and os.listdir(tmp_path) == ["a.jsonl"]
 
 
-def run_script(script, *args, cwd):
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-@pytest.mark.parametrize("script, args, planted", [
+SCRIPT_PROBES = [
     ("course/make_exercises.py", ["--out", ""], "notes.txt"),
     ("bench/ablation.py", ["--table-only", "--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.md"], "notes.md"),
     ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], "run0.log"),
     ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.md"], "notes.md"),
     ("bench/seeds.py", ["--seeds", "0", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], "notes.md"),
     ("bench/ablation.py", ["--table-only", "--seeds", "-1", "--prefix", "{d}/run", "--out", "{d}/t.md"], "notes.md"),
-])
-def test_scripts_outside_the_stages_keep_the_rule(script, args, planted, tmp_path):
-    """Issue 52: make_exercises.py --out '' replaced the current directory; ablation.py --table-only --out and
-    seeds.py --out / its --prefix logs truncated the user's files. Each is one error line, exit 2, nothing touched."""
+]
+
+
+def plant(tmp_path, planted):
     (tmp_path / planted).write_text("the user's own text\n")
     (tmp_path / "run0/eval/world0").mkdir(parents=True)  # a run whose variants are 'not run'
-    before = snapshot(tmp_path)
-    proc = run_script(script, *[a.format(d=tmp_path) for a in args], cwd=tmp_path)
+    return snapshot(tmp_path)
+
+
+@pytest.mark.parametrize("script, args, planted", SCRIPT_PROBES)
+def test_scripts_outside_the_stages_keep_the_rule(script, args, planted, tmp_path, in_process, monkeypatch):
+    """Issue 52: make_exercises.py --out '' replaced the current directory; ablation.py --table-only --out and
+    seeds.py --out / its --prefix logs truncated the user's files. Each is one error line, exit 2, nothing touched.
+    (The script's main() in this process, run from tmp_path; the next test runs one as a real process.)"""
+    before = plant(tmp_path, planted)
+    monkeypatch.chdir(tmp_path)
+    module = load_module(script, os.path.splitext(os.path.basename(script))[0])
+    proc = in_process(module, *[a.format(d=tmp_path) for a in args], check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_a_script_outside_the_stages_as_a_user_sees_it(tmp_path):
+    script, args, planted = SCRIPT_PROBES[0]
+    before = plant(tmp_path, planted)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert snapshot(tmp_path) == before
 

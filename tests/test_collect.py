@@ -28,9 +28,9 @@ def check_schema(path):
     return eps
 
 
-def test_expert_through_02_scores_100_percent(tmp_path):
+def test_expert_through_02_scores_100_percent(stages, in_process, tmp_path):
     out = tmp_path / "seen.jsonl"
-    proc = run_stage("02_collect", "--policy", "expert", "--split", "seen", "--out", out)
+    proc = in_process(stages["02_collect"], "--policy", "expert", "--split", "seen", "--out", out)
     summary = json.load(open(tmp_path / "seen.json"))
     assert summary["success_rate"] == 1.0 and summary["episodes"] == 100
     assert "success 100.0%" in proc.stdout
@@ -39,11 +39,11 @@ def test_expert_through_02_scores_100_percent(tmp_path):
     assert summary["labels"]["ok"] == sum(len(ep["steps"]) for ep in eps)
 
 
-def test_fresh_tiny_model_collects_end_to_end(tiny_run, tmp_path):
+def test_fresh_tiny_model_collects_end_to_end(stages, in_process, tiny_run, tmp_path):
     out = tmp_path / "self.jsonl"
-    proc = run_stage("02_collect", "--policy", tiny_run / "policy_0", "--split", "train", "--episodes", 6,
-                     "--num-envs", 3, "--max-new-tokens", 16, "--env-kwargs", '{"max_steps": 4}', "--out", out,
-                     "--threads", 1)
+    proc = in_process(stages["02_collect"], "--policy", tiny_run / "policy_0", "--split", "train", "--episodes", 6,
+                      "--num-envs", 3, "--max-new-tokens", 16, "--env-kwargs", '{"max_steps": 4}', "--out", out,
+                      "--threads", 1)
     eps = check_schema(out)
     assert len(eps) == 6 and all(ep["source"] == "self" and ep["policy"] == "policy_0" for ep in eps)
     # A barely trained model rarely ends its turn within 16 tokens; 02 says how often it was cut.
@@ -56,25 +56,27 @@ def test_fresh_tiny_model_collects_end_to_end(tiny_run, tmp_path):
     assert all(s["r_aux"] == aux[s["label"]] for ep in eps for s in ep["steps"])
 
 
-def test_collection_is_reproducible(tiny_run, tmp_path):
+def test_collection_is_reproducible(stages, in_process, tiny_run, tmp_path):
+    """The same episodes from a process of its own and from this one (another interpreter: another string
+    hash seed, and this process's state after other tests)."""
     outs = []
-    for name in ("a", "b"):
+    for name, run in (("a", run_stage), ("b", lambda name, *args: in_process(stages[name], *args))):
         out = tmp_path / f"{name}.jsonl"
-        run_stage("02_collect", "--policy", tiny_run / "policy_0", "--split", "seen", "--episodes", 5,
-                  "--num-envs", 2, "--max-new-tokens", 12, "--env-kwargs", '{"max_steps": 3}', "--out", out,
-                  "--seed", 5, "--threads", 1)
+        run("02_collect", "--policy", tiny_run / "policy_0", "--split", "seen", "--episodes", 5,
+            "--num-envs", 2, "--max-new-tokens", 12, "--env-kwargs", '{"max_steps": 3}', "--out", out,
+            "--seed", 5, "--threads", 1)
         outs.append(open(out).read())
     assert outs[0] == outs[1]
 
 
-def test_refilled_slots_run_the_same_episodes(tmp_path):
+def test_refilled_slots_run_the_same_episodes(stages, in_process, tmp_path):
     """A slot whose episode ends takes the next task at once: with the (deterministic) expert,
     3 slots over 20 tasks give exactly the episodes of one environment at a time."""
     outs = []
     for n in (1, 3):
         out = tmp_path / f"n{n}.jsonl"
-        run_stage("02_collect", "--policy", "expert", "--split", "seen", "--episodes", 20, "--num-envs", n,
-                  "--out", out)
+        in_process(stages["02_collect"], "--policy", "expert", "--split", "seen", "--episodes", 20, "--num-envs", n,
+                   "--out", out)
         outs.append(out.read_text())
     assert outs[0] == outs[1] and len(outs[0].splitlines()) == 20
 
@@ -164,7 +166,7 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
     ("05_bppo", ["--data", "{d}/good.jsonl", "--policy", "{d}/nomodel", "--ref", "{d}/nomodel", "--out", "{d}/p"],
      "lacks adv"),
 ])
-def test_bad_input_gives_one_line_and_exit_2(tmp_path, stage, args, message):
+def test_bad_input_gives_one_line_and_exit_2(stages, in_process, tmp_path, stage, args, message):
     good = json.dumps({"env": "household", "task_id": "train/00000", "instruction": "i", "task": "t", "obs0": "o",
                        "steps": [{"text": "Action: look", "action": "look", "obs": "o", "r_env": 0.0,
                                   "label": "ok", "r_aux": 0.0, "done": False}],
@@ -176,7 +178,7 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path, stage, args, message):
     (tmp_path / "nolabel.jsonl").write_text(good.replace('"label": "ok", ', "") + "\n")
     sentinel = tmp_path / "x.jsonl"
     sentinel.write_text("keep me")
-    proc = run_stage(stage, *[a.format(d=tmp_path) for a in args], check=False)
+    proc = in_process(stages[stage], *[a.format(d=tmp_path) for a in args], check=False)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
@@ -202,7 +204,7 @@ def test_every_flag_has_help(stages, monkeypatch):
             assert a.help and len(a.help) > 8, f"{parser.prog} {a.option_strings[0]} has no help"
 
 
-def test_one_process_runs_every_world_and_split_as_runs_of_their_own(tiny_run, tmp_path):
+def test_one_process_runs_every_world_and_split_as_runs_of_their_own(stages, in_process, tiny_run, tmp_path):
     """--env-seed 0 1 --split seen unseen: the policy loaded once, and each (world, split) pair written as a
     run of its own writes it - the same sampled episodes (each pair starts from --seed), the same summary
     but for its timings."""
@@ -214,12 +216,12 @@ def test_one_process_runs_every_world_and_split_as_runs_of_their_own(tiny_run, t
     timing = ("wall_s", "cpu_s", "episodes_per_s")
     # the last pair, after three others in the same process, against a run of its own
     alone = tmp_path / "alone.jsonl"
-    run_stage("02_collect", *common, "--env-seed", 1, "--split", "unseen", "--out", alone)
+    in_process(stages["02_collect"], *common, "--env-seed", 1, "--split", "unseen", "--out", alone)
     pair = tmp_path / "w1_unseen.jsonl"
     assert pair.read_text() == alone.read_text()
     a, b = (json.loads(p.with_suffix(".json").read_text()) for p in (pair, alone))
     assert {k: v for k, v in a.items() if k not in timing + ("args",)} == \
            {k: v for k, v in b.items() if k not in timing + ("args",)}
     assert {**a["args"], "out": ""} == {**b["args"], "out": ""} and a["args"]["env_seed"] == 1
-    proc = run_stage("02_collect", *common, "--env-seed", 0, 1, "--out", tmp_path / "x.jsonl", check=False)
+    proc = in_process(stages["02_collect"], *common, "--env-seed", 0, 1, "--out", tmp_path / "x.jsonl", check=False)
     assert proc.returncode == 2 and "need {world} and {split} in the path" in proc.stderr

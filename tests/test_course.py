@@ -57,8 +57,8 @@ def test_exercises_are_graded_and_put_back_they_are_the_reference(tmp_path):
     out = grade(ex).stdout
     failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
     assert failed and all("NotImplementedError: exercise: " in line for line in failed), out[-3000:]
-    errors = [line for line in out.splitlines() if line.startswith("ERROR ")]  # tests whose fixture runs 01 / 02
-    assert all(re.search(r"AssertionError: 0\d_\w+ failed \(1\)", line) for line in errors), errors
+    errors = [line for line in out.splitlines() if line.startswith("ERROR ")]  # tests whose fixture runs 02 and 01
+    assert errors and all("NotImplementedError: exercise: " in line for line in errors), errors
     assert set(re.findall(r"exercise: (\w+\.\w+) \(docs/course\.md\)", out)) == EXERCISES
     assert re.search(r"\d+ passed", out)  # the tests of functions that are not exercises
 

@@ -29,6 +29,7 @@ def check_merged(before, after_dir):
     assert moved, "no adapted weight changed"
 
 
+@pytest.mark.slow  # a machine setting, end to end through three stages (~20 s)
 def test_bc_and_bppo_with_lora_save_plain_merged_models(tiny_run, tmp_path):
     base = tiny_run / "policy_0"
     before = weights(base)
@@ -51,7 +52,8 @@ def test_bc_and_bppo_with_lora_save_plain_merged_models(tiny_run, tmp_path):
               "--threads", 1)
 
 
-def test_lora_refuses_the_tiny_model_from_scratch(tiny_run, tmp_path):
-    proc = run_stage("01_bc", "--data", tiny_run / "expert.jsonl", "--out", tmp_path / "bc", "--lora", 4, check=False)
+def test_lora_refuses_the_tiny_model_from_scratch(stages, in_process, tiny_run, tmp_path):
+    proc = in_process(stages["01_bc"], "--data", tiny_run / "expert.jsonl", "--out", tmp_path / "bc", "--lora", 4,
+                      check=False)
     assert proc.returncode == 2 and "--lora needs a pretrained --model DIR" in proc.stderr
     assert not (tmp_path / "bc").exists()

@@ -7,8 +7,6 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from conftest import run_stage
-
 
 def test_expectile_at_half_is_half_the_mse(stages):
     expectile_loss = stages["03_critic"].expectile_loss
@@ -149,7 +147,7 @@ def test_td_error_without_the_critics_aux_rewards_gives_the_penalty_back(stages)
     assert np.allclose(adv(False, "qv"), q - v[:2])  # Q - V already holds r_aux
 
 
-def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path):
+def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path, in_process):
     """04 end to end with lambda 0: the default advantage minus '--rewards env' is r_aux on every
     step for a critic trained with r_aux, and 0 for a critic trained with 03 --no-aux."""
     c3 = stages["03_critic"]
@@ -167,7 +165,7 @@ def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path):
         if not d.exists():
             critic.save(str(d), c3.load_tokenizer(str(tiny_run / "policy_0")), {"gamma": 0.9, "no_aux": no_aux})
         out = tmp_path / f"adv_{no_aux}_{len(flags)}.jsonl"
-        run_stage("04_gae", "--data", data, "--critic", d, "--out", out, "--lam", 0, "--threads", 1, *flags)
+        in_process(stages["04_gae"], "--data", data, "--critic", d, "--out", out, "--lam", 0, "--threads", 1, *flags)
         return np.array([s["adv"] for line in open(out) for s in json.loads(line)["steps"]])
 
     r_aux = np.array([s["r_aux"] for ep in eps for s in ep["steps"]])
@@ -176,15 +174,15 @@ def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path):
     assert np.allclose(advantages(True), advantages(False, "--rewards", "env"), atol=1e-6)
 
 
-def test_04_refuses_non_finite_values_and_writes_nothing(stages, tiny_run, tmp_path):
+def test_04_refuses_non_finite_values_and_writes_nothing(stages, tiny_run, tmp_path, in_process):
     """A critic whose V head gives NaN: 04 stops with one error line before writing the JSONL or its summary."""
     c3 = stages["03_critic"]
     critic = c3.Critic(AutoModel.from_pretrained(tiny_run / "policy_0", local_files_only=True))
     with torch.no_grad():
         critic.v_head[-1].bias.fill_(float("nan"))
     critic.save(str(tmp_path / "critic"), c3.load_tokenizer(str(tiny_run / "policy_0")), {"gamma": 0.9})
-    proc = run_stage("04_gae", "--data", tiny_run / "expert.jsonl", "--critic", tmp_path / "critic",
-                     "--out", tmp_path / "adv.jsonl", "--threads", 1, check=False)
+    proc = in_process(stages["04_gae"], "--data", tiny_run / "expert.jsonl", "--critic", tmp_path / "critic",
+                      "--out", tmp_path / "adv.jsonl", "--threads", 1, check=False)
     assert proc.returncode == 2 and "non-finite" in proc.stderr.strip().splitlines()[-1], proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["critic"]
 

@@ -1,8 +1,6 @@
 """bench/plot_learning.py: the learning curve is each iteration's success, the mean over the run's worlds."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -26,21 +24,20 @@ def test_curve_is_the_mean_over_worlds_up_to_the_last_complete_iteration(tmp_pat
     assert plot.curve(str(tmp_path / "s0"), "unseen")[0] == []
 
 
-def test_writes_a_png(tmp_path):
+def test_writes_a_png(tmp_path, in_process, monkeypatch):
+    """The script's main() in this process, from the repository root as its defaults expect."""
     pytest.importorskip("matplotlib")
+    monkeypatch.chdir(ROOT)
     fake_run(tmp_path / "s0", [[0.5, 0.7]])
     fake_run(tmp_path / "s1", [[0.4, 0.6]])
     out = tmp_path / "curve.png"
-    proc = subprocess.run([sys.executable, "bench/plot_learning.py", "--seeds", "0", "1", "--prefix",
-                           str(tmp_path / "s"), "--splits", "seen", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = in_process(plot, "--seeds", 0, 1, "--prefix", tmp_path / "s", "--splits", "seen", "--out", out,
+                      check=False)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == plot.PNG
-    bad = subprocess.run([sys.executable, "bench/plot_learning.py", "--prefix", str(tmp_path / "none"), "--out",
-                          str(out)], cwd=ROOT, capture_output=True, text=True)
+    bad = in_process(plot, "--prefix", tmp_path / "none", "--out", out, check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
     notes = tmp_path / "notes.png"  # a file that only looks like a PNG by its name: never overwritten
     notes.write_text("my notes")
-    kept = subprocess.run([sys.executable, "bench/plot_learning.py", "--seeds", "0", "--prefix", str(tmp_path / "s"),
-                           "--splits", "seen", "--out", str(notes)], cwd=ROOT, capture_output=True, text=True)
+    kept = in_process(plot, "--seeds", 0, "--prefix", tmp_path / "s", "--splits", "seen", "--out", notes, check=False)
     assert kept.returncode == 2 and notes.read_text() == "my notes"

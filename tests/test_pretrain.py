@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import envs
-from conftest import run_stage
 
 
 def test_corpus_uses_only_train_tasks_and_no_expert(stages):
@@ -58,19 +57,20 @@ def test_reading_answers_match_the_world(stages):
     assert checked > 20
 
 
-def test_pretrain_lowers_the_loss_and_bc_fine_tunes_it(tmp_path):
+def test_pretrain_lowers_the_loss_and_bc_fine_tunes_it(stages, in_process, tmp_path):
     base, metrics = tmp_path / "base", tmp_path / "metrics.jsonl"
-    run_stage("00_pretrain", "--out", base, "--episodes", 48, "--epochs", 3, "--batch-size", 8, "--d-model", 32,
-              "--n-layers", 1, "--n-heads", 2, "--vocab-size", 400, "--lr", 1e-2, "--threads", 1,
-              "--metrics", metrics)
+    in_process(stages["00_pretrain"], "--out", base, "--episodes", 48, "--epochs", 3, "--batch-size", 8,
+               "--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--vocab-size", 400, "--lr", 1e-2, "--threads", 1,
+               "--metrics", metrics)
     losses = [json.loads(line)["train_loss"] for line in open(metrics)]
     assert len(losses) == 3 and losses[2] < losses[0] * 0.8, losses
     assert (base / "model.safetensors").exists() and (base / "tokenizer.json").exists()
     args = json.load(open(base / "args.json"))
     assert args["stage"] == "00_pretrain" and args["episodes"] == 48 and args["env"] == "household"
-    run_stage("02_collect", "--policy", "expert", "--split", "train", "--episodes", 6, "--out", tmp_path / "e.jsonl")
-    run_stage("01_bc", "--model", base, "--data", tmp_path / "e.jsonl", "--out", tmp_path / "policy_0",
-              "--epochs", 1, "--threads", 1)
+    in_process(stages["02_collect"], "--policy", "expert", "--split", "train", "--episodes", 6,
+               "--out", tmp_path / "e.jsonl")
+    in_process(stages["01_bc"], "--model", base, "--data", tmp_path / "e.jsonl", "--out", tmp_path / "policy_0",
+               "--epochs", 1, "--threads", 1)
     assert (tmp_path / "policy_0" / "model.safetensors").exists()
     assert json.load(open(tmp_path / "policy_0" / "args.json"))["stage"] == "01_bc"
 
@@ -99,8 +99,8 @@ def test_lr_at_warms_up_then_decays_to_a_tenth(stages):
 
 @pytest.mark.parametrize("flag,value,message", [("--seed", -1, "--seed must be a seed in [0, 2**32)"),
                                                 ("--n-heads", 3, "must be a multiple of --n-heads")])
-def test_bad_flags_are_one_line_and_nothing_written(tmp_path, flag, value, message):
-    proc = run_stage("00_pretrain", "--out", tmp_path / "base", flag, value, check=False)
+def test_bad_flags_are_one_line_and_nothing_written(stages, in_process, tmp_path, flag, value, message):
+    proc = in_process(stages["00_pretrain"], "--out", tmp_path / "base", flag, value, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert message in proc.stderr and not (tmp_path / "base").exists()
 

@@ -79,11 +79,11 @@ def test_rerank_executes_the_candidate_the_critic_prefers(collect, critic_dir, t
     assert any(len(set(c)) > 1 for _, _, c in seen)  # the candidates were not all the same reply
 
 
-def test_rerank_end_to_end_counts_every_candidate(collect, critic_dir, tiny_run, tmp_path):
+def test_rerank_end_to_end_counts_every_candidate(collect, critic_dir, tiny_run, tmp_path, in_process):
     """One-token replies make the count exact: every candidate of every step generates one token."""
     out = tmp_path / "rerank.jsonl"
-    run_stage("02_collect", "--policy", tiny_run / "policy_0", "--rerank", critic_dir, "--candidates", 3,
-              "--max-new-tokens", 1, "--out", out, *TINY)
+    in_process(collect, "--policy", tiny_run / "policy_0", "--rerank", critic_dir, "--candidates", 3,
+               "--max-new-tokens", 1, "--out", out, *TINY)
     eps = check_schema(out)
     summary = json.load(open(tmp_path / "rerank.json"))
     steps = sum(len(ep["steps"]) for ep in eps)
@@ -117,6 +117,7 @@ def test_rerank_bad_input_gives_one_line_and_exit_2(collect, critic_dir, tiny_ru
 
 
 def test_bad_rerank_directory_from_the_command_line(tiny_run, tmp_path):
+    """A real process (the tests above call main()): one line, exit 2."""
     proc = run_stage("02_collect", "--policy", tiny_run / "policy_0", "--rerank", tiny_run / "policy_0",
                      "--out", tmp_path / "x.jsonl", check=False)
     assert proc.returncode == 2
@@ -131,23 +132,23 @@ def failed(ep):
     return dict(ep, steps=[dict(ep["steps"][0], r_env=0.0, done=False)], reward=0.0, success=False, truncated=True)
 
 
-def test_filter_success_keeps_exactly_the_successful_trajectories(tiny_run, tmp_path):
+def test_filter_success_keeps_exactly_the_successful_trajectories(stages, in_process, tiny_run, tmp_path):
     demos = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:2]
     buffer = [failed(demos[0]), demos[0], failed(demos[1]), demos[1]]
     (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(ep) + "\n" for ep in buffer))
-    proc = run_stage("01_bc", "--data", tmp_path / "mixed.jsonl", "--out", tmp_path / "p", "--filter", "success",
-                     "--epochs", 1, "--d-model", 16, "--n-layers", 1, "--n-heads", 2, "--vocab-size", 300,
-                     "--threads", 1)
+    proc = in_process(stages["01_bc"], "--data", tmp_path / "mixed.jsonl", "--out", tmp_path / "p",
+                      "--filter", "success", "--epochs", 1, "--d-model", 16, "--n-layers", 1, "--n-heads", 2,
+                      "--vocab-size", 300, "--threads", 1)
     assert "--filter success kept 2 of 4 trajectories" in proc.stdout
     assert "1 train / 1 val trajectories" in proc.stdout  # the two successes; --val-frac holds out one
     assert (tmp_path / "p" / "config.json").exists()
 
 
-def test_filter_success_without_a_success_exits_2(tiny_run, tmp_path):
+def test_filter_success_without_a_success_exits_2(stages, in_process, tiny_run, tmp_path):
     demo = json.loads(open(tiny_run / "expert.jsonl").readline())
     (tmp_path / "failed.jsonl").write_text(json.dumps(failed(demo)) + "\n" + json.dumps(failed(demo)) + "\n")
-    proc = run_stage("01_bc", "--data", tmp_path / "failed.jsonl", "--out", tmp_path / "p", "--filter", "success",
-                     check=False)
+    proc = in_process(stages["01_bc"], "--data", tmp_path / "failed.jsonl", "--out", tmp_path / "p",
+                      "--filter", "success", check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--filter success left no trajectories" in lines[0], proc.stderr

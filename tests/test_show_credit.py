@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_module
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -37,7 +37,15 @@ EPISODES = [
 ]
 
 
-def show(*args, env=None):
+@pytest.fixture
+def show(in_process):
+    """show(*args): show_credit.py's main() in this process -> returncode, stdout, stderr
+    (test_png_without_matplotlib_is_one_line_and_exit_2 runs it as a real process)."""
+    credit = load_module("show_credit.py", "show_credit")
+    return lambda *args: in_process(credit, *args, check=False)
+
+
+def show_as_a_user(*args, env=None):
     return subprocess.run([sys.executable, "show_credit.py", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
@@ -58,7 +66,7 @@ def rows(stdout, n_steps):
 
 @pytest.mark.parametrize("how, index", [(["--index", 0], 0), (["--pick", "failure"], 0), (["--pick", "success"], 1),
                                         (["--task-id", "train/00002"], 1)])
-def test_table_shows_the_buffers_values(buffer, how, index):
+def test_table_shows_the_buffers_values(show, buffer, how, index):
     proc = show(buffer, *how)
     assert proc.returncode == 0, proc.stderr
     ep = EPISODES[index]
@@ -77,7 +85,7 @@ def test_table_shows_the_buffers_values(buffer, how, index):
         assert "no 'q'" in proc.stdout
 
 
-def test_png_is_written(buffer, tmp_path):
+def test_png_is_written(show, buffer, tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install -r requirements-plot.txt)")
     for pick in ("failure", "success"):
         png = tmp_path / f"{pick}.png"
@@ -93,7 +101,7 @@ def test_png_is_written(buffer, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adv.jsonl", "failure.png", "success.png"]
 
 
-def test_png_never_replaces_another_file(buffer, tmp_path):
+def test_png_never_replaces_another_file(show, buffer, tmp_path):
     """--png names a new .png or an existing PNG: never the buffer, a model's weights, a text file, a directory
     (each refused with one line before any work, the file unchanged)."""
     pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install -r requirements-plot.txt)")
@@ -120,7 +128,7 @@ def test_png_never_replaces_another_file(buffer, tmp_path):
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
-def test_png_never_replaces_a_picture_it_did_not_write(buffer, tmp_path):
+def test_png_never_replaces_a_picture_it_did_not_write(show, buffer, tmp_path):
     """Issue 52: a PNG is replaced only when show_credit.py wrote it (the Software text chunk it stamps)."""
     theirs = tmp_path / "holiday.png"
     theirs.write_bytes(open(os.path.join(ROOT, "docs/img/learning_curve.png"), "rb").read())  # not stamped
@@ -131,17 +139,18 @@ def test_png_never_replaces_a_picture_it_did_not_write(buffer, tmp_path):
 
 
 def test_png_without_matplotlib_is_one_line_and_exit_2(buffer, tmp_path):
-    """A sitecustomize that hides matplotlib, whether or not it is installed."""
+    """A sitecustomize that hides matplotlib, whether or not it is installed. A real process: the contract
+    (exit 2, one line, no traceback) as a user sees it."""
     (tmp_path / "hide").mkdir()
     (tmp_path / "hide" / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
     png = tmp_path / "x.png"
-    proc = show(buffer, "--index", 0, "--png", png, env={"PYTHONPATH": str(tmp_path / "hide")})
+    proc = show_as_a_user(buffer, "--index", 0, "--png", png, env={"PYTHONPATH": str(tmp_path / "hide")})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "requirements-plot.txt" in proc.stderr
     assert not png.exists()
 
 
-def test_bad_input_exits_2_with_one_line(buffer, tmp_path):
+def test_bad_input_exits_2_with_one_line(show, buffer, tmp_path):
     not_04 = tmp_path / "self.jsonl"  # an 02 buffer: no v / adv
     not_04.write_text(json.dumps({**EPISODES[0], "steps": [{k: v for k, v in s.items() if k not in ("v", "adv")}
                                                            for s in EPISODES[0]["steps"]]}) + "\n")
@@ -187,7 +196,7 @@ def test_bad_input_exits_2_with_one_line(buffer, tmp_path):
     assert sorted(os.listdir(tmp_path)) == before
 
 
-def test_help():
+def test_help(show):
     proc = show("--help")
     assert proc.returncode == 0
     for flag in ("--index", "--task-id", "--pick", "--source", "--png"):
