@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: one command of at most 10 minutes on one GPU (docs/real_model.md, 'On a GPU').
-#   1. the test suite, one line per test, into CHECK/tests.log (on 8 workers where pytest-xdist is installed)
+#   1. the test suite, one line per test, into CHECK/tests.log (on pytest-xdist's workers: pyproject.toml)
 #   2. SmolLM2's chain (run_all.sh BASE=smollm2, K=1, world 0, reduced budgets below) on household and shop,
 #      side by side with the tests, each chain's log in CHECK/<env>.log and its wall-clock in CHECK/<env>.seconds
 #   3. bench/gpu_report.py: per-stage seconds, tokens/s, peak GPU memory and model FLOP utilisation, how far
@@ -41,8 +41,7 @@ for env in $ENVS; do
   pids+=($!)
 done
 if [ -n "$TESTS" ]; then
-  workers=$($PYTHON -c "import xdist" 2>/dev/null && echo "-n 8" || true)
-  $PYTHON -m pytest -v -p no:cacheprovider $workers $TESTS > "$CHECK/tests.log" 2>&1 &
+  $PYTHON -m pytest -v -p no:cacheprovider $TESTS > "$CHECK/tests.log" 2>&1 &
   pids+=($!)
 fi
 failed=0
