@@ -72,7 +72,7 @@ def parse_args(argv=None):
                    help="'tiny' (a new model, trained from scratch) or a local model directory to fine-tune")
     p.add_argument("--filter", choices=["all", "success"], default="all",
                    help="'success' keeps only successful trajectories (rejection-sampling fine-tuning, RFT)")
-    p.add_argument("--epochs", type=int, default=5, help="passes over the training trajectories")
+    p.add_argument("--epochs", type=int, default=10, help="passes over the training trajectories")
     p.add_argument("--batch-size", type=int, default=8, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=3e-3,
                    help="peak learning rate (AdamW); a pretrained LLM wants a much smaller one (~1e-5)")

@@ -78,7 +78,7 @@ def parse_args(argv=None):
                    help="expectile of V over Q (0.5: the mean; > 0.5 leans to the better actions)")
     p.add_argument("--gamma", type=float, default=0.95, help="discount factor of the Bellman backup")
     p.add_argument("--polyak", type=float, default=0.05, help="target rate: Qbar <- (1 - polyak) Qbar + polyak Q")
-    p.add_argument("--epochs", type=int, default=2, help="passes over the buffer")
+    p.add_argument("--epochs", type=int, default=4, help="passes over the buffer")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and transformer)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")

@@ -10,8 +10,8 @@
 # environment variables (defaults = the fast CPU configuration):
 #
 #   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS (household, shop: their miniatures below; others: '{}')
-#   N_EXPERT=500 expert demos (household: half the train tasks; shop 1000), N_SELF=200 self trajectories per
-#   iteration (shop 300), N_EVAL=50 eval tasks per split (0 = all; shop 0), EVAL_SPLITS="seen unseen" (tune with "dev"),
+#   N_EXPERT=1000 expert demos (household: every train task), N_SELF=300 self trajectories per iteration,
+#   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"),
 #   EVAL_WORLDS: the world seeds every policy is evaluated in (household: "0 1 2 3" - training uses world 0,
 #   the others are worlds the run never saw; other envs: "0"), KEEP_OLD=0 (1: the buffer keeps every
 #   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
@@ -77,13 +77,12 @@ if [ "$ENV" = household ]; then
 elif [ "$ENV" = shop ]; then  # longer episodes: budgets that fit ~20 minutes, replies of up to 64 tokens
   ENV_KWARGS=${ENV_KWARGS:-$SHOP_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-0} BC_ARGS=${BC_ARGS:-"--epochs 4"}
   CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2"} COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 64"}
-  N_EXPERT=${N_EXPERT:-1000} N_SELF=${N_SELF:-300} N_EVAL=${N_EVAL:-0}
 else
   ENV_KWARGS=${ENV_KWARGS:-"{}"} EVAL_WORLDS=${EVAL_WORLDS:-0}
 fi
-N_EXPERT=${N_EXPERT:-500}
-N_SELF=${N_SELF:-200}
-N_EVAL=${N_EVAL:-50}
+N_EXPERT=${N_EXPERT:-1000}
+N_SELF=${N_SELF:-300}
+N_EVAL=${N_EVAL:-0}
 EVAL_SPLITS=${EVAL_SPLITS:-"seen unseen"}
 KEEP_OLD=${KEEP_OLD:-0}
 THREADS=${THREADS:-2}
