@@ -128,24 +128,22 @@ def advantage_report(episodes, gamma, learned_aux):
     ones), and how well V(s_t) separates the self episodes that succeed from those that fail (AUC:
     0.5 = not at all, 1 = perfectly) at s_0..s_3 and over every state: it should rise once a mistake
     is in the context."""
-    by_source, by_label, vq, ret = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
+    by_source, by_label, critic = defaultdict(list), defaultdict(list), defaultdict(list)
     for ep in episodes:
-        g, returns = 0.0, []
+        g = 0.0
         for s in reversed(ep["steps"]):  # g_t = r_t + gamma * g_{t+1}, g_T = 0 (the step limit ends the task)
             g = s["r_env"] + (s["r_aux"] if learned_aux else 0.0) + gamma * g
-            returns.append(g)
-        ret[ep["source"]] += returns[::-1]
+            critic[ep["source"]].append((s["v"], s["q"], g))
         for s in ep["steps"]:
             by_source[ep["source"]].append(s["adv"])
             by_label[s["label"]].append(s["adv"])
-            vq[ep["source"]].append((s["v"], s["q"]))
-    all_vq, all_ret = (np.array([x for src in sorted(d) for x in d[src]]) for d in (vq, ret))
+    vqg = {src: np.array(rows) for src, rows in sorted(critic.items())}  # (steps, 3): V, Q, g_t
+    v, g = np.concatenate(list(vqg.values()))[:, [0, 2]].T
     own = [ep for ep in episodes if ep["source"] != "expert"]
-    return {"explained_variance": float(1 - np.var(all_ret - all_vq[:, 0]) / max(np.var(all_ret), 1e-8)),
+    return {"explained_variance": float(1 - np.var(g - v) / max(np.var(g), 1e-8)),
             "critic_by_source": {src: {"v_mean": float(np.mean(x[:, 0])), "v_std": float(np.std(x[:, 0])),
                                        "q_mean": float(np.mean(x[:, 1])), "q_std": float(np.std(x[:, 1])),
-                                       "ret_mean": float(np.mean(ret[src]))}
-                                 for src, x in sorted((src, np.array(x)) for src, x in vq.items())},
+                                       "ret_mean": float(np.mean(x[:, 2]))} for src, x in vqg.items()},
             "adv_mean_by_source": {k: float(np.mean(v)) for k, v in sorted(by_source.items())},
             "adv_mean_by_label": {k: float(np.mean(v)) for k, v in sorted(by_label.items())},
             "steps_by_label": {k: len(v) for k, v in sorted(by_label.items())},
