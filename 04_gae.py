@@ -236,17 +236,19 @@ def main(argv=None):
     if not data:
         die("no trajectory fits the model's context")
 
-    out_eps = []
+    out_eps = [None] * len(data)  # in the buffer's order
+    by_length = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"]))  # batches with little padding
     with torch.no_grad(), autocast(device, amp):  # one forward pass per batch: V at every state, Q at every action
         for i in tqdm(range(0, len(data), args.batch_size), desc="04_gae", unit="batch"):
-            chunk = data[i:i + args.batch_size]
-            batch = {k: v.to(device) for k, v in collate([x for _, x in chunk], tokenizer.pad_token_id).items()}
+            idx = by_length[i:i + args.batch_size]
+            batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
             _, v_all, q = critic(batch)  # (B, T+1), (B, T)
-            for j, (ep, _) in enumerate(chunk):
+            for row, j in enumerate(idx):
+                ep = data[j][0]
                 n = len(ep["steps"])
-                out_eps.append(episode_advantages(ep, v_all[j, :n + 1].double().numpy(force=True),
-                                                  q[j, :n].double().numpy(force=True), gamma, args.lam,
-                                                  args.advantage, with_aux))
+                out_eps[j] = episode_advantages(ep, v_all[row, :n + 1].double().numpy(force=True),
+                                                q[row, :n].double().numpy(force=True), gamma, args.lam,
+                                                args.advantage, with_aux)
     if not all(math.isfinite(s["v"] + s["q"]) and abs(s["adv"]) <= MAX_REWARD for ep in out_eps for s in ep["steps"]):
         die(f"the critic gives a non-finite V or Q, or an advantage that is not a finite number of at most "
             f"{MAX_REWARD:g} in size; nothing written")

@@ -231,20 +231,23 @@ def main(argv=None):
         return batch
 
     # log pi_old of every reply token, once: pi_old is the policy as it entered the stage.
+    lengths = [len(x["input_ids"]) for _, x in data]
+    by_length = sorted(range(len(data)), key=lengths.__getitem__)  # batches with little padding
     policy.eval()
-    logp_old = []  # one (n_j,) tensor per trajectory j
+    logp_old = [None] * len(data)  # one (n_j,) tensor per trajectory j
     with torch.no_grad(), autocast(device, amp):
         for i in range(0, len(data), args.batch_size):
-            b = make_batch(data[i:i + args.batch_size])
+            idx = by_length[i:i + args.batch_size]
+            b = make_batch([data[j] for j in idx])
             logp = token_logprobs(reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
-            logp_old += logp.cpu().split((b["action_step"] >= 0).sum(1).tolist())
+            for j, lp in zip(idx, logp.cpu().split((b["action_step"] >= 0).sum(1).tolist())):
+                logp_old[j] = lp
     policy.train()
 
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
     print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
           f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}")
-    lengths = [len(x["input_ids"]) for _, x in data]
     rng = random.Random(args.seed)
     bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="05_bppo", unit="step",
                disable=not is_main())
