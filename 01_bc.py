@@ -44,7 +44,6 @@ from plumbing import (
     distribute,
     finish_distributed,
     full_state,
-    grad_sync,
     is_main,
     length_batches,
     load_model,
@@ -52,13 +51,11 @@ from plumbing import (
     log_metrics,
     lr_at,
     merged_for_saving,
-    micro_batches,
-    part_shares,
     pick_device,
     read_episodes,
     seed_everything,
     setup_distributed,
-    shard,
+    step_parts,
     write_atomic,
 )
 
@@ -79,8 +76,6 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     p.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches per optimizer step: the same step in less memory (still --batch-size)")
     p.add_argument("--val-frac", type=float, default=0.05, help="fraction of trajectories held out for validation")
     p.add_argument("--d-model", type=int, default=128, help="tiny model: hidden size")
     p.add_argument("--n-layers", type=int, default=3, help="tiny model: transformer layers")
@@ -88,13 +83,8 @@ def parse_args(argv=None):
     p.add_argument("--vocab-size", type=int, default=1024, help="tiny model: BPE vocabulary size")
     p.add_argument("--max-len", type=int, default=2048, help="tiny model: context length in tokens")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    add_machine_flags(p)  # --threads, --precision
+    add_machine_flags(p, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    p.add_argument("--fsdp", action="store_true",
-                   help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
-    p.add_argument("--lora", type=int, default=0, metavar="R",
-                   help="train rank-R LoRA adapters (peft) instead of every weight, merged in before saving; "
-                        "0: every weight")
     return p.parse_args(argv)
 
 
@@ -223,7 +213,6 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
-    # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
 
@@ -257,6 +246,9 @@ def main(argv=None):
           f"model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params "
           f"({sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.2f}M trained) on {device}")
 
+    def make_batch(ids):  # trajectories -> collate's tensors on the device
+        return {k: v.to(device) for k, v in collate([train[j] for j in ids], tokenizer.pad_token_id).items()}
+
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                                   weight_decay=args.weight_decay)
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
@@ -268,26 +260,21 @@ def main(argv=None):
     for epoch in range(args.epochs):
         epoch_loss = 0.0
         for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):
-            mine, keep = shard(idx, rank, world)  # distributed: this rank's part of the global batch
-            parts = [({k: v.to(device) for k, v in collate([train[j] for j in part], tokenizer.pad_token_id).items()},
-                      keep * w) for part, w in micro_batches(mine, args.grad_accum)]
-            # the step's loss is the mean over the action tokens of the whole global batch
-            shares = part_shares([(b["action_step"] >= 0).sum() * w for b, w in parts], world)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
             optimizer.zero_grad(set_to_none=True)
             infos = []
-            for i, (b, _) in enumerate(parts):
+            # DISTRIBUTED / --grad-accum: this process's micro-batches of the batch; alone, one: all of it
+            for b, share in step_parts(idx, make_batch, lambda b: (b["action_step"] >= 0).sum(), train_model, args):
                 n_tok += int(b["attention_mask"].sum())
-                grad_sync(train_model, world, args.fsdp, on=i == len(parts) - 1)
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
                     logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
                 loss, part_info = bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
                 if not torch.isfinite(loss):
                     die(f"loss became {loss.item()} at step {step}; lower --lr")
-                (loss * shares[i]).backward()
-                infos.append(part_info)
-            info = average_info(infos, shares, world)
+                (loss * share).backward()  # the step's loss: the mean over the reply tokens of the whole batch
+                infos.append((part_info, share))
+            info = average_info(infos)  # DISTRIBUTED: the numbers of the whole batch
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
             epoch_loss += info["loss"]

@@ -33,12 +33,11 @@ import random
 import time
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel
 
 from plumbing import (
-    ARTIFACTS,
     add_machine_flags,
     autocast,
     average_info,
@@ -50,20 +49,17 @@ from plumbing import (
     distribute,
     finish_distributed,
     full_state,
-    grad_sync,
     is_main,
     length_batches,
     load_model,
     load_tokenizer,
     log_metrics,
-    micro_batches,
-    owned,
-    part_shares,
     pick_device,
     read_episodes,
     seed_everything,
     setup_distributed,
-    shard,
+    step_parts,
+    unsharded,
     write_atomic,
 )
 
@@ -82,20 +78,17 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and transformer)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (same step, less memory)")
     p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
     p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    add_machine_flags(p)  # --threads, --precision
+    add_machine_flags(p, training=True)  # --threads, --precision, --grad-accum, --fsdp
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    p.add_argument("--fsdp", action="store_true",
-                   help="under torchrun: shard the model (FSDP2) instead of a copy per process (DDP)")
     return p.parse_args(argv)
 
 
 # ----------------------------------------------------------------------------------------
 # ALGO LOGIC: weighted IQL, and the critic it trains - the policy's transformer with a V head
-# and a Q head (Critic is copied byte-identical into 02 for --rerank and into 04).
+# and a Q head (Critic is copied byte-identical into 04, all but save: 04 reads it with load).
 # ----------------------------------------------------------------------------------------
 def step_weights(T, d):
     """Paper eq. (W-IQL step weight): w_t = (t/T + d) * 0.5 + 0.5 for t = 1..T -> (T,)."""
@@ -196,24 +189,6 @@ class Critic(torch.nn.Module):
                 json.dump({"stage": "03_critic", **args}, f, indent=2)
         write_atomic(out_dir, write)
 
-    @classmethod
-    def load(cls, path, device):
-        """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
-        if not owned(path, "critic"):
-            die(f"{path} is not {ARTIFACTS['critic'][0]}")
-        try:  # the small files first: a broken one is one line before the transformer is loaded
-            heads = load_file(os.path.join(path, "heads.safetensors"))
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as e:
-            die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
-        critic = cls(load_model(AutoModel, path))
-        try:
-            for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
-                head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
-        except RuntimeError as e:  # a head tensor missing, or of another size than the transformer's
-            die(f"{path}/heads.safetensors: not the heads of this transformer ({e})")
-        return critic.to(device).eval(), tokenizer
-
 
 def main(argv=None):
     args = parse_args(argv)
@@ -227,7 +202,6 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world = setup_distributed()  # DISTRIBUTED (torchrun, docs/distributed.md); alone: 0, 1
-    # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data)
@@ -244,6 +218,11 @@ def main(argv=None):
           f"{sum(len(ep['steps']) for ep, _ in data)} steps; tau {args.tau}, gamma {args.gamma}, "
           f"weights {'uniform' if args.uniform_weights else 'W-IQL'}, aux rewards {'off' if args.no_aux else 'on'}")
 
+    def make_part(ids):  # trajectories -> (collate's tensors, trajectory_tensors, their step weights) on the device
+        eps = [data[j][0] for j in ids]
+        batch = {k: v.to(device) for k, v in collate([data[j][1] for j in ids], tokenizer.pad_token_id).items()}
+        return batch, trajectory_tensors(eps, device), batch_weights(eps, args.uniform_weights, device)
+
     rng = random.Random(args.seed)
     lengths = [len(x["input_ids"]) for _, x in data]
     n_batches = (len(data) + args.batch_size - 1) // args.batch_size
@@ -252,35 +231,24 @@ def main(argv=None):
     for epoch in range(args.epochs):
         sum_v = sum_q = 0.0
         for idx in length_batches(lengths, args.batch_size, rng):
-            # DISTRIBUTED / --grad-accum: this rank's share of the batch in micro-batches (alone: one, all of it),
-            # each weighted by its share of the step weights, so that L_V and L_Q are means over the whole batch
-            mine, keep = shard(idx, rank, world)
-            parts = []
-            for part, w in micro_batches(mine, args.grad_accum):
-                eps = [data[j][0] for j in part]
-                batch = collate([data[j][1] for j in part], tokenizer.pad_token_id)
-                batch = {k: v.to(device) for k, v in batch.items()}
-                parts.append((batch, trajectory_tensors(eps, device), batch_weights(eps, args.uniform_weights, device),
-                              keep * w))
-            shares = part_shares([weights.sum() * w for _, _, weights, w in parts], world)
             optimizer.zero_grad(set_to_none=True)
             infos = []
-            for i, (batch, traj, weights, _) in enumerate(parts):
+            # DISTRIBUTED / --grad-accum: this process's micro-batches of the batch; alone, one: all of it
+            for (batch, traj, weights), share in step_parts(idx, make_part, lambda p: p[2].sum(), train_critic, args):
                 n_tok += int(batch["attention_mask"].sum())
-                grad_sync(train_critic, world, args.fsdp, on=i == len(parts) - 1)
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights (the heads stay fp32)
                     loss, part_info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau,
                                                  args.gamma, not args.no_aux)
                 if not torch.isfinite(loss):
                     die(f"critic loss became {loss.item()} at step {step}; lower --lr")
-                (loss * shares[i]).backward()
-                infos.append(part_info)
-            info = average_info(infos, shares, world)
+                (loss * share).backward()  # the step's L_V + L_Q: weighted means over the steps of the whole batch
+                infos.append((part_info, share))
+            info = average_info(infos)  # DISTRIBUTED: the numbers of the whole batch
             torch.nn.utils.clip_grad_norm_(critic.parameters(), args.grad_clip)
             optimizer.step()
             with torch.no_grad():  # Polyak-averaged target: Qbar <- (1 - polyak) Qbar + polyak Q
                 for p_t, p in zip(target_q_head.parameters(), critic.q_head.parameters()):
-                    p_t.lerp_(p.full_tensor() if hasattr(p, "full_tensor") else p, args.polyak)  # --fsdp: p is a shard
+                    p_t.lerp_(unsharded(p), args.polyak)  # DISTRIBUTED --fsdp: p is a shard
             sum_v, sum_q, step = sum_v + info["loss_v"], sum_q + info["loss_q"], step + 1
             bar.update(1)
             bar.set_postfix(L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}", V=f"{info['v_mean']:+.3f}",

@@ -34,7 +34,7 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
@@ -54,7 +54,6 @@ from plumbing import (
     read_json,
     save_text,
     seed_everything,
-    write_atomic,
 )
 
 
@@ -153,8 +152,8 @@ def advantage_report(episodes, gamma, learned_aux):
                                           [ep["success"] for ep in own for s in ep["steps"]])}
 
 # ----------------------------------------------------------------------------------------
-# The critic of 03 (copied byte-identical from 03_critic.py): V(s_t) and Q(s_t, a_t) of every step
-# of a trajectory in one forward pass.
+# The critic of 03 (copied byte-identical from 03_critic.py, all but its save): V(s_t) and
+# Q(s_t, a_t) of every step of a trajectory in one forward pass; load reads the directory 03 writes.
 # ----------------------------------------------------------------------------------------
 class Critic(torch.nn.Module):
     """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
@@ -176,21 +175,6 @@ class Critic(torch.nn.Module):
         h_action = h.gather(1, batch["action_pos"][..., None].expand(-1, -1, d)).float()  # (B, T, d)
         with torch.autocast(h.device.type, enabled=False):  # the heads in fp32, also under bf16 autocast
             return h_action, self.v_head(h_state).squeeze(-1), self.q_head(h_action).squeeze(-1)
-
-    def save(self, out_dir, tokenizer, args, state=None):
-        """Atomically: the transformer (save_pretrained), its tokenizer, heads.safetensors and args.json.
-        state: the whole state dict (03 --fsdp gathers it); by default the critic's own."""
-        state = self.state_dict() if state is None else state
-
-        def write(tmp):
-            backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-            self.backbone.save_pretrained(tmp, state_dict=backbone)
-            tokenizer.save_pretrained(tmp)
-            heads = {k: v.contiguous().cpu() for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
-            save_file(heads, os.path.join(tmp, "heads.safetensors"))
-            with open(os.path.join(tmp, "args.json"), "w") as f:
-                json.dump({"stage": "03_critic", **args}, f, indent=2)
-        write_atomic(out_dir, write)
 
     @classmethod
     def load(cls, path, device):
@@ -221,7 +205,6 @@ def main(argv=None):
         check_out(args.metrics, "log", args.data + [args.critic, args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
-    # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data)

@@ -52,20 +52,17 @@ from plumbing import (
     distribute,
     finish_distributed,
     full_state,
-    grad_sync,
     is_main,
     length_batches,
     load_model,
     load_tokenizer,
     log_metrics,
     merged_for_saving,
-    micro_batches,
-    part_shares,
     pick_device,
     read_episodes,
     seed_everything,
     setup_distributed,
-    shard,
+    step_parts,
     write_atomic,
 )
 
@@ -91,15 +88,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches per optimizer step: the same step in less memory (the batch stays --batch-size)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    add_machine_flags(p)  # --threads, --precision
+    add_machine_flags(p, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    p.add_argument("--fsdp", action="store_true",
-                   help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
-    p.add_argument("--lora", type=int, default=0, metavar="R",
-                   help="train rank-R LoRA adapters (peft) instead of every weight, merged before saving; 0: all")
     return p.parse_args(argv)
 
 
@@ -204,7 +195,6 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world = setup_distributed()  # distributed (torchrun); alone: 0, 1
-    # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
@@ -248,6 +238,10 @@ def main(argv=None):
     n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
     print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
           f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}")
+
+    def make_part(ids):  # trajectories -> make_batch's tensors, and "logp_old" (N,): log pi_old of the reply tokens
+        return dict(make_batch([data[j] for j in ids]), logp_old=torch.cat([logp_old[j] for j in ids]).to(device))
+
     rng = random.Random(args.seed)
     bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="05_bppo", unit="step",
                disable=not is_main())
@@ -255,30 +249,23 @@ def main(argv=None):
     for epoch in range(args.epochs):
         epoch_infos = []
         for idx in length_batches(lengths, args.batch_size, rng):
-            # distributed: this rank's part of the global batch, in --grad-accum micro-batches, each
-            # weighted by its share of the global batch's reply tokens (alone, one part: share 1)
-            mine, keep = shard(idx, rank, world)
-            parts = [(part, make_batch([data[j] for j in part]), keep * w)
-                     for part, w in micro_batches(mine, args.grad_accum)]
-            shares = part_shares([(b["action_step"] >= 0).sum() * w for _, b, w in parts], world)
             optimizer.zero_grad(set_to_none=True)
             infos = []
-            for i, (part, b, _) in enumerate(parts):
+            # DISTRIBUTED / --grad-accum: this process's micro-batches of the batch; alone, one: all of it
+            for b, share in step_parts(idx, make_part, lambda b: (b["action_step"] >= 0).sum(), train_policy, args):
                 n_tok += int(b["attention_mask"].sum())
-                grad_sync(train_policy, world, args.fsdp, on=i == len(parts) - 1)  # distributed
-                old = torch.cat([logp_old[j] for j in part]).to(device)  # (N,) log pi_old of the reply tokens
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
                     logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
                     logr = None  # (N, V) log pi_ref, for the KL anchor
                     if args.kl_coef > 0:
                         with torch.no_grad():
                             logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1)
-                loss, part_info = policy_loss(logits, logr, b, old, args)
+                loss, part_info = policy_loss(logits, logr, b, b["logp_old"], args)
                 if not torch.isfinite(loss):
                     die(f"loss became {loss.item()} at step {step}; lower --lr")
-                (loss * shares[i]).backward()
-                infos.append(part_info)
-            info = average_info(infos, shares, world)  # distributed: the numbers of the global batch
+                (loss * share).backward()  # the step's loss: the mean over the reply tokens of the whole batch
+                infos.append((part_info, share))
+            info = average_info(infos)  # DISTRIBUTED: the numbers of the whole batch
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             optimizer.step()
             epoch_infos.append(info)

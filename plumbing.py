@@ -399,13 +399,23 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def add_machine_flags(p):
-    """The flags every stage shares that say how to run, not what to compute."""
+def add_machine_flags(p, training=False, lora=False):
+    """The flags that say how to run, not what to compute, declared once: every stage's --threads and
+    --precision; a training stage's --grad-accum and --fsdp (training), and --lora (lora: 01, 05)."""
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="auto: bf16 autocast on a GPU that has bf16, else fp32; bf16: autocast on any device "
                         "(on a CPU, the GPU's arithmetic: docs/real_model.md); fp32: no autocast. Weights and "
                         "optimizer state are fp32 in every case")
+    if training:
+        p.add_argument("--grad-accum", type=int, default=1,
+                       help="micro-batches per optimizer step: the same step in less memory (still --batch-size)")
+        p.add_argument("--fsdp", action="store_true",
+                       help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
+    if lora:
+        p.add_argument("--lora", type=int, default=0, metavar="R",
+                       help="train rank-R LoRA adapters (peft) instead of every weight, merged in before saving; "
+                            "0: every weight")
 
 
 def pick_device(precision="auto"):
@@ -548,13 +558,36 @@ def part_shares(counts, world):
     return counts * world / total.clamp(min=1e-8)
 
 
-def average_info(infos, shares, world):
-    """The micro-batches' info dicts averaged with part_shares over the global batch: the single-process numbers."""
-    numbers = sum(torch.tensor(list(info.values())) * share.cpu() / world for info, share in zip(infos, shares))
+def step_parts(idx, make_part, count, model, args):
+    """The parts of the global batch `idx` (indices) that this process computes, for one optimizer step ->
+    yields (part, share) for each of the --grad-accum micro-batches of its shard (alone and without
+    --grad-accum: one part, all of idx, share 1). make_part(indices) -> a part; count(part) -> what its loss
+    is a mean over (reply tokens, step weights). The step's loss is sum(share * the part's loss): share
+    is part_shares', so that it is the single-process loss of the whole batch. Gradients are reduced
+    across processes in the last part's backward only."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    mine, keep = shard(idx, rank, world)
+    parts = [(make_part(ids), keep * w) for ids, w in micro_batches(mine, args.grad_accum)]
+    shares = part_shares([count(part) * w for part, w in parts], world)
+    for i, (part, _) in enumerate(parts):
+        grad_sync(model, world, args.fsdp, on=i == len(parts) - 1)
+        yield part, shares[i]
+
+
+def average_info(infos):
+    """[(info, share)] of the step's parts -> their info dicts averaged with the shares over the global batch:
+    the single-process numbers."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    numbers = sum(torch.tensor(list(info.values())) * share.cpu() / world for info, share in infos)
     if world > 1:
-        numbers = numbers.to(shares.device)
+        numbers = numbers.to(infos[0][1].device)
         torch.distributed.all_reduce(numbers)
-    return dict(zip(infos[0], numbers.tolist()))
+    return dict(zip(infos[0][0], numbers.tolist()))
+
+
+def unsharded(p):
+    """--fsdp: the whole tensor of a sharded parameter (every rank calls this); else p itself."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 def grad_sync(model, world, fsdp, on):

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+import kv_cache
 from conftest import run_stage
 
 EPISODE_FIELDS = {"env", "task_id", "split", "source", "policy", "seed", "instruction", "task", "obs0",
@@ -112,8 +113,8 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
         return p
     cached, plain = policy(), policy("--plain-generate")
     subsets = []  # the rows of every compacted copy of the cache (None: all of them)
-    real_compacted = c.Session.compacted
-    monkeypatch.setattr(c.Session, "compacted",
+    real_compacted = kv_cache.Session.compacted
+    monkeypatch.setattr(kv_cache.Session, "compacted",
                         lambda self, room, rows=None: subsets.append(rows) or real_compacted(self, room, rows))
 
     def prompt(k, t):  # episode k after its first t steps
@@ -124,7 +125,7 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
         out = []
         for p in (cached, plain):
             n = len(seen)
-            out.append(p.generate(rows, prompts) if p is plain else c.generate_cached(p, rows, prompts))
+            out.append(p.generate(rows, prompts) if p is plain else kv_cache.generate_cached(p, rows, prompts, c.next_tokens))
             out.append(seen[n:])
         (replies, steps), (plain_replies, plain_steps) = out[:2], out[2:]
         assert replies == plain_replies and len(steps) == len(plain_steps)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModel
 
+import rerank
 from conftest import load_stage, run_stage
 from test_collect import check_schema
 
@@ -43,15 +44,15 @@ def test_candidate_q_is_q_of_the_step_in_the_whole_episode(collect, critic_dir, 
     """Q of a candidate, scored with an empty observation, equals Q at that step when 04 reads
     the finished episode in one pass (causal model: the observation comes after Q's position).
     Both on the CPU in fp32: the equality is of the masking, not of a device's rounding."""
-    monkeypatch.setattr(collect, "pick_device", lambda precision: (torch.device("cpu"), None))
+    monkeypatch.setattr(rerank, "pick_device", lambda precision: (torch.device("cpu"), None))
     ep = json.loads(open(tiny_run / "expert.jsonl").readline())
     reranker = collect.Reranker(str(critic_dir), argparse.Namespace(candidates=2, critic_batch_size=2,
                                                                     precision="fp32"))
     n = len(ep["steps"])
     q = reranker.q_values([dict(ep, steps=ep["steps"][:t]) for t in range(n)], [s["text"] for s in ep["steps"]])
-    x = collect.tokenize_episode(reranker.tokenizer, ep)
+    x = rerank.gae.tokenize_episode(reranker.tokenizer, ep)  # as 04 reads it
     with torch.no_grad():
-        _, _, q_whole = reranker.critic(collect.collate([x], reranker.tokenizer.pad_token_id))
+        _, _, q_whole = reranker.critic(rerank.gae.collate([x], reranker.tokenizer.pad_token_id))
     assert torch.allclose(torch.tensor(q), q_whole[0, :n], atol=1e-5)
     assert len(set(round(v, 4) for v in q)) > 1  # the random heads do tell the steps apart
 

@@ -7,12 +7,20 @@ from conftest import ROOT, STAGES
 
 
 def top_level_sources():
+    """name -> {stage: source} for every top-level function, constant and class of the stages; a class
+    also by method ("Critic.forward"), so a stage may copy only the methods it calls."""
     out = {}
     for name in STAGES:
         src = open(os.path.join(ROOT, f"{name}.py")).read()
         for node in ast.parse(src).body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name not in ("main", "parse_args"):
+            if isinstance(node, ast.FunctionDef) and node.name not in ("main", "parse_args"):
                 out.setdefault(node.name, {})[name] = ast.get_source_segment(src, node)
+            if isinstance(node, ast.ClassDef):
+                methods = [m for m in node.body if isinstance(m, ast.FunctionDef)]
+                head = src.splitlines()[node.lineno - 1:(methods[0].lineno - 1 if methods else node.end_lineno)]
+                out.setdefault(node.name, {})[name] = "\n".join(head)  # class line and docstring
+                for m in methods:
+                    out.setdefault(f"{node.name}.{m.name}", {})[name] = ast.get_source_segment(src, m)
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 out.setdefault(node.targets[0].id, {})[name] = ast.get_source_segment(src, node)
     return out
@@ -20,9 +28,9 @@ def top_level_sources():
 
 def test_copied_helpers_are_identical():
     copies = {k: v for k, v in top_level_sources().items() if len(v) > 1}
-    assert {"episode_messages", "tokenize_episode", "collate", "Critic"} <= set(copies)
-    for name in ("tokenize_episode", "collate", "Critic"):  # 02 copies them for --rerank
-        assert {"02_collect", "03_critic", "04_gae"} <= set(copies[name]), name
+    assert {"episode_messages", "tokenize_episode", "collate", "Critic", "Critic.forward"} <= set(copies)
+    for name in ("tokenize_episode", "collate", "Critic", "Critic.__init__", "Critic.forward"):  # 03 writes, 04 reads
+        assert {"03_critic", "04_gae"} <= set(copies[name]), name
     for name, by_file in copies.items():
         first = next(iter(by_file.values()))
         drifted = [f for f, s in by_file.items() if s != first]
@@ -33,7 +41,8 @@ def test_stages_import_no_other_stage():
     allowed = {"argparse", "bisect", "copy", "json", "math", "os", "random", "re", "resource", "shutil", "sys", "time",
                "collections", "numpy", "torch", "tqdm", "transformers", "safetensors", "tokenizers", "envs",
                "peft",  # peft: optional, imported only under --lora (01, 05)
-               "plumbing"}  # the shared plumbing: no algorithm in it
+               "plumbing",  # the shared plumbing: no algorithm in it
+               "kv_cache", "rerank"}  # 02's speed-up and its --rerank extension, out of the reading path
     for name in STAGES:
         tree = ast.parse(open(os.path.join(ROOT, f"{name}.py")).read())
         for node in ast.walk(tree):
@@ -65,6 +74,11 @@ def test_stages_carry_only_the_helpers_they_call():
             reached.add(d)
             todo += [n.id for n in ast.walk(defs[d]) if isinstance(n, ast.Name) and n.id in defs]
         assert not set(defs) - reached, f"{name} defines what it never calls: {sorted(set(defs) - reached)}"
+        called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        for cls in (d for d in defs.values() if isinstance(d, ast.ClassDef)):  # a copied class: only the methods called
+            unused = [m.name for m in cls.body if isinstance(m, ast.FunctionDef)
+                      and not m.name.startswith("__") and m.name != "forward" and m.name not in called]
+            assert not unused, f"{name}: {cls.name} carries methods the stage never calls: {unused}"
 
 
 def test_no_stage_redefines_the_plumbing():

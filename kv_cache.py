@@ -1,0 +1,117 @@
+"""The KV cache 02_collect.py keeps across turns: speed only, skip it on a first reading.
+
+02's ModelPolicy.generate re-reads every prompt in full at each turn. generate_cached gives the same
+replies (up to float rounding) from one KV cache kept across turns and episodes: each turn feeds only
+the new tokens - the last reply's end, the observation, or a refilled slot's new task. It is 02's
+default (--plain-generate takes the plain loop; bench/collect_speed.py measures both), so its
+arithmetic is the one every seeded run reproduces bit for bit. tests/test_collect.py checks that both
+write the same replies.
+"""
+import torch
+from transformers import StaticCache
+
+CACHE_ROOM = 64  # free KV-cache columns beyond one turn's need
+
+
+@torch.no_grad()
+def generate_cached(policy, rows, prompts, next_tokens):
+    """02's ModelPolicy.generate through policy.session, a Session over all n_rows rows of the batch.
+    next_tokens: 02's choice of each row's next token (greedy or sampled)."""
+    p, max_new = policy, policy.args.max_new_tokens
+    if p.session is None:  # the first turn: a cache that fits the prompts and one turn
+        p.session = Session(p.model, p.n_rows, max(len(x) for x in prompts) + max_new + CACHE_ROOM, p.pad_id)
+    s, prompt_of = p.session, dict(zip(rows, prompts))
+    # The tokens each row must feed to see its prompt. A row without a prompt (its slot has no
+    # episode left) hides everything, so the copies below can drop it.
+    new = [s.sync(r, prompt_of.get(r, [])) for r in range(p.n_rows)]
+    need = max(len(t) for t in new) + max_new
+    if s.width + need > s.max_cols:
+        # Pads and stale columns have filled the cache: copy what the rows see into a compact
+        # one with room for this turn and a little more (every extra column slows every step).
+        s = p.session = s.compacted(need + CACHE_ROOM)
+    logits = s.feed(new)
+    replies, live = {r: [] for r in rows}, set(rows)  # live: rows still writing their reply
+    slot = list(range(p.n_rows))  # slot[j]: the batch row that row j of s serves
+    for step in range(max_new):
+        nxt = next_tokens(logits, slot, p.n_rows, p.args)
+        for j, r in enumerate(slot):
+            if r in live:
+                replies[r].append(int(nxt[j]))
+                if replies[r][-1] == p.eos_id:
+                    live.discard(r)
+        going = [j for j, r in enumerate(slot) if r in live]
+        if not going:
+            break
+        if len(going) <= len(slot) // 2:
+            # Most rows have ended their reply, but every row of s is computed at every step: go on
+            # with a copy that holds only the rows still writing. Their last tokens never reach
+            # p.session; at the next turn, sync finds them missing and feeds them with the observation.
+            s, slot = s.compacted(max_new - step + 1, rows=going), [slot[j] for j in going]
+        logits = s.feed([[replies[r][-1]] if r in live else [] for r in slot])
+    return [replies[r] for r in rows]
+
+
+class Session:
+    """One KV cache shared by all rows of the generation batch. All rows share the cache's column
+    index; a row sees the columns whose attention mask is 1 - pads and stale tokens are masked out.
+    A row whose slot starts a new episode keeps the common prefix (the instruction) and hides the
+    rest of the old episode (sync). When pads and hidden columns fill the cache, the visible
+    columns are copied into a smaller one (compacted): attention reads every column at every step."""
+
+    def __init__(self, model, n_rows, max_cols, pad_id):
+        self.model, self.pad_id, self.max_cols = model, pad_id, max_cols
+        self.cache = StaticCache(config=model.config, max_cache_len=max_cols)
+        self.mask = torch.zeros((n_rows, max_cols), dtype=torch.long, device=model.device)
+        self.width = 0                                # columns used so far
+        self.ids = [[] for _ in range(n_rows)]        # visible tokens of each row
+        self.cols = [[] for _ in range(n_rows)]       # their columns in the cache
+
+    def sync(self, r, prompt):
+        """Tokens row r must feed so that it sees `prompt`: the part after the longest common
+        prefix with what it already sees (the rest is hidden)."""
+        n = 0
+        while n < min(len(prompt), len(self.ids[r])) and prompt[n] == self.ids[r][n]:
+            n += 1
+        self.mask[r, self.cols[r][n:]] = 0
+        self.cols[r], self.ids[r] = self.cols[r][:n], self.ids[r][:n]
+        return prompt[n:]
+
+    def feed(self, new):
+        """new: a token list per row (empty for idle rows) -> next-token logits (B, V)."""
+        B, W = len(new), max(1, max(len(t) for t in new))
+        chunk = torch.full((B, W), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((B, W), dtype=torch.long)
+        for r, toks in enumerate(new):  # left-pad each row's chunk so its last token is in the last column
+            if toks:
+                n = len(toks)
+                chunk[r, W - n:] = torch.tensor(toks)
+                pos[r, W - n:] = torch.arange(len(self.ids[r]), len(self.ids[r]) + n)
+                cols = list(range(self.width + W - n, self.width + W))
+                self.mask[r, cols] = 1
+                self.cols[r] += cols
+                self.ids[r] += toks
+        dev = self.model.device
+        out = self.model(input_ids=chunk.to(dev), attention_mask=self.mask, position_ids=pos.to(dev), cache=self.cache)
+        self.width += W
+        return out.logits[:, -1].float()
+
+    def compacted(self, room, rows=None):
+        """A new Session holding only what the given rows (default: all) see, right-aligned (stale
+        and pad columns dropped), plus `room` free columns; its row j is old row rows[j]. Keys and
+        values are copied, not recomputed: each depends only on its token, its position and the
+        tokens before it, none of which change."""
+        rows = list(range(len(self.ids))) if rows is None else rows
+        B, n = len(rows), max(len(self.cols[r]) for r in rows)
+        new = Session(self.model, B, n + room, self.pad_id)
+        src = torch.zeros((B, n), dtype=torch.long)  # the old column of each new column (0 under pads)
+        for j, r in enumerate(rows):
+            k = len(self.cols[r])
+            src[j, n - k:] = torch.tensor(self.cols[r], dtype=torch.long)
+            new.mask[j, n - k:n] = 1
+            new.cols[j], new.ids[j] = list(range(n - k, n)), list(self.ids[r])
+        src, keep = src.to(self.model.device), torch.tensor(rows, device=self.model.device)[:, None]
+        for i, layer in enumerate(self.cache.layers):  # keys, values: (B, heads, columns, head_dim)
+            # [rows, :, columns] -> (B, n, heads, head_dim); transpose back to the cache's layout
+            new.cache.update(layer.keys[keep, :, src].transpose(1, 2), layer.values[keep, :, src].transpose(1, 2), i)
+        new.width = n
+        return new

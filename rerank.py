@@ -1,0 +1,47 @@
+"""Q-guided generation, 02_collect.py --rerank CRITIC_DIR --candidates M: an extension (QLASS-style,
+the paper's "w/o policy improvement" row - the critic of 03 steers an unchanged policy).
+
+Each environment samples M candidate replies; the critic scores each with Q(s_t, a), read where 03 and
+04 read it (04_gae.py's Critic, tokenize_episode and collate, imported from that file); the environment
+executes the argmax. Only executed replies step the environment, but generated_tokens counts every
+candidate's. At the next turn every row of an environment continues from the chosen reply (the KV
+cache's Session.sync drops the rest).
+"""
+import importlib
+
+import torch
+
+from plumbing import autocast, pick_device
+
+gae = importlib.import_module("04_gae")  # the critic as 04 reads it: Critic.load, tokenize_episode, collate
+
+
+def pick_candidates(q, m):
+    """q: Q(s_t, a) of every candidate, m per environment in order -> for each environment the
+    index 0..m-1 of its argmax-Q candidate; a tie goes to the lowest index (torch.argmax)."""
+    return torch.as_tensor(q, dtype=torch.float).view(-1, m).argmax(dim=1).tolist()
+
+
+class Reranker:
+    """The critic of 03 scoring candidate replies with Q(s_t, a) (QLASS-style selection)."""
+
+    def __init__(self, path, args):
+        self.device, self.amp = pick_device(args.precision)
+        self.critic, self.tokenizer = gae.Critic.load(path, self.device)  # in eval mode
+        self.m, self.batch_size = args.candidates, args.critic_batch_size
+
+    @torch.no_grad()
+    def q_values(self, episodes, texts):
+        """Q of reply texts[k] as the next step of episodes[k], at the last action position of the
+        episode plus the candidate step. The candidate's observation is not known yet and is left
+        empty: in a causal model Q at the action position comes before it and cannot depend on it."""
+        q = []
+        for i in range(0, len(texts), self.batch_size):
+            xs = [gae.tokenize_episode(self.tokenizer, dict(ep, steps=ep["steps"] + [{"text": text, "obs": ""}]))
+                  for ep, text in zip(episodes[i:i + self.batch_size], texts[i:i + self.batch_size])]
+            batch = {k: v.to(self.device) for k, v in gae.collate(xs, self.tokenizer.pad_token_id).items()}
+            with autocast(self.device, self.amp):
+                _, _, q_all = self.critic(batch)                   # (B, T): Q at every action
+            last = torch.tensor([len(x["action_pos"]) - 1 for x in xs], device=self.device)
+            q += q_all[torch.arange(len(xs), device=self.device), last].tolist()
+        return q
