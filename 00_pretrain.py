@@ -206,7 +206,6 @@ def main(argv=None):
     env_kwargs = parse_env_kwargs(args.env_kwargs)
     if args.threads:
         torch.set_num_threads(args.threads)
-    # TRY NOT TO MODIFY: seeding
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
 

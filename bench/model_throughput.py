@@ -171,7 +171,7 @@ def chain_minutes(res, demos, bc_epochs, n_self, n_eval, critic_epochs, val_frac
     sec = {
         "01 BC (+ validation)": demos * bc_epochs * L * ((1 - val_frac) / rate["bc"] + val_frac / rate["gae"]),
         "02 collection (self + 4 evaluations)": (n_self + 4 * n_eval) * A / rate["collect"],
-        "03 critic (+ diagnostics pass)": buffer * L * (critic_epochs / rate["critic"] + 1 / rate["gae"]),
+        "03 critic": buffer * L * critic_epochs / rate["critic"],
         "04 GAE": buffer * L / rate["gae"],
         "05 BPPO (1 epoch)": buffer * L / rate["bppo"],
     }
@@ -272,9 +272,9 @@ def main():
     lines += ["Check against a measured run: for the tiny model, the default chain is estimated at "
               + (f"{sum(chain_minutes(results['tiny'], *DEFAULT_CHAIN).values()):.0f} min"
                  if "tiny" in results else "(tiny not measured)")
-              + " for one iteration; `bash run_all.sh` (two iterations) took 13.7 min alone on 2 quiet cores, "
-              "BC 4.0 min and each critic 2.3 min of it (2 threads, the stages' own batch sizes; README). "
-              "The estimate leaves out loading the model in every stage (seconds) and "
+              + " for one iteration; bench/results/stage_times.md times every launch of a real run "
+              "(`python bench/stage_times.py --run RUN`). The estimate leaves out loading the model in every "
+              "stage (seconds) and "
               "the expert demos. Collection here ran policies after 3 BC steps, whose replies run to "
               "`--max-new-tokens`; a trained policy's shorter replies make the prefill a larger share, "
               "so expect fewer generated tokens/s from it.", ""]
