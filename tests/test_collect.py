@@ -125,7 +125,8 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
         out = []
         for p in (cached, plain):
             n = len(seen)
-            out.append(p.generate(rows, prompts) if p is plain else kv_cache.generate_cached(p, rows, prompts, c.next_tokens))
+            out.append(p.generate(rows, prompts) if p is plain
+                       else kv_cache.generate_cached(p, rows, prompts, c.next_tokens))
             out.append(seen[n:])
         (replies, steps), (plain_replies, plain_steps) = out[:2], out[2:]
         assert replies == plain_replies and len(steps) == len(plain_steps)
