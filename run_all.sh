@@ -25,7 +25,7 @@
 #   PRETRAIN_ARGS, BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
 #
-#   bash run_all.sh                      # the default run (19-26 min on 2 quiet CPU cores with the base cached: README)
+#   bash run_all.sh                      # the default run (19-29 min on 2 quiet CPU cores with the base cached: README)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
 #   SMOKE=1 bash run_all.sh              # a one-minute check of the whole chain (runs/smoke)
 #   BASE=smollm2 bash run_all.sh         # the real model on a GPU (runs/smollm2-household)
