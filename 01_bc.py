@@ -212,7 +212,7 @@ def main(argv=None):
         check_out(args.metrics, "log", inputs + [args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
-    rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
+    world = setup_distributed()[1]  # distributed (torchrun: docs/distributed.md); alone: 1 process
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
 

@@ -88,7 +88,7 @@ def parse_args(argv=None):
 
 # ----------------------------------------------------------------------------------------
 # ALGO LOGIC: weighted IQL, and the critic it trains - the policy's transformer with a V head
-# and a Q head (Critic is copied byte-identical into 04, all but save: 04 reads it with load).
+# and a Q head (Critic is copied byte-identical into 04, which reads what save_critic writes).
 # ----------------------------------------------------------------------------------------
 def step_weights(T, d):
     """Paper eq. (W-IQL step weight): w_t = (t/T + d) * 0.5 + 0.5 for t = 1..T -> (T,)."""
@@ -174,20 +174,21 @@ class Critic(torch.nn.Module):
         with torch.autocast(h.device.type, enabled=False):  # the heads in fp32, also under bf16 autocast
             return h_action, self.v_head(h_state).squeeze(-1), self.q_head(h_action).squeeze(-1)
 
-    def save(self, out_dir, tokenizer, args, state=None):
-        """Atomically: the transformer (save_pretrained), its tokenizer, heads.safetensors and args.json.
-        state: the whole state dict (03 --fsdp gathers it); by default the critic's own."""
-        state = self.state_dict() if state is None else state
 
-        def write(tmp):
-            backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-            self.backbone.save_pretrained(tmp, state_dict=backbone)
-            tokenizer.save_pretrained(tmp)
-            heads = {k: v.contiguous().cpu() for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
-            save_file(heads, os.path.join(tmp, "heads.safetensors"))
-            with open(os.path.join(tmp, "args.json"), "w") as f:
-                json.dump({"stage": "03_critic", **args}, f, indent=2)
-        write_atomic(out_dir, write)
+def save_critic(critic, out_dir, tokenizer, args, state=None):
+    """The critic directory, atomically: the transformer (save_pretrained), its tokenizer,
+    heads.safetensors and args.json. state: the whole state dict (--fsdp gathers it); by default the critic's."""
+    state = critic.state_dict() if state is None else state
+
+    def write(tmp):
+        backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+        critic.backbone.save_pretrained(tmp, state_dict=backbone)
+        tokenizer.save_pretrained(tmp)
+        heads = {k: v.contiguous().cpu() for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
+        save_file(heads, os.path.join(tmp, "heads.safetensors"))
+        with open(os.path.join(tmp, "args.json"), "w") as f:
+            json.dump({"stage": "03_critic", **args}, f, indent=2)
+    write_atomic(out_dir, write)
 
 
 def main(argv=None):
@@ -201,7 +202,7 @@ def main(argv=None):
         check_out(args.metrics, "log", args.data + [args.policy, args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
-    rank, world = setup_distributed()  # DISTRIBUTED (torchrun, docs/distributed.md); alone: 0, 1
+    world = setup_distributed()[1]  # DISTRIBUTED (torchrun, docs/distributed.md); alone: 1 process
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data)
@@ -265,7 +266,7 @@ def main(argv=None):
         return finish_distributed()
     state = critic.state_dict() if state is None else state
     check_finite(state.values(), "the critic")
-    critic.save(args.out, tokenizer, vars(args), state)
+    save_critic(critic, args.out, tokenizer, vars(args), state)
     log_metrics(args.metrics, *records, summary)
     print(f"03_critic: L_V {summary['loss_v']:.4f}  L_Q {summary['loss_q']:.4f} in the last epoch (what V and Q "
           f"learned: 04_gae's report); {time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, peak memory "

@@ -152,8 +152,8 @@ def advantage_report(episodes, gamma, learned_aux):
                                           [ep["success"] for ep in own for s in ep["steps"]])}
 
 # ----------------------------------------------------------------------------------------
-# The critic of 03 (copied byte-identical from 03_critic.py, all but its save): V(s_t) and
-# Q(s_t, a_t) of every step of a trajectory in one forward pass; load reads the directory 03 writes.
+# The critic of 03 (copied byte-identical from 03_critic.py): V(s_t) and Q(s_t, a_t) of every step
+# of a trajectory in one forward pass; load_critic reads the directory 03 writes.
 # ----------------------------------------------------------------------------------------
 class Critic(torch.nn.Module):
     """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
@@ -176,23 +176,23 @@ class Critic(torch.nn.Module):
         with torch.autocast(h.device.type, enabled=False):  # the heads in fp32, also under bf16 autocast
             return h_action, self.v_head(h_state).squeeze(-1), self.q_head(h_action).squeeze(-1)
 
-    @classmethod
-    def load(cls, path, device):
-        """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
-        if not owned(path, "critic"):
-            die(f"{path} is not {ARTIFACTS['critic'][0]}")
-        try:  # the small files first: a broken one is one line before the transformer is loaded
-            heads = load_file(os.path.join(path, "heads.safetensors"))
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as e:
-            die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
-        critic = cls(load_model(AutoModel, path))
-        try:
-            for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
-                head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
-        except RuntimeError as e:  # a head tensor missing, or of another size than the transformer's
-            die(f"{path}/heads.safetensors: not the heads of this transformer ({e})")
-        return critic.to(device).eval(), tokenizer
+
+def load_critic(path, device):
+    """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
+    if not owned(path, "critic"):
+        die(f"{path} is not {ARTIFACTS['critic'][0]}")
+    try:  # the small files first: a broken one is one line before the transformer is loaded
+        heads = load_file(os.path.join(path, "heads.safetensors"))
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:
+        die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
+    critic = Critic(load_model(AutoModel, path))
+    try:
+        for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
+            head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
+    except RuntimeError as e:  # a head tensor missing, or of another size than the transformer's
+        die(f"{path}/heads.safetensors: not the heads of this transformer ({e})")
+    return critic.to(device).eval(), tokenizer
 
 
 def main(argv=None):
@@ -208,7 +208,7 @@ def main(argv=None):
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data)
-    critic, tokenizer = Critic.load(args.critic, device)
+    critic, tokenizer = load_critic(args.critic, device)
     trained = read_json(os.path.join(args.critic, "args.json"))  # the flags 03 trained the critic with
     gamma = trained.get("gamma") if args.gamma is None else args.gamma
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:

@@ -194,7 +194,7 @@ def main(argv=None):
         check_out(args.metrics, "log", args.data + [args.policy, args.ref, args.out])
     if args.threads:
         torch.set_num_threads(args.threads)
-    rank, world = setup_distributed()  # distributed (torchrun); alone: 0, 1
+    world = setup_distributed()[1]  # distributed (torchrun); alone: 1 process
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})

@@ -2,7 +2,7 @@
 the paper's "w/o policy improvement" row - the critic of 03 steers an unchanged policy).
 
 Each environment samples M candidate replies; the critic scores each with Q(s_t, a), read where 03 and
-04 read it (04_gae.py's Critic, tokenize_episode and collate, imported from that file); the environment
+04 read it (04_gae.py's load_critic, tokenize_episode and collate, imported from that file); the environment
 executes the argmax. Only executed replies step the environment, but generated_tokens counts every
 candidate's. At the next turn every row of an environment continues from the chosen reply (the KV
 cache's Session.sync drops the rest).
@@ -13,7 +13,7 @@ import torch
 
 from plumbing import autocast, pick_device
 
-gae = importlib.import_module("04_gae")  # the critic as 04 reads it: Critic.load, tokenize_episode, collate
+gae = importlib.import_module("04_gae")  # the critic as 04 reads it: load_critic, tokenize_episode, collate
 
 
 def pick_candidates(q, m):
@@ -27,7 +27,7 @@ class Reranker:
 
     def __init__(self, path, args):
         self.device, self.amp = pick_device(args.precision)
-        self.critic, self.tokenizer = gae.Critic.load(path, self.device)  # in eval mode
+        self.critic, self.tokenizer = gae.load_critic(path, self.device)  # in eval mode
         self.m, self.batch_size = args.candidates, args.critic_batch_size
 
     @torch.no_grad()

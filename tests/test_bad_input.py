@@ -72,7 +72,7 @@ def world(tiny_run, stages, tmp_path_factory):
     c3 = stages["03_critic"]
     torch.manual_seed(0)
     critic = c3.Critic(AutoModel.from_pretrained(R / "policy_0", local_files_only=True))
-    critic.save(str(R / "iter_1/critic"), c3.load_tokenizer(str(R / "policy_0")), {"gamma": 0.95})
+    c3.save_critic(critic, str(R / "iter_1/critic"), c3.load_tokenizer(str(R / "policy_0")), {"gamma": 0.95})
     adv = [json.loads(line) for line in open(R / "data/expert.jsonl")][:4]
     for ep in adv:
         ep["steps"] = [dict(s, v=0.0, adv=0.1 * t) for t, s in enumerate(ep["steps"])]

@@ -163,7 +163,8 @@ def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path, 
     def advantages(no_aux, *flags):
         d = tmp_path / f"critic_{no_aux}"
         if not d.exists():
-            critic.save(str(d), c3.load_tokenizer(str(tiny_run / "policy_0")), {"gamma": 0.9, "no_aux": no_aux})
+            c3.save_critic(critic, str(d), c3.load_tokenizer(str(tiny_run / "policy_0")),
+                           {"gamma": 0.9, "no_aux": no_aux})
         out = tmp_path / f"adv_{no_aux}_{len(flags)}.jsonl"
         in_process(stages["04_gae"], "--data", data, "--critic", d, "--out", out, "--lam", 0, "--threads", 1, *flags)
         return np.array([s["adv"] for line in open(out) for s in json.loads(line)["steps"]])
@@ -180,7 +181,7 @@ def test_04_refuses_non_finite_values_and_writes_nothing(stages, tiny_run, tmp_p
     critic = c3.Critic(AutoModel.from_pretrained(tiny_run / "policy_0", local_files_only=True))
     with torch.no_grad():
         critic.v_head[-1].bias.fill_(float("nan"))
-    critic.save(str(tmp_path / "critic"), c3.load_tokenizer(str(tiny_run / "policy_0")), {"gamma": 0.9})
+    c3.save_critic(critic, str(tmp_path / "critic"), c3.load_tokenizer(str(tiny_run / "policy_0")), {"gamma": 0.9})
     proc = in_process(stages["04_gae"], "--data", tiny_run / "expert.jsonl", "--critic", tmp_path / "critic",
                       "--out", tmp_path / "adv.jsonl", "--threads", 1, check=False)
     assert proc.returncode == 2 and "non-finite" in proc.stderr.strip().splitlines()[-1], proc.stderr

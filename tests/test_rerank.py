@@ -21,13 +21,13 @@ def collect():
 
 @pytest.fixture(scope="module")
 def critic_dir(tiny_run, stages, tmp_path_factory):
-    """A critic with freshly initialised (random) heads on the tiny policy's body, saved by 03's Critic.save."""
+    """A critic with freshly initialised (random) heads on the tiny policy's body, saved by 03's save_critic."""
     c3 = stages["03_critic"]
     torch.manual_seed(0)
     policy = str(tiny_run / "policy_0")
     critic = c3.Critic(AutoModel.from_pretrained(policy, local_files_only=True))
     out = tmp_path_factory.mktemp("rerank") / "critic"
-    critic.save(str(out), c3.load_tokenizer(policy), {"note": "random heads, for tests"})
+    c3.save_critic(critic, str(out), c3.load_tokenizer(policy), {"note": "random heads, for tests"})
     return out
 
 
