@@ -43,12 +43,15 @@ def body_params(policy_dir):
 
 
 def test_summary(log):
+    """Counts of a `pytest -v` log's result lines (each test once: pytest's closing summary repeats the failed)."""
     if not os.path.exists(log):
         return "not run"
-    outcomes = re.findall(r"\b(PASSED|FAILED|ERROR|SKIPPED)\b", open(log, errors="replace").read())
-    failed = sorted(set(re.findall(r"(?:FAILED|ERROR) (tests/\S+)|(tests/\S+) (?:FAILED|ERROR)", open(log).read())))
-    counts = ", ".join(f"{outcomes.count(k)} {k.lower()}" for k in ("PASSED", "FAILED", "ERROR", "SKIPPED"))
-    return counts + "".join(f"\n  - {a or b}" for a, b in failed)
+    results = [re.search(r"\b(PASSED|FAILED|ERROR|SKIPPED)\b", line) for line in open(log, errors="replace")
+               if "::" in line and not re.match(r"(FAILED|ERROR) ", line)]
+    results = [(m.group(1), re.search(r"tests/\S+::\S+", m.string).group()) for m in results if m]
+    counts = ", ".join(f"{sum(o == k for o, _ in results)} {k.lower()}"
+                       for k in ("PASSED", "FAILED", "ERROR", "SKIPPED"))
+    return counts + "".join(f"\n  - {t}" for t in sorted({t for o, t in results if o in ("FAILED", "ERROR")}))
 
 
 def main(argv=None):

@@ -2,10 +2,27 @@
 budgets, --precision bf16), so that it still runs when a GPU is at hand."""
 import os
 import subprocess
+import sys
 
 import pytest
 
 from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from gpu_report import test_summary as summary_of  # noqa: E402  (not collected as a test under this name)
+
+
+def test_the_report_counts_each_test_once(tmp_path):
+    """A -v log (xdist's and plain lines): pytest's closing summary repeats each failure; counted once."""
+    log = tmp_path / "tests.log"
+    log.write_text("tests/test_a.py::test_x PASSED [ 33%]\n"
+                   "[gw1] [ 66%] FAILED tests/test_b.py::test_y[01_bc] \n"
+                   "[gw0] [100%] SKIPPED tests/test_c.py::test_z \n"
+                   "=========================== short test summary info ============================\n"
+                   "FAILED tests/test_b.py::test_y[01_bc] - RuntimeError: devices\n"
+                   "=================== 1 failed, 1 passed, 1 skipped in 3.00s ====================\n")
+    assert summary_of(str(log)) == "1 passed, 1 failed, 0 error, 1 skipped\n  - tests/test_b.py::test_y[01_bc]"
+    assert summary_of(str(tmp_path / "none.log")) == "not run"
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ class SpyAdamW(torch.optim.AdamW):
 
     def step(self, closure=None):
         params = [p for g in self.param_groups for p in g["params"]]
-        grads = [p.grad is not None and (p.grad != 0) for p in params]
+        grads = [p.grad is not None and (p.grad != 0).cpu() for p in params]  # compared with the saved file
         out = super().step(closure)
         SpyAdamW.steps.append({"grads": grads, "dtypes": {t.dtype for s in self.state.values() for t in s.values()
                                                           if t.dim() > 0}})
