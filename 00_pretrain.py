@@ -36,24 +36,11 @@ import time
 
 import torch
 from tqdm import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import envs
-from plumbing import (
-    add_machine_flags,
-    autocast,
-    check_finite,
-    check_flags,
-    check_out,
-    die,
-    length_batches,
-    log_metrics,
-    lr_at,
-    parse_env_kwargs,
-    pick_device,
-    seed_everything,
-    write_atomic,
-)
+from models.tiny import build_tiny_model, train_tiny_tokenizer
+from plumbing import (add_machine_flags, autocast, check_finite, check_flags, check_out, die, length_batches,
+                      log_metrics, lr_at, parse_env_kwargs, pick_device, seed_everything, write_atomic)
 
 
 def parse_args(argv=None):
@@ -144,50 +131,6 @@ def build_corpus(env, n, rng, p_random, qa):
     """n transcripts, cycling through the `train` tasks in order."""
     ids = env.task_ids("train")
     return [transcript(env, ids[i % len(ids)], rng, p_random, qa) for i in tqdm(range(n), desc="00_pretrain corpus")]
-
-
-# ----------------------------------------------------------------------------------------
-# The tiny model (copied in 00 and 01): a byte-level BPE tokenizer trained on the text, and a
-# small Llama.
-# ----------------------------------------------------------------------------------------
-SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
-           "assistant": "<|assistant|>"}
-
-
-# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
-# so the action tokens of turn t are its content tokens plus <|end|>, and the state
-# position s_t is the <|assistant|> token of the generation prompt.
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def train_tiny_tokenizer(texts, vocab_size):
-    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
-    does not dominate the merges)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
-                                   padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
-
-
-def build_tiny_model(tokenizer, args):
-    """A small Llama for this tokenizer (args: d_model, n_layers, n_heads, max_len), its input and
-    output embeddings tied."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
-        max_position_embeddings=args.max_len, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config)
 
 
 def main(argv=None):

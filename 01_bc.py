@@ -13,7 +13,7 @@ Observations and instructions are read by the model but never trained on. `--fil
 keeps only the trajectories that reached the goal: rejection-sampling fine-tuning (RFT).
 
 --model tiny (default) trains a byte-level BPE tokenizer on the data and builds a small Llama
-from scratch; --model DIR fine-tunes any local causal LM that has a chat template. Nothing is
+from scratch (models/tiny.py); --model DIR fine-tunes any local causal LM that has a chat template. Nothing is
 downloaded.
 
     python 02_collect.py --policy expert --split train --episodes 1000 --out runs/demo/data/expert.jsonl
@@ -21,43 +21,19 @@ downloaded.
 """
 import argparse
 import bisect
-import json
 import math
-import os
 import random
 import time
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM
 
-from plumbing import (
-    add_lora,
-    add_machine_flags,
-    autocast,
-    average_info,
-    check_finite,
-    check_flags,
-    check_out,
-    cost,
-    die,
-    distribute,
-    finish_distributed,
-    full_state,
-    is_main,
-    length_batches,
-    load_model,
-    load_tokenizer,
-    log_metrics,
-    lr_at,
-    merged_for_saving,
-    pick_device,
-    read_episodes,
-    seed_everything,
-    setup_distributed,
-    step_parts,
-    write_atomic,
-)
+from models.tiny import build_tiny_model, train_tiny_tokenizer
+from plumbing import (add_lora, add_machine_flags, autocast, average_info, check_finite, check_flags, check_out, cost,
+                      die, distribute, finish_distributed, full_state, is_main, length_batches, load_model,
+                      load_tokenizer, log_metrics, lr_at, pick_device, read_episodes, save_policy, seed_everything,
+                      setup_distributed, step_parts)
 
 
 def parse_args(argv=None):
@@ -147,50 +123,6 @@ def evaluate(model, data, pad_id, batch_size, device, amp):
             episodes += int((ok.sum(1) == n).sum())
     model.train()
     return total / max(count, 1), replies / max(turns, 1), episodes / max(len(data), 1)
-
-
-# ----------------------------------------------------------------------------------------
-# The tiny model (copied in 00 and 01): a byte-level BPE tokenizer trained on the text, and a
-# small Llama.
-# ----------------------------------------------------------------------------------------
-SPECIAL = {"pad": "<|pad|>", "end": "<|end|>", "system": "<|system|>", "user": "<|user|>",
-           "assistant": "<|assistant|>"}
-
-
-# A chat template without whitespace between turns: each turn is <|role|>content<|end|>,
-# so the action tokens of turn t are its content tokens plus <|end|>, and the state
-# position s_t is the <|assistant|> token of the generation prompt.
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def train_tiny_tokenizer(texts, vocab_size):
-    """Byte-level BPE on `texts` (message contents; pass a repeated instruction once, so it
-    does not dominate the merges)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL["end"], pad_token=SPECIAL["pad"],
-                                   padding_side="left", chat_template=TINY_CHAT_TEMPLATE)
-
-
-def build_tiny_model(tokenizer, args):
-    """A small Llama for this tokenizer (args: d_model, n_layers, n_heads, max_len), its input and
-    output embeddings tied."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=args.d_model, intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_heads,
-        max_position_embeddings=args.max_len, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config)
 
 
 def main(argv=None):
@@ -294,13 +226,7 @@ def main(argv=None):
     if not is_main():  # distributed: rank 0 alone writes
         return finish_distributed()
     check_finite(model.parameters() if state is None else state.values(), "the policy")
-
-    def save(tmp):
-        merged_for_saving(model, args.lora).save_pretrained(tmp, state_dict=state)
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "args.json"), "w") as f:
-            json.dump({"stage": "01_bc", **vars(args)}, f, indent=2)
-    write_atomic(args.out, save)
+    save_policy(args.out, model, tokenizer, args, "01_bc", state)
     log_metrics(args.metrics, *records)
     print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
           f"{time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, "

@@ -25,13 +25,9 @@ The critic learns on r_t = r_env + r_aux (03), and 04's advantages use the same 
     python 02_collect.py --policy runs/demo/policy_0 --split seen --greedy --out runs/demo/eval/policy_0_seen.jsonl
 
 --num-envs environments run in lockstep: at each step the replies of all live episodes are
-generated in one batch (ModelPolicy.generate, a plain loop); a slot whose episode ends takes the
-next task at once. By default the same replies (up to float rounding) come from a faster path,
-kv_cache.py: one KV cache kept across turns, so a turn reads only its new tokens.
-
-Q-guided generation (--rerank CRITIC_DIR --candidates M, an extension in rerank.py; QLASS-style, the
-paper's "w/o policy improvement" row): the critic of 03 scores M sampled candidate replies per
-environment with Q(s_t, a), and the environment executes the argmax.
+generated in one batch (kv_cache.py: a KV cache kept across turns, or --plain-generate's plain loop);
+a slot whose episode ends takes the next task at once. --rerank CRITIC_DIR --candidates M (rerank.py,
+QLASS-style): the critic of 03 picks the argmax-Q of M sampled replies.
 
     python 02_collect.py --policy runs/demo/policy_0 --rerank runs/demo/iter_1/critic --candidates 4 --split seen \
         --out runs/demo/eval/policy_0_rerank_seen.jsonl
@@ -45,28 +41,14 @@ from collections import Counter
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
 import envs
-from kv_cache import generate_cached
-from plumbing import (
-    add_machine_flags,
-    autocast,
-    check_flags,
-    check_out,
-    die,
-    finish_distributed,
-    is_main,
-    load_model,
-    load_tokenizer,
-    log_metrics,
-    parse_env_kwargs,
-    pick_device,
-    save_text,
-    seed_everything,
-    setup_distributed,
-)
-from rerank import Reranker, pick_candidates
+from kv_cache import generate_cached, generate_plain
+from plumbing import (add_machine_flags, autocast, check_flags, check_out, die, finish_distributed, is_main, load_model,
+                      load_tokenizer, log_metrics, parse_env_kwargs, pick_device, save_text, seed_everything,
+                      setup_distributed)
+from rerank import Reranker, add_rerank_flags, check_rerank, pick_candidates
 
 FORMAT_ERROR_OBS = "Invalid reply. End your reply with one line: Action: <command>"
 
@@ -97,15 +79,9 @@ def parse_args(argv=None):
     p.add_argument("--r-fmt", type=float, default=-0.2, help="auxiliary reward of a 'format' step")
     p.add_argument("--r-inv", type=float, default=-0.1, help="auxiliary reward of an 'invalid' step")
     p.add_argument("--r-repeat", type=float, default=-0.1, help="auxiliary reward of a 'repeat' step")
-    p.add_argument("--rerank", default="", metavar="CRITIC_DIR",
-                   help="Q-guided generation: a critic directory from 03_critic.py scores --candidates sampled "
-                        "replies per step and the argmax-Q reply is executed (not with --greedy or --policy expert)")
-    p.add_argument("--candidates", type=int, default=4,
-                   help="with --rerank: candidate replies sampled per environment and step (M >= 1)")
-    p.add_argument("--critic-batch-size", type=int, default=32,
-                   help="with --rerank: candidates per critic forward pass")
+    add_rerank_flags(p)  # --rerank CRITIC_DIR, --candidates, --critic-batch-size: Q-guided generation (rerank.py)
     p.add_argument("--plain-generate", action="store_true",
-                   help="generate with the plain loop (ModelPolicy.generate: every prompt read in full each turn) "
+                   help="generate with the plain loop (kv_cache.generate_plain: every prompt read in full each turn) "
                         "instead of the KV cache kept across turns; the same replies up to float rounding, slower")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the summary to this JSONL file")
@@ -243,8 +219,8 @@ class ModelPolicy:
         """One reply (a string) for each row in `rows`, given its prompt (token ids)."""
         out = []
         with autocast(self.device, self.amp):  # fp32, or bf16 matmuls on fp32 weights (--precision)
-            replies = (self.generate(rows, prompts) if self.args.plain_generate
-                       else generate_cached(self, rows, prompts, next_tokens))  # the same replies, faster: kv_cache.py
+            generate = generate_plain if self.args.plain_generate else generate_cached  # kv_cache.py
+            replies = generate(self, rows, prompts, next_tokens)
         for toks in replies:
             self.generated_tokens += len(toks)
             if toks and toks[-1] == self.eos_id:
@@ -254,39 +230,14 @@ class ModelPolicy:
             out.append(self.tokenizer.decode(toks, skip_special_tokens=True).strip())
         return out
 
-    @torch.no_grad()
-    def generate(self, rows, prompts):
-        """The plain loop -> each row's reply as token ids, up to the end-of-turn token (or
-        --max-new-tokens of them). The prompts are left-padded into one batch (B, L), so every row's
-        next token is predicted at the last column; the cache holds what has been read so far."""
-        B, L, dev = len(prompts), max(len(p) for p in prompts), self.device
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, L), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, L - len(p):], mask[i, L - len(p):] = torch.tensor(p), 1
-        pos = (mask.cumsum(1) - 1).clamp(min=0)  # each row counts its positions from its first real token
-        cache, replies, live = DynamicCache(config=self.model.config), [[] for _ in prompts], set(range(B))
-        for _ in range(self.args.max_new_tokens):
-            logits = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                                cache=cache).logits[:, -1].float()
-            ids = next_tokens(logits, rows, self.n_rows, self.args)[:, None].cpu()  # (B, 1): what each row reads next
-            for i in sorted(live):
-                replies[i].append(int(ids[i]))
-                if replies[i][-1] == self.eos_id:
-                    live.discard(i)
-            if not live:
-                break
-            mask, pos = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1), pos[:, -1:] + 1
-        return replies
-
 
 def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work; --out and its summary are written once every episode is in.
     check_flags(args, episodes="non-negative", seed="a seed in [0, 2**32)", num_envs="at least 1",
-                max_new_tokens="at least 1", candidates="at least 1", critic_batch_size="at least 1",
-                threads="non-negative", r_fmt="in [-100, 100]",
-                r_inv="in [-100, 100]", r_repeat="in [-100, 100]")
+                max_new_tokens="at least 1", threads="non-negative", r_fmt="in [-100, 100]", r_inv="in [-100, 100]",
+                r_repeat="in [-100, 100]")
+    check_rerank(args)
     if not args.greedy:
         check_flags(args, temperature="positive")
     env_kwargs = parse_env_kwargs(args.env_kwargs)
@@ -309,10 +260,6 @@ def main(argv=None):
         if args.episodes > len(all_ids):
             die(f"--episodes {args.episodes} exceeds the {len(all_ids)} tasks of split {r.split!r}")
         task_lists.append(sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids)
-    if args.rerank and args.policy == "expert":
-        die("--rerank needs a policy directory to sample candidates from, not --policy expert")
-    if args.rerank and args.greedy:
-        die("--rerank samples its candidates at --temperature; drop --greedy (lower --temperature instead)")
     inputs = [p for p in (args.policy, args.rerank) if p and p != "expert"]
     for r in runs:
         check_out(r.out, "02_collect", inputs)

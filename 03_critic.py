@@ -37,31 +37,10 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import AutoModel
 
-from plumbing import (
-    add_machine_flags,
-    autocast,
-    average_info,
-    check_finite,
-    check_flags,
-    check_out,
-    cost,
-    die,
-    distribute,
-    finish_distributed,
-    full_state,
-    is_main,
-    length_batches,
-    load_model,
-    load_tokenizer,
-    log_metrics,
-    pick_device,
-    read_episodes,
-    seed_everything,
-    setup_distributed,
-    step_parts,
-    unsharded,
-    write_atomic,
-)
+from plumbing import (add_machine_flags, autocast, average_info, check_finite, check_flags, check_out, cost, die,
+                      distribute, finish_distributed, full_state, is_main, length_batches, load_model, load_tokenizer,
+                      log_metrics, pick_device, read_episodes, seed_everything, setup_distributed, step_parts,
+                      unsharded, write_atomic)
 
 
 def parse_args(argv=None):

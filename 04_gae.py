@@ -38,23 +38,8 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from plumbing import (
-    ARTIFACTS,
-    MAX_REWARD,
-    add_machine_flags,
-    autocast,
-    check_flags,
-    check_out,
-    die,
-    load_model,
-    log_metrics,
-    owned,
-    pick_device,
-    read_episodes,
-    read_json,
-    save_text,
-    seed_everything,
-)
+from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_flags, check_out, die, load_model,
+                      log_metrics, owned, pick_device, read_episodes, read_json, save_text, seed_everything)
 
 
 def parse_args(argv=None):

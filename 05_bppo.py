@@ -28,9 +28,7 @@ Under torchrun each process takes a share of every batch (DDP, or FSDP2 with --f
 """
 import argparse
 import bisect
-import json
 import math
-import os
 import random
 import time
 
@@ -38,33 +36,10 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from plumbing import (
-    STEP_KEYS,
-    add_lora,
-    add_machine_flags,
-    autocast,
-    average_info,
-    check_finite,
-    check_flags,
-    check_out,
-    cost,
-    die,
-    distribute,
-    finish_distributed,
-    full_state,
-    is_main,
-    length_batches,
-    load_model,
-    load_tokenizer,
-    log_metrics,
-    merged_for_saving,
-    pick_device,
-    read_episodes,
-    seed_everything,
-    setup_distributed,
-    step_parts,
-    write_atomic,
-)
+from plumbing import (STEP_KEYS, add_lora, add_machine_flags, autocast, average_info, check_finite, check_flags,
+                      check_out, cost, die, distribute, finish_distributed, full_state, is_main, length_batches,
+                      load_model, load_tokenizer, log_metrics, pick_device, read_episodes, save_policy, seed_everything,
+                      setup_distributed, step_parts)
 
 
 def parse_args(argv=None):
@@ -198,15 +173,13 @@ def main(argv=None):
     seed_everything(args.seed)
     device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
-    tokenizer = load_tokenizer(args.policy)
-    ref_tokenizer = load_tokenizer(args.ref)
+    tokenizer, ref_tokenizer = load_tokenizer(args.policy), load_tokenizer(args.ref)
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
         die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
             "their next-token distributions token by token, so both must share one (pass the BC policy)")
     policy = add_lora(load_model(AutoModelForCausalLM, args.policy), args.lora).to(device)
     train_policy = distribute(policy, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the policy itself
-    ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval()
-    ref.requires_grad_(False)
+    ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
     data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")
@@ -283,15 +256,9 @@ def main(argv=None):
 
     state = full_state(policy, args.fsdp)  # distributed --fsdp: the shards gathered on rank 0; else None
     check_finite(policy.parameters() if state is None else state.values(), "the updated policy")
-
-    def save(tmp):
-        merged_for_saving(policy, args.lora).save_pretrained(tmp, state_dict=state)
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "args.json"), "w") as f:
-            json.dump({"stage": "05_bppo", **vars(args)}, f, indent=2)
     if not is_main():  # distributed: rank 0 alone writes
         return finish_distributed()
-    write_atomic(args.out, save)
+    save_policy(args.out, policy, tokenizer, args, "05_bppo", state)
     log_metrics(args.metrics, *records)
     print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, "
           f"peak memory {record['peak_mem_gb']:.2f} GB)")

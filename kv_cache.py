@@ -1,22 +1,48 @@
-"""The KV cache 02_collect.py keeps across turns: speed only, skip it on a first reading.
+"""How 02_collect.py's policy writes the replies of a batch of rows: decoding, skip it on a first reading.
 
-02's ModelPolicy.generate re-reads every prompt in full at each turn. generate_cached gives the same
-replies (up to float rounding) from one KV cache kept across turns and episodes: each turn feeds only
-the new tokens - the last reply's end, the observation, or a refilled slot's new task. It is 02's
-default (--plain-generate takes the plain loop; bench/collect_speed.py measures both), so its
-arithmetic is the one every seeded run reproduces bit for bit. tests/test_collect.py checks that both
-write the same replies.
+generate_plain re-reads every prompt in full at each turn. generate_cached gives the same replies (up
+to float rounding) from one KV cache kept across turns and episodes: each turn feeds only the new
+tokens - the last reply's end, the observation, or a refilled slot's new task. It is 02's default
+(--plain-generate takes the plain loop; bench/collect_speed.py measures both), so its arithmetic is
+the one every seeded run reproduces bit for bit. tests/test_collect.py checks that both write the
+same replies. Both take 02's ModelPolicy (model, n_rows, eos_id, pad_id, args) and next_tokens, 02's
+choice of each row's next token (greedy or sampled).
 """
 import torch
-from transformers import StaticCache
+from transformers import DynamicCache, StaticCache
 
 CACHE_ROOM = 64  # free KV-cache columns beyond one turn's need
 
 
 @torch.no_grad()
+def generate_plain(policy, rows, prompts, next_tokens):
+    """The plain loop -> each row's reply as token ids, up to the end-of-turn token (or
+    --max-new-tokens of them). The prompts are left-padded into one batch (B, L), so every row's
+    next token is predicted at the last column; the cache holds what has been read so far."""
+    p, B, L, dev = policy, len(prompts), max(len(x) for x in prompts), policy.device
+    ids = torch.full((B, L), p.pad_id, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for i, x in enumerate(prompts):
+        ids[i, L - len(x):], mask[i, L - len(x):] = torch.tensor(x), 1
+    pos = (mask.cumsum(1) - 1).clamp(min=0)  # each row counts its positions from its first real token
+    cache, replies, live = DynamicCache(config=p.model.config), [[] for _ in prompts], set(range(B))
+    for _ in range(p.args.max_new_tokens):
+        logits = p.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                         cache=cache).logits[:, -1].float()
+        ids = next_tokens(logits, rows, p.n_rows, p.args)[:, None].cpu()  # (B, 1): what each row reads next
+        for i in sorted(live):
+            replies[i].append(int(ids[i]))
+            if replies[i][-1] == p.eos_id:
+                live.discard(i)
+        if not live:
+            break
+        mask, pos = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1), pos[:, -1:] + 1
+    return replies
+
+
+@torch.no_grad()
 def generate_cached(policy, rows, prompts, next_tokens):
-    """02's ModelPolicy.generate through policy.session, a Session over all n_rows rows of the batch.
-    next_tokens: 02's choice of each row's next token (greedy or sampled)."""
+    """generate_plain's replies through policy.session, a Session over all n_rows rows of the batch."""
     p, max_new = policy, policy.args.max_new_tokens
     if p.session is None:  # the first turn: a cache that fits the prompts and one turn
         p.session = Session(p.model, p.n_rows, max(len(x) for x in prompts) + max_new + CACHE_ROOM, p.pad_id)

@@ -441,7 +441,7 @@ def autocast(device, amp):
 
 def add_lora(model, rank):
     """--lora R: train rank-R LoRA adapters (peft) on every linear layer instead of every weight;
-    merged into the weights before saving (merged_for_saving), so the output is a plain model."""
+    merged into the weights before saving (save_policy), so the output is a plain model."""
     if not rank:
         return model
     try:
@@ -451,8 +451,15 @@ def add_lora(model, rank):
     return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear"))
 
 
-def merged_for_saving(model, rank):
-    return model.merge_and_unload() if rank else model
+def save_policy(path, model, tokenizer, args, stage, state=None):
+    """A policy directory, atomically: the model (save_pretrained; --lora adapters merged into the weights,
+    a plain model; state: the FSDP-gathered weights or None), its tokenizer and args.json (stage's stamp)."""
+    def save(tmp):
+        (model.merge_and_unload() if args.lora else model).save_pretrained(tmp, state_dict=state)
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, "args.json"), "w") as f:
+            json.dump({"stage": stage, **vars(args)}, f, indent=2)
+    write_atomic(path, save)
 
 
 def length_batches(lengths, batch_size, rng):

@@ -11,9 +11,28 @@ import importlib
 
 import torch
 
-from plumbing import autocast, pick_device
+from plumbing import autocast, check_flags, die, pick_device
 
 gae = importlib.import_module("04_gae")  # the critic as 04 reads it: load_critic, tokenize_episode, collate
+
+
+def add_rerank_flags(p):
+    p.add_argument("--rerank", default="", metavar="CRITIC_DIR",
+                   help="Q-guided generation: a critic directory from 03_critic.py scores --candidates sampled "
+                        "replies per step and the argmax-Q reply is executed (not with --greedy or --policy expert)")
+    p.add_argument("--candidates", type=int, default=4,
+                   help="with --rerank: candidate replies sampled per environment and step (M >= 1)")
+    p.add_argument("--critic-batch-size", type=int, default=32,
+                   help="with --rerank: candidates per critic forward pass")
+
+
+def check_rerank(args):
+    """The flags above, before any work: one error line for what cannot run."""
+    check_flags(args, candidates="at least 1", critic_batch_size="at least 1")
+    if args.rerank and args.policy == "expert":
+        die("--rerank needs a policy directory to sample candidates from, not --policy expert")
+    if args.rerank and args.greedy:
+        die("--rerank samples its candidates at --temperature; drop --greedy (lower --temperature instead)")
 
 
 def pick_candidates(q, m):

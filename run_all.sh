@@ -146,8 +146,8 @@ evaluate() {
 
 # ---- the base language model, shared by every run with the same environment and settings
 if [ "$BASE" = pretrained ]; then
-  # the key covers the code that builds the base too: an edited 00_pretrain.py or envs/ makes a new one
-  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py plumbing.py envs/*.py | sha1sum | cut -c1-10)
+  # the key covers the code that builds the base too: an edited 00_pretrain.py, models/tiny.py or envs/ makes a new one
+  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py models/tiny.py plumbing.py envs/*.py | sha1sum | cut -c1-10)
   base_dir="$BASE_CACHE/$ENV-$key"
   stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads "$THREADS" $PRETRAIN_ARGS
   MODEL=(--model "$base_dir" --lr 1e-3)

@@ -26,7 +26,8 @@ EXERCISES = {
     "04_gae.py": ["gae"],
     "05_bppo.py": ["bppo_loss", "kl_to_ref"],
 }
-VERBATIM = ["00_pretrain.py", "plumbing.py", "kv_cache.py", "rerank.py", "run_all.sh", "envs"]  # copied as they are
+VERBATIM = ["00_pretrain.py", "plumbing.py", "kv_cache.py", "rerank.py", "run_all.sh", "envs",
+            "models/__init__.py", "models/tiny.py"]  # copied as they are
 
 
 def functions(source, names):
@@ -72,6 +73,7 @@ def main():
                 shutil.copytree(os.path.join(ROOT, name), os.path.join(tmp, name),
                                 ignore=shutil.ignore_patterns("__pycache__"))
             else:
+                os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
                 shutil.copy2(os.path.join(ROOT, name), os.path.join(tmp, name))
     write_atomic(args.out, write)  # a temporary sibling, then one rename
     n = sum(len(v) for v in EXERCISES.values())

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+import plumbing
 from conftest import ROOT, load_module, run_stage
 
 GOOD_STEP = {"text": "Action: look", "action": "look", "obs": "o", "r_env": 0.0, "label": "ok", "r_aux": 0.0,
@@ -333,7 +334,7 @@ def test_as_a_user_sees_it(world):
 
 def test_write_atomic_removes_nothing_but_its_own_temporary(stages, tmp_path):
     """Files next to --out that merely look like a killed stage's leftovers are the user's: kept."""
-    wa = stages["01_bc"].write_atomic
+    wa = plumbing.write_atomic
     out = tmp_path / "policy"
     out.mkdir()
     (out / "old.txt").write_text("old")
@@ -517,7 +518,7 @@ def test_a_kill_between_the_two_renames_is_undone_by_the_next_check_out(stages, 
     """Issue 52: temporaries get unpredictable names (mkdtemp) beside the output; a SIGKILL after the old
     directory was moved aside leaves it in its temporary, and the next check_out of that path puts it back
     and removes every leftover temporary."""
-    wa, check_out = stages["01_bc"].write_atomic, stages["01_bc"].check_out
+    wa, check_out = plumbing.write_atomic, plumbing.check_out
     out, seen = tmp_path / "policy", []
 
     def write(tmp):

@@ -38,10 +38,11 @@ def test_smoke_sets_only_defaults(tmp_path):
 
 
 def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
-    """A base cached by older 00_pretrain.py / plumbing.py / envs/ code must not be reused: the key hashes them."""
+    """A base cached by older 00_pretrain.py / models/tiny.py / plumbing.py / envs/ code must not be reused: the key
+    hashes them."""
     repo = tmp_path / "repo"
-    repo.mkdir()
-    for name in ("run_all.sh", "00_pretrain.py", "plumbing.py"):
+    (repo / "models").mkdir(parents=True)
+    for name in ("run_all.sh", "00_pretrain.py", "plumbing.py", "models/tiny.py"):
         shutil.copy(os.path.join(ROOT, name), repo / name)
     shutil.copytree(os.path.join(ROOT, "envs"), repo / "envs")
 
@@ -53,9 +54,11 @@ def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
         return line.split("--out ")[1].split()[0]
     first = base_dir()
     assert base_dir() == first  # same code and settings: the same cache entry
-    with open(repo / "envs" / "household.py", "a") as f:
-        f.write("\n# an edit\n")
-    assert base_dir() != first
+    for edited in (repo / "envs" / "household.py", repo / "models" / "tiny.py"):
+        with open(edited, "a") as f:
+            f.write("\n# an edit\n")
+        assert base_dir() != first, edited
+        first = base_dir()
 
 
 def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):

@@ -84,7 +84,7 @@ def test_refilled_slots_run_the_same_episodes(stages, in_process, tmp_path):
 
 def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages, monkeypatch, tmp_path):
     """The KV cache kept across turns (generate_cached, the default) against the plain loop that
-    re-reads every prompt (ModelPolicy.generate): the same replies, and the same logits (up to
+    re-reads every prompt (kv_cache.generate_plain): the same replies, and the same logits (up to
     float rounding) at every token of them - over rows of very different lengths, a row refilled
     with a new task (Session.sync keeps the common instruction and hides the rest), an idle row, a
     full cache (compacted), a reply hidden without a compaction, rows that end their reply early
@@ -125,8 +125,8 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
         out = []
         for p in (cached, plain):
             n = len(seen)
-            out.append(p.generate(rows, prompts) if p is plain
-                       else kv_cache.generate_cached(p, rows, prompts, c.next_tokens))
+            generate = kv_cache.generate_plain if p is plain else kv_cache.generate_cached
+            out.append(generate(p, rows, prompts, c.next_tokens))
             out.append(seen[n:])
         (replies, steps), (plain_replies, plain_steps) = out[:2], out[2:]
         assert replies == plain_replies and len(steps) == len(plain_steps)
@@ -146,7 +146,8 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
     both([0, 2], [prompt(3, 0), prompt(2, 3)])                             # row 0 refilled, row 1 idle
     cached.session.max_cols = 0                                            # a full cache: compact it
     prompts = [prompt(3, 1), prompt(0, 1), prompt(2, 4)]                  # row 1 back with a new task
-    cached.eos_id = plain.eos_id = plain.generate([0, 1, 2], prompts)[0][1]  # row 0 now ends its reply early
+    # row 0 now ends its reply early
+    cached.eos_id = plain.eos_id = kv_cache.generate_plain(plain, [0, 1, 2], prompts, c.next_tokens)[0][1]
     replies = both([0, 1, 2], prompts)
     assert len({len(r) for r in replies}) > 1
     # Each prompt goes on with its reply: tokens that only the copy holding the rows still writing read.
