@@ -219,7 +219,8 @@ class ModelPolicy:
         """One reply (a string) for each row in `rows`, given its prompt (token ids)."""
         out = []
         with autocast(self.device, self.amp):  # fp32, or bf16 matmuls on fp32 weights (--precision)
-            generate = generate_plain if self.args.plain_generate else generate_cached  # kv_cache.py
+            # kv_cache.py: the plain loop, or the same replies from a KV cache kept across turns (the default)
+            generate = generate_plain if self.args.plain_generate else generate_cached
             replies = generate(self, rows, prompts, next_tokens)
         for toks in replies:
             self.generated_tokens += len(toks)
