@@ -29,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from bench._stages import ROOT, load_stage  # noqa: E402
+from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
 
 STAGES = ["bc", "collect", "critic", "gae", "bppo"]
 NAMES = {"bc": "01 BC step", "collect": "02 collection", "critic": "03 critic step", "gae": "04 critic forward",
@@ -70,8 +71,8 @@ def worker(a):
         if a.model == "tiny":  # 01's default tiny model, exactly as `01_bc.py --model tiny` builds it
             texts = [episodes[0]["instruction"]] + [m["content"] for ep in episodes
                                                     for m in bc.episode_messages(ep)[1:]]
-            tokenizer = bc.train_tiny_tokenizer(texts, 1024)  # on the messages' text, as 01 trains it
-            model = bc.build_tiny_model(tokenizer, bc.parse_args(["--data", "x", "--out", "x"]))
+            tokenizer = train_tiny_tokenizer(texts, 1024)  # on the messages' text, as 01 trains it
+            model = build_tiny_model(tokenizer, bc.parse_args(["--data", "x", "--out", "x"]))
         else:
             tokenizer = bc.load_tokenizer(a.model)
             model = AutoModelForCausalLM.from_pretrained(a.model, local_files_only=True, dtype=torch.float32)
