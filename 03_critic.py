@@ -15,10 +15,10 @@ the two losses are
     L_V = E[ w_t * L2_tau( Qbar(s_t, a_t) - V(s_t) ) ],   L2_tau(u) = |tau - 1(u < 0)| * u^2
     L_Q = E[ w_t * ( r_t + gamma * (1 - done_t) * V(s_{t+1}) - Q(s_t, a_t) )^2 ],   r_t = r_env + r_aux
 
-where Qbar is a Polyak-averaged copy of the Q head. tau = 0.5 makes V the mean of Q over the
-data's actions, tau > 0.5 an upper expectile (docs/design.md, 'Where this reference departs from
-the paper, and why'). The step limit is part of the task: a trajectory cut by it ends there (done = 1,
-V = 0 after it), so a step that wastes time is worth less than one that makes progress.
+where Qbar is a Polyak-averaged copy of the Q head. tau > 0.5 (the default 0.7) makes V an upper
+expectile of Q over the data's actions - IQL's implicit max over what the buffer does, never over
+actions it lacks; tau = 0.5 would make V their mean. The step limit is part of the task: a trajectory
+cut by it ends there (done = 1, V = 0 after it), so a step that wastes time is worth less than one that makes progress.
 V and Q share one transformer: one forward pass over a trajectory gives every V and every Q.
 
     python 03_critic.py --policy runs/demo/policy_0 --out runs/demo/iter_1/critic \
@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--data", nargs="+", required=True, help="episode JSONL files: expert demos + self trajectories")
     p.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
     p.add_argument("--out", required=True, help="output critic directory")
-    p.add_argument("--tau", type=float, default=0.5,
+    p.add_argument("--tau", type=float, default=0.7,
                    help="expectile of V over Q (0.5: the mean; > 0.5 leans to the better actions)")
     p.add_argument("--gamma", type=float, default=0.95, help="discount factor of the Bellman backup")
     p.add_argument("--polyak", type=float, default=0.05, help="target rate: Qbar <- (1 - polyak) Qbar + polyak Q")

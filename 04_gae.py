@@ -11,18 +11,25 @@ intermediate rewards with multi-step advantages (paper, Key Design 3):
     A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
 
 done_t is 1 on the last step, at a true terminal or at the step limit (as in 03: the limit ends
-the task, V = 0 after it). r_t is the reward the critic learned on: r_env + r_aux (r_env alone for
-a critic from 03 --no-aux). Here this reference departs from the paper, which keeps r_aux out of
-A_t: a V that learned on r_aux already counts the penalties to come, and for a critic at its
-fixed point
+the task, V = 0 after it). r_t is r_env alone, as in the paper: the rule-based r_aux shapes the
+critic (03 learns Q on r_env + r_aux), not the advantage. For a critic at its fixed point
 
     r_env_t + gamma V(s_{t+1}) - V(s_t)  =  (Q(s_t, a_t) - V(s_t)) - r_aux_t
 
-so without r_aux each penalised step gets its penalty back, and an invalid step whose only cost
-is its penalty looks better than an average step (docs/design.md). --rewards env is the paper's
-placement, kept for the ablation; --advantage qv is the single-step Q - V ('w/o GAE').
+so a penalised step is judged by what it did to the rest of the episode, not by its label.
+--rewards critic puts r_aux into r_t as well (an ablation row); --advantage qv is the single-step
+Q - V ('w/o GAE').
+
+--advantage outcome is the outcome-level baseline (the GRPO / ETO family): no critic, no GAE, every
+step of an episode gets the same credit, its return minus the buffer's mean return,
+
+    A_t = R - mean(R),   R = sum_t r_env_t
+
+written as q = R and v = mean(R), so the file reads like a critic's (q - v = A).
 
     python 04_gae.py --critic runs/demo/iter_1/critic --out runs/demo/iter_1/adv.jsonl \
+        --data runs/demo/data/expert.jsonl runs/demo/iter_1/self.jsonl
+    python 04_gae.py --advantage outcome --out runs/demo/iter_1/adv_outcome.jsonl \
         --data runs/demo/data/expert.jsonl runs/demo/iter_1/self.jsonl
 """
 import argparse
@@ -46,14 +53,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Stage 04: per-step process rewards (GAE) from the critic.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", nargs="+", required=True, help="episode JSONL files (the buffer the critic learned on)")
-    p.add_argument("--critic", required=True, help="critic directory from 03_critic.py")
+    p.add_argument("--critic", default="", help="critic directory from 03_critic.py (not with --advantage outcome)")
     p.add_argument("--out", required=True, help="output JSONL: the buffer with 'v', 'q' and 'adv' on every step")
     p.add_argument("--gamma", type=float, default=None, help="discount (None: the critic's)")
     p.add_argument("--lam", type=float, default=0.3, help="GAE lambda (1: Monte-Carlo return - V; 0: one-step TD)")
-    p.add_argument("--advantage", choices=["gae", "qv"], default="gae", help="'qv': Q - V (ablation 'w/o GAE')")
-    p.add_argument("--rewards", choices=["critic", "env"], default="critic",
-                   help="the r_t in delta_t: 'critic' = the rewards the critic learned on (r_env + r_aux, or r_env for "
-                        "a critic from 03 --no-aux); 'env' = r_env only (the paper's placement, ablation)")
+    p.add_argument("--advantage", choices=["gae", "qv", "outcome"], default="gae",
+                   help="'qv': Q - V (ablation 'w/o GAE'); 'outcome': the episode's return - the buffer's mean")
+    p.add_argument("--rewards", choices=["env", "critic"], default="env",
+                   help="the r_t in delta_t: 'env' = r_env only (the paper's placement); 'critic' = the rewards the "
+                        "critic learned on (r_env + r_aux, or r_env for a critic from 03 --no-aux; ablation)")
     p.add_argument("--batch-size", type=int, default=32, help="trajectories per forward pass")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(p)  # --threads, --precision
@@ -88,6 +96,13 @@ def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux):
     adv = gae(rewards, values, dones, gamma, lam) if advantage == "gae" else q - values[:-1]
     steps = [dict(s, v=float(values[t]), q=float(q[t]), adv=float(adv[t])) for t, s in enumerate(ep["steps"])]
     return dict(ep, steps=steps)
+
+
+def outcome_advantages(episodes):
+    """--advantage outcome: A_t = R - mean(R) on every step of an episode (R = its sum of r_env), no critic."""
+    returns = [sum(s["r_env"] for s in ep["steps"]) for ep in episodes]
+    b = float(np.mean(returns))
+    return [dict(ep, steps=[dict(s, v=b, q=R, adv=R - b) for s in ep["steps"]]) for ep, R in zip(episodes, returns)]
 
 
 def auc(scores, labels):
@@ -180,19 +195,9 @@ def load_critic(path, device):
     return critic.to(device).eval(), tokenizer
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    # Every input is checked before any work; --out and its summary are written once every advantage is in.
-    check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", seed="a seed in [0, 2**32)",
-                threads="non-negative")
-    check_out(args.out, "04_gae", args.data + [args.critic])
-    if args.metrics:
-        check_out(args.metrics, "log", args.data + [args.critic, args.out])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    seed_everything(args.seed)
-    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
-    episodes = read_episodes(args.data)
+def critic_advantages(args, episodes, device, amp):
+    """V and Q of every step from the critic (one forward pass per batch), then A_t -> (gamma, whether the
+    critic learned on r_aux, whether A_t uses it, the episodes with "v", "q" and "adv")."""
     critic, tokenizer = load_critic(args.critic, device)
     trained = read_json(os.path.join(args.critic, "args.json"))  # the flags 03 trained the critic with
     gamma = trained.get("gamma") if args.gamma is None else args.gamma
@@ -217,6 +222,30 @@ def main(argv=None):
                 out_eps[j] = episode_advantages(ep, v_all[row, :n + 1].double().numpy(force=True),
                                                 q[row, :n].double().numpy(force=True), gamma, args.lam,
                                                 args.advantage, with_aux)
+    return gamma, learned_aux, with_aux, out_eps
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # Every input is checked before any work; --out and its summary are written once every advantage is in.
+    check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", seed="a seed in [0, 2**32)",
+                threads="non-negative")
+    if (args.advantage == "outcome") == bool(args.critic):
+        die("--critic is required, except with --advantage outcome, which uses none")
+    inputs = args.data + [args.critic] * bool(args.critic)
+    check_out(args.out, "04_gae", inputs)
+    if args.metrics:
+        check_out(args.metrics, "log", inputs + [args.out])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    seed_everything(args.seed)
+    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
+    episodes = read_episodes(args.data)
+    if args.advantage == "outcome":
+        gamma, learned_aux, with_aux = 1.0 if args.gamma is None else args.gamma, False, False
+        out_eps = outcome_advantages(episodes)
+    else:
+        gamma, learned_aux, with_aux, out_eps = critic_advantages(args, episodes, device, amp)
     if not all(math.isfinite(s["v"] + s["q"]) and abs(s["adv"]) <= MAX_REWARD for ep in out_eps for s in ep["steps"]):
         die(f"the critic gives a non-finite V or Q, or an advantage that is not a finite number of at most "
             f"{MAX_REWARD:g} in size; nothing written")
@@ -229,8 +258,8 @@ def main(argv=None):
     save_text(args.out, "".join(json.dumps(ep) + "\n" for ep in out_eps))
     save_text(summary_path, json.dumps({**summary, "args": vars(args)}, indent=2) + "\n")
     log_metrics(args.metrics, summary)
-    how = "Q - V" if args.advantage == "qv" else ("GAE on r_env + r_aux" if with_aux else "GAE on r_env only") \
-        + (" (the critic's rewards)" if args.rewards == "critic" else " (--rewards env)")
+    how = {"qv": "Q - V", "outcome": "R - mean(R), the outcome-level baseline (no critic)"}.get(
+        args.advantage, "GAE on r_env + r_aux" if with_aux else "GAE on r_env")
     src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
     lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
     aucs = ", ".join(f"s_{t} {a:.3f}" for t, a in enumerate(summary["auc_v_self_by_step"]))

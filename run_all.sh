@@ -23,6 +23,9 @@
 #   docs/real_model.md) or a local Hugging Face model directory. A real model (smollm2 or a directory) gets
 #   budgets for one GPU (REAL_* below; a variable you set still wins); on a CPU the run first says what it costs.
 #   PRETRAIN_ARGS, BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
+#   ALGOS=qevolve: the algorithms that evolve policy_0, each K iterations from the same BC policy and iteration-1
+#   episodes - qevolve, and the baselines rft (iterated rejection fine-tuning: 01 on expert + successful own episodes;
+#   RFT_ARGS="--epochs 2 --lr 1e-3") and outcome (05 on the episode's return - the mean: 04 --advantage outcome)
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
 #
 #   bash run_all.sh                      # the default run (19-29 min on 2 quiet CPU cores with the base cached: README)
@@ -68,7 +71,7 @@ SEED=${SEED:-0}
 # household's default miniature (docs/design.md, 'The default miniature'): a step limit of the task's own
 # solution length + 1, one distractor, a demonstrator with a bad habit the agent can unlearn, and a base
 # that also reads questions about the room
-HOUSEHOLD_KWARGS='{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
+HOUSEHOLD_KWARGS='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'
 # shop's default miniature (docs/environments.md, 'The shop miniature'): 3 results per page, 10 steps, and a
 # demonstrator that on half of the tasks buys before clicking the requested options
 SHOP_KWARGS='{"page_size": 3, "max_steps": 10, "hasty": 0.5}'
@@ -97,6 +100,10 @@ COLLECT_ARGS=${COLLECT_ARGS:-}
 CRITIC_ARGS=${CRITIC_ARGS:-}
 GAE_ARGS=${GAE_ARGS:-}
 BPPO_ARGS=${BPPO_ARGS:-}
+RFT_ARGS=${RFT_ARGS:-"--epochs 2 --lr 1e-3"}
+ALGOS=${ALGOS:-qevolve}
+[[ $ALGOS =~ ^[[:space:]]*(qevolve|rft|outcome)([[:space:]]+(qevolve|rft|outcome))*[[:space:]]*$ ]] \
+  || bad "ALGOS must be words of: qevolve rft outcome, got '$ALGOS'"
 need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC KEEP_OLD
 words='^[[:space:]]*WORD([[:space:]]+WORD)*[[:space:]]*$'  # one or more WORDs (a pattern) apart
 [[ $EVAL_WORLDS =~ ${words//WORD/[0-9]+} ]] || bad "EVAL_WORLDS must be non-negative integers, got '$EVAL_WORLDS'"
@@ -173,50 +180,75 @@ stage "$RUN/policy_0" "${RUNS[@]}" 01_bc.py --data "$RUN/data/expert.jsonl" --ou
   "${COMMON[@]}" $BC_ARGS
 evaluate "$RUN/policy_0" policy_0
 
-# ---- K in-distribution evolution cycles
-for k in $(seq 1 "$K"); do
-  prev="$RUN/policy_$((k - 1))"
-  it="$RUN/iter_$k"
-  # D_self: pi_{k-1} on a fresh draw of training tasks (sampling, not greedy).
-  stage "$it/self.json" "${RUNS[@]}" 02_collect.py --policy "$prev" "${ENVARGS[@]}" --split train \
-    --episodes "$N_SELF" --out "$it/self.jsonl" \
-    --seed $((SEED * 1000 + k)) --threads "$THREADS" --precision "$PRECISION" \
-    --metrics "$METRICS" $COLLECT_ARGS
-  # D = D_expert U D_self (the latest, or every iteration's with KEEP_OLD=1).
-  buffer=("$RUN/data/expert.jsonl")
-  if [ "$KEEP_OLD" = 1 ]; then
-    for j in $(seq 1 "$k"); do buffer+=("$RUN/iter_$j/self.jsonl"); done
-  else
-    buffer+=("$it/self.jsonl")
-  fi
-  stage "$it/critic" "${RUNS[@]}" 03_critic.py --data "${buffer[@]}" --policy "$prev" --out "$it/critic" \
-    "${COMMON[@]}" $CRITIC_ARGS
-  stage "$it/adv.json" $PYTHON 04_gae.py --data "${buffer[@]}" --critic "$it/critic" --out "$it/adv.jsonl" \
-    "${COMMON[@]}" $GAE_ARGS
-  stage "$RUN/policy_$k" "${RUNS[@]}" 05_bppo.py --data "$it/adv.jsonl" --policy "$prev" --ref "$RUN/policy_0" \
-    --out "$RUN/policy_$k" "${COMMON[@]}" $BPPO_ARGS
-  evaluate "$RUN/policy_$k" "policy_$k"
-done
+# ---- K in-distribution evolution cycles: ALGO's update of pi_{k-1} into pi_k (qevolve: 03 -> 04 -> 05; the baselines
+# rft: 01 on expert + the successful own episodes, fine-tuning pi_{k-1}; outcome: 04 --advantage outcome -> 05, no critic).
+# Every algorithm of ALGOS starts from the same policy_0 and the same iteration-1 episodes of policy_0; qevolve writes
+# $RUN/iter_k and $RUN/policy_k, a baseline $RUN/<algo>/iter_k and $RUN/<algo>/policy_k.
+evolve() {
+  local algo=$1 dir=$RUN tag=""
+  if [ "$algo" != qevolve ]; then dir=$RUN/$algo tag=${algo}_; fi
+  for k in $(seq 1 "$K"); do
+    local prev="$dir/policy_$((k - 1))" it="$dir/iter_$k"
+    [ "$k" = 1 ] && prev="$RUN/policy_0"
+    # D_self: pi_{k-1} on a fresh draw of training tasks (sampling, not greedy); iteration 1's is policy_0's, shared.
+    local self="$it/self.jsonl"
+    [ "$k" = 1 ] && self="$RUN/iter_1/self.jsonl"
+    stage "${self%.jsonl}.json" "${RUNS[@]}" 02_collect.py --policy "$prev" "${ENVARGS[@]}" --split train \
+      --episodes "$N_SELF" --out "$self" \
+      --seed $((SEED * 1000 + k)) --threads "$THREADS" --precision "$PRECISION" \
+      --metrics "$METRICS" $COLLECT_ARGS
+    # D = D_expert U D_self (the latest, or every iteration's with KEEP_OLD=1).
+    local buffer=("$RUN/data/expert.jsonl") j
+    if [ "$KEEP_OLD" = 1 ]; then
+      buffer+=("$RUN/iter_1/self.jsonl")
+      for j in $(seq 2 "$k"); do buffer+=("$dir/iter_$j/self.jsonl"); done
+    else
+      buffer+=("$self")
+    fi
+    case $algo in
+      qevolve)
+        stage "$it/critic" "${RUNS[@]}" 03_critic.py --data "${buffer[@]}" --policy "$prev" --out "$it/critic" \
+          "${COMMON[@]}" $CRITIC_ARGS
+        stage "$it/adv.json" $PYTHON 04_gae.py --data "${buffer[@]}" --critic "$it/critic" --out "$it/adv.jsonl" \
+          "${COMMON[@]}" $GAE_ARGS ;;
+      outcome)
+        stage "$it/adv.json" $PYTHON 04_gae.py --data "${buffer[@]}" --advantage outcome --out "$it/adv.jsonl" \
+          "${COMMON[@]}" ;;
+      rft)
+        stage "$dir/policy_$k" "${RUNS[@]}" 01_bc.py --data "${buffer[@]}" --filter success --model "$prev" \
+          --out "$dir/policy_$k" "${COMMON[@]}" $RFT_ARGS ;;
+    esac
+    if [ "$algo" != rft ]; then
+      stage "$dir/policy_$k" "${RUNS[@]}" 05_bppo.py --data "$it/adv.jsonl" --policy "$prev" --ref "$RUN/policy_0" \
+        --out "$dir/policy_$k" "${COMMON[@]}" $BPPO_ARGS
+    fi
+    evaluate "$dir/policy_$k" "${tag}policy_$k"
+  done
+}
+for algo in $ALGOS; do evolve "$algo"; done
 
 # ---- the results table: one row per policy; each split's mean over the worlds, then each world's success
-$PYTHON - "$RUN" "$K" "$EVAL_WORLDS" $EVAL_SPLITS <<'EOF'
+$PYTHON - "$RUN" "$K" "$EVAL_WORLDS" "$ALGOS" $EVAL_SPLITS <<'EOF'
 import json, os, sys
-run, K, worlds, splits = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4:]
+run, K, worlds, algos, splits = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5:]
+NAMES = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level PG"}
 load = lambda p: json.load(open(os.path.join(run, p)))
 mean = lambda xs: sum(xs) / len(xs)
 steps = load("data/expert.json")["env_steps"]
 rows = ["| policy | " + " | ".join(f"{s} success | {s} avg reward | {s} success in world {' / '.join(worlds)}"
                                     for s in splits) + " | train env steps so far |",
         "|---|" + "---|---|---|" * len(splits) + "---|"]
-for k in range(K + 1):
-    if k > 0:
-        steps += load(f"iter_{k}/self.json")["env_steps"]
+for algo, k in [("qevolve", 0)] + [(a, k) for a in algos for k in range(1, K + 1)]:
+    tag = "" if algo == "qevolve" else f"{algo}_"
+    steps = load("data/expert.json")["env_steps"] + sum(
+        load(f"iter_{j}/self.json" if j == 1 or not tag else f"{algo}/iter_{j}/self.json")["env_steps"]
+        for j in range(1, k + 1))
     cells = []
     for s in splits:
-        e = [load(f"eval/world{w}/policy_{k}_{s}.json") for w in worlds]
+        e = [load(f"eval/world{w}/{tag}policy_{k}_{s}.json") for w in worlds]
         per_world = " / ".join(f"{x['success_rate']:.0%}" for x in e)
         cells.append(f"{mean([x['success_rate'] for x in e]):.1%} | {mean([x['avg_reward'] for x in e]):.3f} | {per_world}")
-    name = "policy_0 (BC)" if k == 0 else f"policy_{k} (Q-Evolve iter {k})"
+    name = "policy_0 (BC)" if k == 0 else f"{tag}policy_{k} ({NAMES[algo]} iter {k})"
     rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
 table = "\n".join(rows) + "\n"
 with open(os.path.join(run, "results.md"), "w") as f:

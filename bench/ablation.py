@@ -9,12 +9,13 @@ buffer of iteration 1 and the default critic / advantages / Q-Evolve policy. A v
 exactly one thing and redoes only the stages downstream of it:
 
     BC (SFT)           policy_0, as run_all.sh evaluated it
-    RFT                01_bc.py --filter success on expert + self data, fine-tuning policy_0
     Q-Evolve           policy_1, as run_all.sh evaluated it
+    RFT                rft/policy_1 of run_all.sh (ALGOS=rft): 01 --filter success on expert + self, from policy_0
+    outcome-level PG   outcome/policy_1 of run_all.sh (ALGOS=outcome): 04 --advantage outcome -> 05, no critic
     w/o RR             03_critic.py --no-aux             -> 04 -> 05
     w/o W-IQL          03_critic.py --uniform-weights    -> 04 -> 05
     w/o GAE            04_gae.py --advantage qv          -> 05
-    paper's r_aux      04_gae.py --rewards env           -> 05  (A_t on r_env only; docs/design.md)
+    r_aux in A_t       04_gae.py --rewards critic        -> 05  (A_t on r_env + r_aux; the paper keeps it out)
     w/o PI             no policy update: policy_0 acts, the default critic reranks
                        --candidates sampled replies per step (02_collect.py --rerank; QLASS-style)
     AWR                05_bppo.py --objective awr
@@ -48,13 +49,13 @@ SPLITS = ("seen", "unseen")
 # name, label, stage that changes (None: reuse run_all.sh's artifacts), its extra flags
 VARIANTS = [
     ("bc", "BC (SFT)", None, ""),
-    ("rft", "RFT (BC on expert + successful self)", "01", "--filter success --epochs 2 --lr 1e-3"),
     ("qevolve", "Q-Evolve (full)", None, ""),
+    ("rft", "RFT (BC on expert + successful self)", None, ""),
+    ("outcome", "outcome-level PG (A_t = R - mean R, no critic)", None, ""),
     ("no_rr", "w/o retrospective rewards (--no-aux)", "03", "--no-aux"),
     ("no_wiql", "w/o weighted IQL (--uniform-weights)", "03", "--uniform-weights"),
     ("no_gae", "w/o GAE (--advantage qv)", "04", "--advantage qv"),
-    ("env_only", "r_aux in the critic only, A_t on r_env (the paper's placement, --rewards env)", "04",
-     "--rewards env"),
+    ("aux_adv", "r_aux also in A_t (--rewards critic)", "04", "--rewards critic"),
     ("no_pi", "w/o policy improvement (Q-rerank of BC samples)", "rerank", ""),
     ("awr", "AWR instead of BPPO", "05", "--objective awr"),
     ("sym_clip", "symmetric clipping (eps_low = eps_high = 0.2)", "05", "--eps-low 0.2 --eps-high 0.2"),
@@ -91,10 +92,7 @@ def run_variant(run, seed, threads, candidates, log, only):
         extra = flags.split()
         if changes is None:
             continue
-        if changes == "01":
-            stage(f"{d}/policy", [py, "01_bc.py", "--data", *buffer, "--model", f"{run}/policy_0",
-                                  "--out", f"{d}/policy", *extra, *common])
-        elif changes == "rerank":
+        if changes == "rerank":
             evaluate(f"{run}/policy_0", d, ["--rerank", f"{run}/iter_1/critic", "--candidates", str(candidates)])
             continue
         else:
@@ -116,9 +114,9 @@ def run_variant(run, seed, threads, candidates, log, only):
 def result(run, name, split):
     """(summary of the evaluation over the run's worlds: mean success and reward, summed costs,
     env steps spent on training data) of one variant."""
-    k = {"bc": 0, "qevolve": 1}.get(name)
-    path = (f"{run}/ablation/{name}/world{{}}/{split}.json" if k is None
-            else f"{run}/eval/world{{}}/policy_{k}_{split}.json")
+    policy = {"bc": "policy_0", "qevolve": "policy_1", "rft": "rft_policy_1", "outcome": "outcome_policy_1"}.get(name)
+    path = (f"{run}/ablation/{name}/world{{}}/{split}.json" if policy is None
+            else f"{run}/eval/world{{}}/{policy}_{split}.json")
     evals = [json.load(open(os.path.join(ROOT, path.format(w)))) for w in eval_worlds(run)]
     summary = {k: statistics.mean(e[k] for e in evals) for k in ("success_rate", "avg_reward")}
     summary.update({k: sum(e[k] for e in evals) for k in ("env_steps", "generated_tokens")})
@@ -131,10 +129,10 @@ def result(run, name, split):
 def run_all_variants(args, runs):
     """Make any missing default run (bench/seeds.py), then every variant of every seed."""
     missing = [s for s, r in zip(args.seeds, runs) if not os.path.exists(os.path.join(ROOT, r, "results.md"))]
-    if missing:  # the shared artifacts: the default chain, K=1
+    if missing:  # the shared artifacts: the default chain and its baselines, K=1
         cmd = [sys.executable, "bench/seeds.py", "--seeds", *map(str, missing), "--prefix", args.prefix]
         subprocess.run(cmd + (["--parallel"] if args.parallel else []), cwd=ROOT, check=True,
-                       env={**os.environ, "K": "1"})
+                       env={**os.environ, "K": "1", "ALGOS": "qevolve rft outcome"})
     threads = 1 if args.parallel else 2
     logs = [open(os.path.join(ROOT, f"{r}.ablation.log"), "a") for r in runs]
     if args.parallel:

@@ -2,11 +2,12 @@
 per file. For household:
 
 - the habit: right after arriving at a closed receptacle ("You arrive at X. The X is closed."),
-  does the policy `examine` it (the demonstrator's habit: "Nothing happens.", labelled invalid)
-  or `open` it? The habit rate is the share of such arrivals that it examines. On a 04 buffer,
-  also the mean advantage A of each (source, verb): does the critic rate `open` above `examine`?
-- the first mistake (the first step not labelled ok) of each episode, and how many episodes with
-  a mistake still succeed (recover).
+  does the policy `examine` it (the demonstrator's habit: "The X is closed.", a valid step no rule
+  labels, that only wastes a step of the limit) or `open` it? The habit rate is the share of such
+  arrivals that it examines. On a 04 buffer, also the mean advantage A of each (source, verb): does
+  the critic rate `open` above `examine`?
+- the first mistake (the first step not labelled ok, or the habit's `examine`) of each episode, and
+  how many episodes with a mistake still succeed (recover).
 
 For shop (the episodes' "env"): does the policy copy what it must - a product click on a results
 page names an id that page shows, a search is a span of the instruction (the expert's request) -
@@ -37,11 +38,13 @@ def closed_arrivals(episode):
 
 
 def first_mistake(episode):
-    """The kind of the first step not labelled ok, or None for a clean episode."""
+    """The kind of the first step not labelled ok or that is the habit, or None for a clean episode."""
     rooms = set(re.findall(r"\ban? ([a-z]+ \d+)", episode["obs0"]))  # the receptacles obs0 lists
     here, last_obs = None, episode["obs0"]
     for step in episode["steps"]:
         action = step["action"] or ""
+        if action.startswith("examine ") and last_obs.startswith("You arrive at") and last_obs.endswith("is closed."):
+            return "examine: the habit"
         if step["label"] != "ok":
             if step["label"] == "format" or not action:
                 return "format"
@@ -53,7 +56,7 @@ def first_mistake(episode):
                 kind = action[len("take "):].split(" from ")[0].rsplit(" ", 1)[0]
                 seen = re.search(rf"\b{re.escape(kind)} \d", last_obs)
                 return "take: object in last obs" if seen else "take: object not in last obs"
-            return action.split()[0]  # e.g. the habit's `examine`
+            return action.split()[0]
         if action.startswith("go to ") and step["obs"].startswith("You arrive"):
             here = action[len("go to "):]
         last_obs = step["obs"]

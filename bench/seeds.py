@@ -30,7 +30,9 @@ from plumbing import STAMP, check_out, die, save_text  # noqa: E402
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
 RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS",
-                    "EVAL_WORLDS", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
+                    "EVAL_WORLDS", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS",
+                    "ALGOS", "RFT_ARGS"]
+NAMES = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level PG"}
 
 
 def main():
@@ -75,12 +77,15 @@ def main():
     splits = os.environ.get("EVAL_SPLITS", "seen unseen").split()
     worlds = eval_worlds(runs[0]["run"])
 
-    def rate(run, k, split, world):
-        path = os.path.join(ROOT, run, "eval", f"world{world}", f"policy_{k}_{split}.json")
+    def rate(run, policy, split, world):
+        path = os.path.join(ROOT, run, "eval", f"world{world}", f"{policy}_{split}.json")
         return json.load(open(path))["success_rate"] * 100
 
     mean, sd = statistics.mean, (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
-    name = (lambda k: "BC (policy_0)" if k == 0 else f"Q-Evolve iter {k} (policy_{k})")
+    algos = os.environ.get("ALGOS", "qevolve").split()
+    policies = [("policy_0", "BC (policy_0)")] + [
+        (p, f"{NAMES[a]} iter {k} ({p})") for a in algos for k in range(1, K + 1)
+        for p in [f"{'' if a == 'qevolve' else a + '_'}policy_{k}"]]
     slash = "/".join(splits)
     settings = [f"{k}={shlex.quote(os.environ[k])}" for k in RUN_ALL_SETTINGS if os.environ.get(k)]
     command = " ".join(settings + ["python", "bench/seeds.py"] + [shlex.quote(a) for a in sys.argv[1:]])
@@ -94,16 +99,16 @@ def main():
              "| policy | " + " | ".join(f"seed {r['seed']} {slash}" for r in runs)
              + " | " + " | ".join(f"{s} mean +- std" for s in splits) + " |",
              "|---|" + "---|" * (len(runs) + len(splits))]
-    for k in range(K + 1):
-        cells = [" / ".join(f"{mean(rate(r['run'], k, s, w) for w in worlds):.1f}" for s in splits) for r in runs]
-        every = [[rate(r["run"], k, s, w) for r in runs for w in worlds] for s in splits]
+    for policy, name in policies:
+        cells = [" / ".join(f"{mean(rate(r['run'], policy, s, w) for w in worlds):.1f}" for s in splits) for r in runs]
+        every = [[rate(r["run"], policy, s, w) for r in runs for w in worlds] for s in splits]
         spread = [f"{mean(xs):.1f} +- {sd(xs):.1f}" for xs in every]
-        lines.append(f"| {name(k)} | " + " | ".join(cells + spread) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells + spread) + " |")
     lines += ["", f"Per world (the mean over the seeds), and Q-Evolve iter {K}'s gain over BC:", "",
               f"| world | BC {slash} | Q-Evolve iter {K} {slash} | gain {slash} |", "|---|---|---|---|"]
     for w in worlds:
-        bc = [mean(rate(r["run"], 0, s, w) for r in runs) for s in splits]
-        last = [mean(rate(r["run"], K, s, w) for r in runs) for s in splits]
+        bc = [mean(rate(r["run"], "policy_0", s, w) for r in runs) for s in splits]
+        last = [mean(rate(r["run"], f"policy_{K}", s, w) for r in runs) for s in splits]
         fmt = (lambda xs, sign="": " / ".join(f"{x:{sign}.1f}" for x in xs))
         lines.append(f"| {w}{' (trained in)' if w == '0' else ''} | {fmt(bc)} | {fmt(last)} | "
                      f"{fmt([b - a for a, b in zip(bc, last)], '+')} |")
@@ -111,7 +116,7 @@ def main():
     for r in runs:
         note = "" if r["fresh"] else " (resumed: finished stages skipped)"
         first = os.path.getmtime(os.path.join(ROOT, r["run"], "data", "expert.jsonl"))
-        last_eval = os.path.join(ROOT, r["run"], "eval", f"world{worlds[-1]}", f"policy_{K}_{splits[-1]}.json")
+        last_eval = os.path.join(ROOT, r["run"], "eval", f"world{worlds[-1]}", f"{policies[-1][0]}_{splits[-1]}.json")
         last = os.path.getmtime(last_eval)
         lines.append(f"| {r['seed']} | {r['wall_s'] / 60:.1f} min{note} | {(last - first) / 60:.1f} min |")
     if any(r["fresh"] for r in runs):

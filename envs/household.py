@@ -16,10 +16,11 @@ Commands: go to X, open X, close X, take O from X, put O in/on X, clean O with X
 heat O with X, cool O with X, use X, examine X, inventory, look. Any command that does
 nothing returns exactly "Nothing happens.". Reward is 1.0 on the step that reaches the
 goal (terminated), else 0.0; `max_steps` commands end the episode (truncated). With
-`step_slack=s` the limit is set per task instead: the length of the demonstrator's own solution
-without its habit (`solution_length`) plus s, at most `max_steps` - so on every task the same
-number of wasted steps costs the episode, however long its search is. `env.max_steps` is then the
-current task's limit.
+`step_slack=[s]` the limit is set per task instead: the length of the demonstrator's own solution
+without its habit (`solution_length`) plus s, at most `max_steps`. With several, `step_slack=[0, 1, 2]`,
+each task draws its slack from the list by a hash of its id: fixed for the task, never shown to the
+agent - like ALFWorld's one limit over tasks of many lengths, a wasted step loses some episodes and
+not others, and only the outcome tells which. `env.max_steps` is then the current task's limit.
 
 Splits. Every task has a *goal pairing* (object type, goal receptacle type), where the
 goal of a look_at_obj_in_light task is "desklamp". A fixed rule, `is_unseen_pairing`,
@@ -36,8 +37,9 @@ The expert acts only on what it has observed: it searches receptacles in the ord
 the object type is likely to be found (OBJECT_LOCATIONS, then the rest), opens closed ones,
 then carries out the task. It writes ReAct text: a short `Thought:` line where its plan
 changes and a bare `Action:` elsewhere. With `habit=p` (default 0) it has a bad habit (see
-`_habit`): on arriving at a closed receptacle, with probability p it first tries `examine X`,
-which does nothing while X is closed - one invalid, wasted step - and then opens X.
+`_habit`): on arriving at a closed receptacle, with probability p it first does `examine X`
+("The X is closed.": a valid step that tells nothing new, so no rule labels it) and then opens
+X - a wasted step whose only cost is the step limit, paid at the end if at all.
 `room_questions=p` (default 0) is the share of 00_pretrain.py's reading questions
 (`reading_question`) that ask about the room and where the agent stands.
 
@@ -165,11 +167,11 @@ class HouseholdEnv(TextEnv):
     name = "household"
     splits = ("train", "dev", "seen", "unseen")
 
-    def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20, step_slack=-1,
+    def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20, step_slack=(),
                  n_train=1000, n_dev=100, n_seen=100, n_unseen=100, habit=0.0, room_questions=0.0):
         inf = math.inf
-        if step_slack != -1 and not 0 <= step_slack < inf:
-            raise ValueError(f"household: step_slack must be -1 (off) or at least 0, got {step_slack!r}")
+        if not all(type(x) is int and 0 <= x <= 100 for x in step_slack):
+            raise ValueError(f"household: step_slack must be a list of integers in [0, 100], got {step_slack!r}")
         for key, value, low, high in [("n_receptacles", n_receptacles, len(ALWAYS) + 2, MAX_RECEPTACLES),
                                       ("n_distractors", n_distractors, 0, inf), ("max_steps", max_steps, 1, inf),
                                       ("n_train", n_train, 1, inf), ("n_dev", n_dev, 1, inf),
@@ -184,7 +186,7 @@ class HouseholdEnv(TextEnv):
         self.habit = habit
         self.room_questions = room_questions
         self.step_cap = self.max_steps = max_steps
-        self.step_slack = step_slack
+        self.step_slack = list(step_slack)
         self._solution_lengths = {}
         self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
         pairings = all_pairings()
@@ -193,11 +195,7 @@ class HouseholdEnv(TextEnv):
             "unseen": [p for p in pairings if is_unseen_pairing(p[1], p[2])],
         }
         self.pairings["seen"] = self.pairings["dev"] = self.pairings["train"]
-        self.instruction = (
-            "Household agent. Reply with an optional 'Thought: ...' line, then 'Action: <command>'. "
-            "Commands: go to X, open X, close X, take O from X, put O in/on X, clean/heat/cool O with X, "
-            f"use X, examine X, inventory, look. A useless command gives '{NOTHING}'"
-        )
+        self.instruction = "Household agent. Reply with an optional 'Thought: ...' line, then 'Action: <command>'."
         self._task = None
 
     # ------------------------------------------------------------------ tasks
@@ -272,8 +270,9 @@ class HouseholdEnv(TextEnv):
     # ------------------------------------------------------------------ episode
     def reset(self, task_id):
         g = self.generate(task_id)
-        if self.step_slack >= 0:
-            self.max_steps = min(self.step_cap, self.solution_length(task_id) + self.step_slack)
+        if self.step_slack:  # the task's own slack: a hash of its id picks it from the list
+            slack = self.step_slack[zlib.crc32(f"slack/{self.seed}/{task_id}".encode()) % len(self.step_slack)]
+            self.max_steps = min(self.step_cap, self.solution_length(task_id) + slack)
         self._task = g
         self.where = {o: r for r, objs in g["contents"].items() for o in objs}  # object -> receptacle
         self.is_open = {r: False for r in g["receptacles"] if _kind(r) in OPENABLE}
@@ -373,8 +372,8 @@ class HouseholdEnv(TextEnv):
             return f"You turn on the {thing}."
         if cmd.startswith("examine "):
             thing = cmd[8:]
-            if thing == self.location and self._visible(thing):
-                return self._describe(thing)
+            if thing == self.location:
+                return self._describe(thing) if self._visible(thing) else f"The {thing} is closed."
             if thing == self.holding:
                 adjectives = " ".join(sorted(self.state[thing]))
                 return f"This is a {adjectives + ' ' if adjectives else ''}{thing}."
@@ -425,8 +424,8 @@ class HouseholdEnv(TextEnv):
         if loc is not None:
             if loc in self.is_open:
                 cmds.append(f"{'close' if self.is_open[loc] else 'open'} {loc}")
+            cmds.append(f"examine {loc}")
             if self._visible(loc):
-                cmds.append(f"examine {loc}")
                 if held is None:
                     cmds += [f"take {o} from {loc}" for o in self._here(loc) if _kind(o) != "desklamp"]
                 else:
@@ -555,9 +554,9 @@ class HouseholdEnv(TextEnv):
 
     def _habit(self):
         """With probability `habit` (decided per task and step, reproducibly), the demonstrator
-        that has just arrived at a closed receptacle it means to open first tries `examine X`,
-        which does nothing while X is closed ("Nothing happens.", labelled invalid); its next
-        command is the `open X` it meant. A bad habit that costs a step at such arrivals."""
+        that has just arrived at a closed receptacle it means to open first does `examine X`
+        ("The X is closed.": valid, labelled ok, and no news); its next command is the `open X` it
+        meant. A bad habit that costs a step at such arrivals, which no rule can see."""
         if not self.habit or self.done or self.location is None or self._visible(self.location):
             return None
         loc = self.location

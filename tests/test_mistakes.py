@@ -65,7 +65,8 @@ def test_the_printed_line_counts_habit_mistakes_and_recoveries(tmp_path):
            episode([ARRIVE], False), episode([take, ARRIVE], True), episode([take], False)]
     path, out = printed(tmp_path, eps)
     assert out == (f"{path}: success 3/5; at a closed receptacle: examine 1, open 0, other 1 (habit rate 0.50); "
-                   "with a mistake 3 (recovered 2), first mistake: take: object not in last obs 2, examine 1\n")
+                   "with a mistake 3 (recovered 2), first mistake: take: object not in last obs 2, "
+                   "examine: the habit 1\n")
 
 
 def test_shop_line_counts_copies_and_hasty_purchases(tmp_path):
