@@ -26,7 +26,7 @@ EXERCISES = {
     "04_gae.py": ["gae"],
     "05_bppo.py": ["bppo_loss", "kl_to_ref"],
 }
-VERBATIM = ["00_pretrain.py", "plumbing.py", "kv_cache.py", "rerank.py", "run_all.sh", "envs",
+VERBATIM = ["00_pretrain.py", "plumbing.py", "kv_cache.py", "rerank.py", "rollout.py", "run_all.sh", "envs",
             "models/__init__.py", "models/tiny.py"]  # copied as they are
 
 
