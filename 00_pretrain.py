@@ -23,8 +23,11 @@ The loss is next-token prediction on every token after the system turn:
 01_bc.py --model DIR fine-tunes the result on the demonstrations (run_all.sh builds it once per
 environment and settings, under runs/base/):
 
-    python 00_pretrain.py --out runs/base/household
-    python 01_bc.py --model runs/base/household --lr 1e-3 --data runs/demo/data/expert.jsonl --out runs/demo/policy_0
+    KW='{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'  # run_all.sh's household
+    python 00_pretrain.py --env-kwargs "$KW" --out runs/demo/base
+    python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
+        --out runs/demo/data/expert.jsonl
+    python 01_bc.py --model runs/demo/base --lr 1e-3 --data runs/demo/data/expert.jsonl --out runs/demo/policy_0
 """
 import argparse
 import json
@@ -39,8 +42,8 @@ from tqdm import tqdm
 
 import envs
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (add_machine_flags, autocast, check_finite, check_flags, check_out, die, length_batches,
-                      log_metrics, lr_at, parse_env_kwargs, pick_device, seed_everything, write_atomic)
+from plumbing import (add_machine_flags, autocast, check_finite, check_flags, check_loss, check_out, die,
+                      length_batches, log_metrics, lr_at, parse_env_kwargs, pick_device, seed_everything, write_atomic)
 
 
 def parse_args(argv=None):
@@ -193,12 +196,11 @@ def main(argv=None):
             with autocast(device, amp):
                 logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
             loss = lm_loss(token_logprobs(logits[:, :-1], input_ids[:, 1:]), mask[:, 1:])  # position i predicts i + 1
-            if not torch.isfinite(loss):
-                die(f"loss became {loss.item()} at step {step}; lower --lr")
-            optimizer.zero_grad(set_to_none=True)
+            check_loss(loss, step)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             epoch_loss += loss.item()
             n_batches += 1
             step += 1

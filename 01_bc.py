@@ -16,8 +16,14 @@ keeps only the trajectories that reached the goal: rejection-sampling fine-tunin
 from scratch (models/tiny.py); --model DIR fine-tunes any local causal LM that has a chat template. Nothing is
 downloaded.
 
-    python 02_collect.py --policy expert --split train --episodes 1000 --out runs/demo/data/expert.jsonl
-    python 01_bc.py --data runs/demo/data/expert.jsonl --out runs/demo/policy_0
+The run_all.sh way: the demonstrations of household's default miniature (its demonstrator's habit
+is what the later stages unlearn), and the base 00_pretrain.py built on the same settings:
+
+    KW='{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'  # run_all.sh's household
+    python 00_pretrain.py --env-kwargs "$KW" --out runs/demo/base
+    python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
+        --out runs/demo/data/expert.jsonl
+    python 01_bc.py --data runs/demo/data/expert.jsonl --model runs/demo/base --lr 1e-3 --out runs/demo/policy_0
 """
 import argparse
 import bisect
@@ -30,10 +36,9 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (add_lora, add_machine_flags, autocast, average_info, check_finite, check_flags, check_out, cost,
+from plumbing import (add_lora, add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss, cost,
                       die, distribute, finish_distributed, full_state, is_main, length_batches, load_model,
-                      load_tokenizer, log_metrics, lr_at, pick_device, read_episodes, save_policy, seed_everything,
-                      setup_distributed, step_parts)
+                      load_tokenizer, log_metrics, lr_at, parts, read_episodes, save_policy, start)
 
 
 def parse_args(argv=None):
@@ -61,7 +66,18 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(p, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)  # every flag is checked before any work
+    check_flags(args, epochs="at least 1", batch_size="at least 1", grad_accum="at least 1", lr="positive",
+                weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", val_frac="in (0, 1)",
+                d_model="at least 1", n_layers="at least 1", n_heads="at least 1", vocab_size="at least 1",
+                max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative", lora="non-negative")
+    if args.model == "tiny" and args.d_model % args.n_heads:
+        die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
+    if args.lora and args.model == "tiny":
+        die("--lora needs a pretrained --model DIR: the tiny model starts from random weights")
+    if args.lora and args.fsdp:
+        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)")
+    return args
 
 
 # ----------------------------------------------------------------------------------------
@@ -125,112 +141,83 @@ def evaluate(model, data, pad_id, batch_size, device, amp):
     return total / max(count, 1), replies / max(turns, 1), episodes / max(len(data), 1)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    # Every input is checked before any work, and --out is replaced only by a finished model.
-    check_flags(args, epochs="at least 1", batch_size="at least 1", grad_accum="at least 1", lr="positive",
-                weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", val_frac="in (0, 1)",
-                d_model="at least 1", n_layers="at least 1", n_heads="at least 1", vocab_size="at least 1",
-                max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative", lora="non-negative")
-    if args.model == "tiny" and args.d_model % args.n_heads:
-        die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
-    if args.lora and args.model == "tiny":
-        die("--lora needs a pretrained --model DIR: the tiny model starts from random weights")
-    if args.lora and args.fsdp:
-        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)")
-    inputs = args.data + ([] if args.model == "tiny" else [args.model])
-    check_out(args.out, "policy", inputs)
-    if args.metrics:
-        check_out(args.metrics, "log", inputs + [args.out])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    world = setup_distributed()[1]  # distributed (torchrun: docs/distributed.md); alone: 1 process
-    seed_everything(args.seed)
-    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
-
+def prepare_bc(args, device):
+    """--data and --model -> (tokenizer, model on the device, train, val): the trajectories tokenized
+    (tokenize_episode), shuffled with --seed and split."""
     episodes = read_episodes(args.data)
     if args.filter == "success":  # RFT: imitate only the trajectories that reached the goal
-        n_read = len(episodes)
-        episodes = [ep for ep in episodes if ep["success"]]
+        n_read, episodes = len(episodes), [ep for ep in episodes if ep["success"]]
         if not episodes:
             die("--filter success left no trajectories; no episode in --data succeeded")
         print(f"01_bc: --filter success kept {len(episodes)} of {n_read} trajectories")
-
-    if args.model == "tiny":
-        # The instruction is the same in every episode: count it once.
+    if args.model == "tiny":  # the instruction is the same in every episode: count it once
         texts = [episodes[0]["instruction"]] + [m["content"] for ep in episodes for m in episode_messages(ep)[1:]]
         tokenizer = train_tiny_tokenizer(texts, args.vocab_size)
         model = build_tiny_model(tokenizer, args)
     else:
         tokenizer = load_tokenizer(args.model)
         model = add_lora(load_model(AutoModelForCausalLM, args.model), args.lora)
-    model.to(device)
-    train_model = distribute(model, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the model itself
-    max_len = model.config.max_position_embeddings
-    data = [x for _, x in tokenize_all(tokenizer, episodes, max_len)]
+    data = [x for _, x in tokenize_all(tokenizer, episodes, model.config.max_position_embeddings)]
     if len(data) < 2:
         die("fewer than 2 trajectories fit the context; collect more demonstrations")
     random.Random(args.seed).shuffle(data)
     n_val = max(1, int(len(data) * args.val_frac))
-    val, train = data[:n_val], data[n_val:]
-    n_tokens = sum(sum(1 for s in x["action_step"] if s >= 0) for x in train)
-    print(f"01_bc: {len(train)} train / {len(val)} val trajectories, {n_tokens} action tokens/epoch, "
-          f"model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params "
+    print(f"01_bc: {len(data) - n_val} train / {n_val} val trajectories, model "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params "
           f"({sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.2f}M trained) on {device}")
+    return tokenizer, model.to(device), data[n_val:], data[:n_val]
 
-    def make_batch(ids):  # trajectories -> collate's tensors on the device
-        return {k: v.to(device) for k, v in collate([train[j] for j in ids], tokenizer.pad_token_id).items()}
 
+def main(argv=None):
+    args = parse_args(argv)
+    world, device, amp = start(args, "policy", args.data + ([] if args.model == "tiny" else [args.model]))
+    tokenizer, model, train, val = prepare_bc(args, device)
+    train_model = distribute(model, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the model itself
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                                   weight_decay=args.weight_decay)
-    steps_per_epoch = math.ceil(len(train) / args.batch_size)
-    total_steps = args.epochs * steps_per_epoch
-    step, t0, records, n_tok = 0, time.time(), [], 0
-    model.train()
-    rng = random.Random(args.seed)
+    # One optimizer step's loss is the mean over the reply tokens of its batch: n_loss[j] of them in trajectory j.
+    n_loss = [sum(s >= 0 for s in x["action_step"]) for x in train]
+    total_steps = args.epochs * math.ceil(len(train) / args.batch_size)
+    rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=total_steps, desc="01_bc", unit="step", disable=not is_main())
     for epoch in range(args.epochs):
-        epoch_loss = 0.0
-        for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):
+        losses = []
+        for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):  # one step's batch
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            optimizer.zero_grad(set_to_none=True)
             infos = []
-            # DISTRIBUTED / --grad-accum: this process's micro-batches of the batch; alone, one: all of it
-            for b, share in step_parts(idx, make_batch, lambda b: (b["action_step"] >= 0).sum(), train_model, args):
-                n_tok += int(b["attention_mask"].sum())
+            for ids, share in parts(idx, n_loss, train_model, args):  # alone, no --grad-accum: (idx, 1.0)
+                b = {k: v.to(device) for k, v in collate([train[j] for j in ids], tokenizer.pad_token_id).items()}
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
                     logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
-                loss, part_info = bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
-                if not torch.isfinite(loss):
-                    die(f"loss became {loss.item()} at step {step}; lower --lr")
-                (loss * share).backward()  # the step's loss: the mean over the reply tokens of the whole batch
-                infos.append((part_info, share))
-            info = average_info(infos)  # DISTRIBUTED: the numbers of the whole batch
+                loss, info = bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
+                check_loss(loss, step)
+                (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)
+                infos.append((info, share))
+                n_tok += int(b["attention_mask"].sum())
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
-            epoch_loss += info["loss"]
-            step += 1
+            optimizer.zero_grad(set_to_none=True)
+            info, step = average_info(infos), step + 1  # torchrun: the numbers of the whole batch
+            losses.append(info["loss"])
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.3f}")
         val_loss, val_replies, val_episodes = evaluate(model, val, tokenizer.pad_token_id, args.batch_size, device, amp)
-        record = {"stage": "01_bc", "epoch": epoch + 1, "step": step, "train_loss": epoch_loss / steps_per_epoch,
-                  "val_loss": val_loss, "val_reply_match": val_replies, "val_episode_match": val_episodes,
-                  "elapsed_s": time.time() - t0, **cost(n_tok, time.time() - t0, device)}
-        records.append(record)
-        tqdm.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}  val loss {val_loss:.4f}  "
+        records.append({"stage": "01_bc", "epoch": epoch + 1, "step": step, "train_loss": sum(losses) / len(losses),
+                        "val_loss": val_loss, "val_reply_match": val_replies, "val_episode_match": val_episodes,
+                        "elapsed_s": time.time() - t0, **cost(n_tok, time.time() - t0, device)})
+        tqdm.write(f"epoch {epoch + 1}: train loss {records[-1]['train_loss']:.4f}  val loss {val_loss:.4f}  "
                    f"greedy reproduces {val_replies:.1%} of val replies, {val_episodes:.1%} of val episodes")
     bar.close()
 
-    state = full_state(model, args.fsdp)  # distributed --fsdp: gather the shards; else None
-    if not is_main():  # distributed: rank 0 alone writes
-        return finish_distributed()
-    check_finite(model.parameters() if state is None else state.values(), "the policy")
-    save_policy(args.out, model, tokenizer, args, "01_bc", state)
-    log_metrics(args.metrics, *records)
-    print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
-          f"{time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, "
-          f"peak memory {record['peak_mem_gb']:.2f} GB)")
+    state = full_state(model, args.fsdp)  # --fsdp: every process helps gather the weights for rank 0; else None
+    if is_main():  # rank 0 (or alone) checks and writes
+        check_finite(model.parameters() if state is None else state.values(), "the policy")
+        save_policy(args.out, model, tokenizer, args, "01_bc", state)
+        log_metrics(args.metrics, *records)
+        print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
+              f"{time.time() - t0:.0f}s, {records[-1]['tokens_per_s']:.0f} tokens/s, "
+              f"peak memory {records[-1]['peak_mem_gb']:.2f} GB)")
     finish_distributed()
 
 

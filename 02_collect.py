@@ -19,18 +19,22 @@ format > invalid > repeat > ok:
     r_aux_t = --r-fmt / --r-inv / --r-repeat for those labels, else 0.
 The critic learns on r_t = r_env + r_aux (03), and 04's advantages use the same rewards.
 
-    python 02_collect.py --policy expert --split train --episodes 1000 --out runs/demo/data/expert.jsonl
-    python 02_collect.py --policy runs/demo/policy_0 --split train --episodes 300 --seed 1 \
+    KW='{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'  # run_all.sh's household
+    python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
+        --out runs/demo/data/expert.jsonl
+    python 02_collect.py --policy runs/demo/policy_0 --env-kwargs "$KW" --split train --episodes 300 --seed 1 \
         --out runs/demo/iter_1/self.jsonl
-    python 02_collect.py --policy runs/demo/policy_0 --split seen --greedy --out runs/demo/eval/policy_0_seen.jsonl
+    python 02_collect.py --policy runs/demo/policy_0 --env-kwargs "$KW" --split seen --greedy \
+        --out runs/demo/eval/policy_0_seen.jsonl
 
---num-envs environments run in lockstep: at each step the replies of all live episodes are
-generated in one batch (kv_cache.py: a KV cache kept across turns, or --plain-generate's plain loop);
-a slot whose episode ends takes the next task at once. --rerank CRITIC_DIR --candidates M (rerank.py,
-QLASS-style): the critic of 03 picks the argmax-Q of M sampled replies.
+run_episode below is the rollout of one episode, and what --num-envs 1 runs. More environments (the
+default) run the same rollouts in lockstep (rollout.py): the replies of all live episodes are
+generated in one batch (kv_cache.py), and a slot whose episode ends takes the next task at once -
+the same episodes, faster. --rerank CRITIC_DIR --candidates M (rerank.py, QLASS-style): the critic
+of 03 picks the argmax-Q of M sampled replies.
 
-    python 02_collect.py --policy runs/demo/policy_0 --rerank runs/demo/iter_1/critic --candidates 4 --split seen \
-        --out runs/demo/eval/policy_0_rerank_seen.jsonl
+    python 02_collect.py --policy runs/demo/policy_0 --rerank runs/demo/iter_1/critic --candidates 4 \
+        --env-kwargs "$KW" --split seen --out runs/demo/eval/policy_0_rerank_seen.jsonl
 """
 import argparse
 import json
@@ -48,7 +52,8 @@ from kv_cache import generate_cached, generate_plain
 from plumbing import (add_machine_flags, autocast, check_flags, check_out, die, finish_distributed, is_main, load_model,
                       load_tokenizer, log_metrics, parse_env_kwargs, pick_device, save_text, seed_everything,
                       setup_distributed)
-from rerank import Reranker, add_rerank_flags, check_rerank, pick_candidates
+from rerank import Reranker, add_rerank_flags, check_rerank
+from rollout import run_lockstep
 
 FORMAT_ERROR_OBS = "Invalid reply. End your reply with one line: Action: <command>"
 
@@ -89,7 +94,7 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
-# ALGO LOGIC: rollouts on many environments at once, and retrospective labels.
+# ALGO LOGIC: retrospective labels, and the rollout of one episode.
 # ----------------------------------------------------------------------------------------
 def parse_action(text):
     """The command after the last 'Action:' in a reply, or None (a format error)."""
@@ -111,72 +116,62 @@ def retro_label(action, prev_obs, next_obs, invalid):
     return "ok"
 
 
-def run_episodes(make_env, task_ids, policy, args, aux, reranker=None):
-    """Every task once, on --num-envs environment slots stepped in lockstep -> (finished episodes,
-    environment steps). A slot whose episode ends takes the next task of the queue at once, so
-    every slot stays busy until the queue is empty. Slot i owns rows i*m .. i*m+m-1 of the
-    generation batch (m candidates with --rerank, else 1)."""
-    m = reranker.m if reranker else 1
-    slots = [make_env() for _ in range(min(args.num_envs, len(task_ids)))]
-    queue = list(reversed(task_ids))  # queue.pop() hands out the tasks in order
-    live, finished, env_steps, too_long = {}, [], 0, 0  # live: slot -> its episode so far
-    who = {"source": "expert" if args.policy == "expert" else "self", "policy": policy_name(args)}
-    bar = tqdm(total=len(task_ids), desc=f"02_collect {args.split}", unit="ep", disable=not is_main())
+def take_step(env, text, prev_obs, aux):
+    """One step of a rollout: the action of reply `text` steps the environment (a format error does not
+    step it: the agent reads FORMAT_ERROR_OBS instead), and retro_label labels the step from the
+    observation it brought -> (the step's record {text, action, obs, r_env, label, r_aux, done}, whether
+    the environment ended the episode, whether it was won: info["won"], True when the env does not say)."""
+    action = parse_action(text)
+    if action is None:  # format error: the environment is not stepped
+        obs, r_env, terminated, truncated, info, invalid = FORMAT_ERROR_OBS, 0.0, False, False, {}, False
+    else:
+        obs, r_env, terminated, truncated, info = env.step(action)
+        invalid = env.is_invalid(obs)
+    label = retro_label(action, prev_obs, obs, invalid)
+    step = {"text": text, "action": action or "", "obs": obs, "r_env": float(r_env), "label": label,
+            "r_aux": aux[label], "done": bool(terminated)}
+    return step, terminated or truncated, info.get("won", True)  # graded rewards (shop): success is reward 1.0
 
-    def start(i):  # slot i starts the next task of the queue
-        tid = queue.pop()
-        obs, info = slots[i].reset(tid)
-        live[i] = {"env": args.env, "task_id": tid, "split": args.split, **who, "seed": args.seed,
-                   "instruction": slots[i].instruction, "task": info["task"], "obs0": obs, "steps": []}
 
-    for i in range(len(slots)):
-        start(i)
-    if policy != "expert":
-        policy.start(len(slots) * m)
-    while live:
-        rows, outcome = sorted(live), {}  # slot -> won (True / False), for each episode that ends at this step
+def run_episode(env, task_id, policy, args, aux):
+    """The rollout of one episode (what --num-envs 1 runs): reset the environment on the task; then the
+    policy replies, the reply steps the environment and the step is labelled (take_step), until the
+    environment ends the episode or the step limit cuts it -> the episode, or None when not even its
+    first prompt fits the model's context. rollout.run_lockstep runs many of them at once."""
+    ep, won = new_episode(env, task_id, args), False
+    while True:
         if policy == "expert":
-            replies = [slots[i].expert_text() for i in rows]
+            text = env.expert_text()
         else:
-            prompts = {i: policy.prompt_ids(live[i]) for i in rows}
-            # An episode whose next prompt would overflow the model's context ends here (truncated).
-            outcome = {i: False for i in rows if len(prompts[i]) > policy.max_prompt}
-            too_long, rows = too_long + len(outcome), [i for i in rows if i not in outcome]
-            replies = policy.act([i * m + j for i in rows for j in range(m)],
-                                 [prompts[i] for i in rows for _ in range(m)]) if rows else []
-            if reranker and rows:  # each environment executes its argmax-Q candidate
-                q = reranker.q_values([live[i] for i in rows for _ in range(m)], replies)
-                replies = [replies[k * m + j] for k, j in enumerate(pick_candidates(q, m))]
-        for i, text in zip(rows, replies):
-            env, ep = slots[i], live[i]
-            prev_obs = ep["steps"][-1]["obs"] if ep["steps"] else ep["obs0"]
-            action = parse_action(text)
-            if action is None:  # format error: the environment is not stepped
-                obs, r_env, terminated, truncated, info, invalid = FORMAT_ERROR_OBS, 0.0, False, False, {}, False
-            else:
-                obs, r_env, terminated, truncated, info = env.step(action)
-                invalid, env_steps = env.is_invalid(obs), env_steps + 1
-            label = retro_label(action, prev_obs, obs, invalid)
-            ep["steps"].append({"text": text, "action": action or "", "obs": obs, "r_env": float(r_env),
-                                "label": label, "r_aux": aux[label], "done": bool(terminated)})
-            if terminated or truncated or len(ep["steps"]) >= env.max_steps:  # format errors count toward the limit
-                outcome[i] = info.get("won", True)  # graded rewards (shop): success is reward 1.0, not > 0
-        for i in sorted(outcome):
-            ep = live.pop(i)
-            if queue:  # refill: the slot starts the next task
-                start(i)
-            if ep["steps"]:  # else not even the first prompt fit: nothing to record
-                ep["reward"] = float(sum(s["r_env"] for s in ep["steps"]))
-                ep["success"] = bool(ep["steps"][-1]["done"] and ep["reward"] > 0 and outcome[i])
-                ep["truncated"] = not ep["steps"][-1]["done"]
-                finished.append(ep)
-                bar.update(1)
-    bar.close()
-    for env in slots:
-        env.close()
-    if too_long:
-        print(f"note: {too_long} episodes were cut because their next prompt exceeded the model's context")
-    return finished, env_steps
+            prompt = policy.prompt_ids(ep)  # the chat so far (episode_messages) and the generation prompt
+            if len(prompt) > policy.max_prompt:  # it would overflow the model's context: the episode is cut here
+                policy.cut_episodes, won = policy.cut_episodes + 1, False
+                break
+            text = policy.act([0], [prompt])[0]
+        step, over, won = take_step(env, text, ep["steps"][-1]["obs"] if ep["steps"] else ep["obs0"], aux)
+        ep["steps"].append(step)
+        if over or len(ep["steps"]) >= env.max_steps:  # format errors count toward the step limit
+            break
+    return end_episode(ep, won)
+
+
+def new_episode(env, task_id, args):
+    """The environment reset on a task -> the episode's record so far (no steps yet)."""
+    obs, info = env.reset(task_id)
+    return {"env": args.env, "task_id": task_id, "split": args.split,
+            "source": "expert" if args.policy == "expert" else "self", "policy": policy_name(args), "seed": args.seed,
+            "instruction": env.instruction, "task": info["task"], "obs0": obs, "steps": []}
+
+
+def end_episode(ep, won):
+    """The episode's reward (its env rewards' sum), success (ended by the environment with a positive reward
+    and won) and truncated (cut by the step limit or the context); None without a step."""
+    if not ep["steps"]:
+        return None
+    ep["reward"] = float(sum(s["r_env"] for s in ep["steps"]))
+    ep["success"] = bool(ep["steps"][-1]["done"] and ep["reward"] > 0 and won)
+    ep["truncated"] = not ep["steps"][-1]["done"]
+    return ep
 
 
 def policy_name(args):
@@ -206,7 +201,8 @@ class ModelPolicy:
         self.model = load_model(AutoModelForCausalLM, path).to(self.device).eval()
         self.args, self.eos_id, self.pad_id = args, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
-        self.generated_tokens = self.cut_replies = 0  # cut: replies that reached --max-new-tokens unfinished
+        # cut: replies that reached --max-new-tokens unfinished; episodes whose prompt outgrew the context
+        self.generated_tokens = self.cut_replies = self.cut_episodes = 0
 
     def start(self, n_rows):
         self.n_rows, self.session = n_rows, None  # session: the KV cache kept across turns (kv_cache.py)
@@ -287,10 +283,23 @@ def collect(args, task_ids, policy, aux, reranker, env_kwargs, rank, world):
         task_ids = task_ids[rank::world]
         torch.manual_seed(args.seed + rank)
     if policy != "expert":
-        policy.generated_tokens = policy.cut_replies = 0
+        policy.generated_tokens = policy.cut_replies = policy.cut_episodes = 0
     t0, cpu0 = time.time(), time.process_time()  # CPU time: less sensitive than wall time to other load
-    episodes, env_steps = run_episodes(make_env, task_ids, policy, args, aux, reranker)
+    if args.num_envs == 1 and not reranker:  # one episode at a time: run_episode, the loop to read
+        env = make_env()
+        if policy != "expert":
+            policy.start(1)
+        episodes = [run_episode(env, tid, policy, args, aux)
+                    for tid in tqdm(task_ids, desc=f"02_collect {args.split}", unit="ep", disable=not is_main())]
+        episodes = [ep for ep in episodes if ep is not None]
+        env.close()
+    else:  # the same rollouts, many at once in lockstep (rollout.py)
+        episodes = run_lockstep(make_env, task_ids, policy, args, lambda env, tid: new_episode(env, tid, args),
+                                lambda env, text, prev: take_step(env, text, prev, aux), end_episode, reranker)
+    env_steps = sum(s["label"] != "format" for ep in episodes for s in ep["steps"])  # a format error steps nothing
     generated, cut = (0, 0) if policy == "expert" else (policy.generated_tokens, policy.cut_replies)
+    if policy != "expert" and policy.cut_episodes:
+        print(f"note: {policy.cut_episodes} episodes were cut because their next prompt exceeded the model's context")
     if world > 1:  # distributed: rank 0 gathers every rank's episodes and sums the counts; the others are done
         gathered = [None] * world if rank == 0 else None
         torch.distributed.gather_object((episodes, [env_steps, generated, cut]), gathered, dst=0)

@@ -27,20 +27,17 @@ V and Q share one transformer: one forward pass over a trajectory gives every V 
 import argparse
 import bisect
 import copy
-import json
-import os
+import math
 import random
 import time
 
 import torch
-from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import AutoModel
 
-from plumbing import (add_machine_flags, autocast, average_info, check_finite, check_flags, check_out, cost, die,
+from plumbing import (add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss, cost, die,
                       distribute, finish_distributed, full_state, is_main, length_batches, load_model, load_tokenizer,
-                      log_metrics, pick_device, read_episodes, seed_everything, setup_distributed, step_parts,
-                      unsharded, write_atomic)
+                      log_metrics, parts, read_episodes, save_critic, start, unsharded)
 
 
 def parse_args(argv=None):
@@ -62,7 +59,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(p, training=True)  # --threads, --precision, --grad-accum, --fsdp
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)  # every flag is checked before any work
+    check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
+                batch_size="at least 1", grad_accum="at least 1", lr="positive", grad_clip="positive",
+                seed="a seed in [0, 2**32)", threads="non-negative")
+    return args
 
 
 # ----------------------------------------------------------------------------------------
@@ -132,6 +133,14 @@ def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux)
     return loss_v + loss_q, info
 
 
+def polyak_update(target, source, rate):
+    """Paper: the target Q head follows the Q head slowly, Qbar <- (1 - rate) Qbar + rate Q, parameter by
+    parameter (target and source: modules of one shape), in place and without gradient."""
+    with torch.no_grad():
+        for p_t, p in zip(target.parameters(), source.parameters()):
+            p_t.lerp_(unsharded(p), rate)  # torchrun --fsdp: p is a shard, unsharded(p) the whole tensor
+
+
 class Critic(torch.nn.Module):
     """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
     token of the generation prompt before reply t), Q(s_t, a_t) at each action position (the last
@@ -154,102 +163,73 @@ class Critic(torch.nn.Module):
             return h_action, self.v_head(h_state).squeeze(-1), self.q_head(h_action).squeeze(-1)
 
 
-def save_critic(critic, out_dir, tokenizer, args, state=None):
-    """The critic directory, atomically: the transformer (save_pretrained), its tokenizer,
-    heads.safetensors and args.json. state: the whole state dict (--fsdp gathers it); by default the critic's."""
-    state = critic.state_dict() if state is None else state
-
-    def write(tmp):
-        backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-        critic.backbone.save_pretrained(tmp, state_dict=backbone)
-        tokenizer.save_pretrained(tmp)
-        heads = {k: v.contiguous().cpu() for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
-        save_file(heads, os.path.join(tmp, "heads.safetensors"))
-        with open(os.path.join(tmp, "args.json"), "w") as f:
-            json.dump({"stage": "03_critic", **args}, f, indent=2)
-    write_atomic(out_dir, write)
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    # Every input is checked before any work, and --out is replaced only by a finished critic.
-    check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
-                batch_size="at least 1", grad_accum="at least 1", lr="positive", grad_clip="positive",
-                seed="a seed in [0, 2**32)", threads="non-negative")
-    check_out(args.out, "critic", args.data + [args.policy])
-    if args.metrics:
-        check_out(args.metrics, "log", args.data + [args.policy, args.out])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    world = setup_distributed()[1]  # DISTRIBUTED (torchrun, docs/distributed.md); alone: 1 process
-    seed_everything(args.seed)
-    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
-    episodes = read_episodes(args.data)
-    tokenizer = load_tokenizer(args.policy)
+def prepare_critic(args, device):
+    """--data and --policy -> (tokenizer, the critic on the device, [(episode, tokenize_episode)])."""
+    episodes, tokenizer = read_episodes(args.data), load_tokenizer(args.policy)
     critic = Critic(load_model(AutoModel, args.policy)).to(device)
     data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")
-    target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)
-    train_critic = distribute(critic, world, args.fsdp)  # DISTRIBUTED: DDP or FSDP2; alone: the critic itself
-    optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
     n_expert = sum(ep["source"] == "expert" for ep, _ in data)
     print(f"03_critic: {len(data)} trajectories ({n_expert} expert, {len(data) - n_expert} self), "
           f"{sum(len(ep['steps']) for ep, _ in data)} steps; tau {args.tau}, gamma {args.gamma}, "
           f"weights {'uniform' if args.uniform_weights else 'W-IQL'}, aux rewards {'off' if args.no_aux else 'on'}")
+    return tokenizer, critic, data
 
-    def make_part(ids):  # trajectories -> (collate's tensors, trajectory_tensors, their step weights) on the device
-        eps = [data[j][0] for j in ids]
-        batch = {k: v.to(device) for k, v in collate([data[j][1] for j in ids], tokenizer.pad_token_id).items()}
-        return batch, trajectory_tensors(eps, device), batch_weights(eps, args.uniform_weights, device)
 
-    rng = random.Random(args.seed)
-    lengths = [len(x["input_ids"]) for _, x in data]
-    n_batches = (len(data) + args.batch_size - 1) // args.batch_size
-    bar = tqdm(total=args.epochs * n_batches, desc="03_critic", unit="step", disable=not is_main())
-    step, t0, records, n_tok = 0, time.time(), [], 0
+def main(argv=None):
+    args = parse_args(argv)
+    world, device, amp = start(args, "critic", args.data + [args.policy])
+    tokenizer, critic, data = prepare_critic(args, device)
+    target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)  # Qbar
+    train_critic = distribute(critic, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the critic itself
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
+    # One optimizer step's L_V and L_Q are weighted means over the steps of its batch: they average over the
+    # sum of the step weights, n_loss[j] in trajectory j.
+    n_loss = [batch_weights([ep], args.uniform_weights, "cpu").sum().item() for ep, _ in data]
+    rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
+    bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="03_critic", unit="step",
+               disable=not is_main())
     for epoch in range(args.epochs):
-        sum_v = sum_q = 0.0
-        for idx in length_batches(lengths, args.batch_size, rng):
-            optimizer.zero_grad(set_to_none=True)
+        epoch_infos = []
+        for idx in length_batches([len(x["input_ids"]) for _, x in data], args.batch_size, rng):  # one step's batch
             infos = []
-            # DISTRIBUTED / --grad-accum: this process's micro-batches of the batch; alone, one: all of it
-            for (batch, traj, weights), share in step_parts(idx, make_part, lambda p: p[2].sum(), train_critic, args):
-                n_tok += int(batch["attention_mask"].sum())
+            for ids, share in parts(idx, n_loss, train_critic, args):  # alone, no --grad-accum: (idx, 1.0)
+                eps = [data[j][0] for j in ids]
+                batch = {k: v.to(device) for k, v in collate([data[j][1] for j in ids], tokenizer.pad_token_id).items()}
+                traj, weights = trajectory_tensors(eps, device), batch_weights(eps, args.uniform_weights, device)
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights (the heads stay fp32)
-                    loss, part_info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau,
-                                                 args.gamma, not args.no_aux)
-                if not torch.isfinite(loss):
-                    die(f"critic loss became {loss.item()} at step {step}; lower --lr")
-                (loss * share).backward()  # the step's L_V + L_Q: weighted means over the steps of the whole batch
-                infos.append((part_info, share))
-            info = average_info(infos)  # DISTRIBUTED: the numbers of the whole batch
+                    loss, info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
+                                            not args.no_aux)
+                check_loss(loss, step)
+                (loss * share).backward()  # share: this part's step weights / the batch's (times world)
+                infos.append((info, share))
+                n_tok += int(batch["attention_mask"].sum())
             torch.nn.utils.clip_grad_norm_(critic.parameters(), args.grad_clip)
             optimizer.step()
-            with torch.no_grad():  # Polyak-averaged target: Qbar <- (1 - polyak) Qbar + polyak Q
-                for p_t, p in zip(target_q_head.parameters(), critic.q_head.parameters()):
-                    p_t.lerp_(unsharded(p), args.polyak)  # DISTRIBUTED --fsdp: p is a shard
-            sum_v, sum_q, step = sum_v + info["loss_v"], sum_q + info["loss_q"], step + 1
+            optimizer.zero_grad(set_to_none=True)
+            polyak_update(target_q_head, critic.q_head, args.polyak)
+            info, step = average_info(infos), step + 1  # torchrun: the numbers of the whole batch
+            epoch_infos.append(info)
             bar.update(1)
             bar.set_postfix(L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}", V=f"{info['v_mean']:+.3f}",
                             Q=f"{info['q_mean']:+.3f}")
-        record = {"stage": "03_critic", "epoch": epoch + 1, "step": step, "loss_v": sum_v / n_batches,
-                  "loss_q": sum_q / n_batches, "elapsed_s": time.time() - t0, **cost(n_tok, time.time() - t0, device)}
-        records.append(record)
-        tqdm.write(f"epoch {epoch + 1}: L_V {record['loss_v']:.4f}  L_Q {record['loss_q']:.4f}")
+        records.append({"stage": "03_critic", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
+                        **{k: sum(i[k] for i in epoch_infos) / len(epoch_infos) for k in ("loss_v", "loss_q")},
+                        **cost(n_tok, time.time() - t0, device)})
+        tqdm.write(f"epoch {epoch + 1}: L_V {records[-1]['loss_v']:.4f}  L_Q {records[-1]['loss_q']:.4f}")
     bar.close()
 
-    summary = {"stage": "03_critic", "step": step, "loss_v": record["loss_v"], "loss_q": record["loss_q"]}
-    state = full_state(critic, args.fsdp)  # DISTRIBUTED --fsdp: the shards gathered; else None
-    if not is_main():  # DISTRIBUTED: rank 0 alone writes
-        return finish_distributed()
-    state = critic.state_dict() if state is None else state
-    check_finite(state.values(), "the critic")
-    save_critic(critic, args.out, tokenizer, vars(args), state)
-    log_metrics(args.metrics, *records, summary)
-    print(f"03_critic: L_V {summary['loss_v']:.4f}  L_Q {summary['loss_q']:.4f} in the last epoch (what V and Q "
-          f"learned: 04_gae's report); {time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, peak memory "
-          f"{record['peak_mem_gb']:.2f} GB -> {args.out}")
+    state = full_state(critic, args.fsdp)  # --fsdp: every process helps gather the weights for rank 0; else None
+    if is_main():  # rank 0 (or alone) checks and writes
+        state = critic.state_dict() if state is None else state
+        check_finite(state.values(), "the critic")
+        save_critic(critic, args.out, tokenizer, vars(args), state)
+        summary = {"stage": "03_critic", "step": step, "loss_v": records[-1]["loss_v"], "loss_q": records[-1]["loss_q"]}
+        log_metrics(args.metrics, *records, summary)
+        print(f"03_critic: L_V {summary['loss_v']:.4f}  L_Q {summary['loss_q']:.4f} in the last epoch (what V and Q "
+              f"learned: 04_gae's report); {time.time() - t0:.0f}s, {records[-1]['tokens_per_s']:.0f} tokens/s, "
+              f"peak memory {records[-1]['peak_mem_gb']:.2f} GB -> {args.out}")
     finish_distributed()
 
 

@@ -263,6 +263,8 @@ def main(argv=None):
     src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
     lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
     aucs = ", ".join(f"s_{t} {a:.3f}" for t, a in enumerate(summary["auc_v_self_by_step"]))
+    if any(math.isnan(a) for a in [*summary["auc_v_self_by_step"], summary["auc_v_self_every_state"]]):
+        aucs += " (nan: the self episodes there are all successes or all failures, one class only)"
     crit = "  ".join(f"{k}: V {c['v_mean']:+.3f}+-{c['v_std']:.3f} Q {c['q_mean']:+.3f}+-{c['q_std']:.3f} "
                      f"(return {c['ret_mean']:+.3f})" for k, c in summary["critic_by_source"].items())
     print(f"04_gae: the critic: explained variance of returns {summary['explained_variance']:.3f}; {crit}")

@@ -23,7 +23,7 @@ each carrying its step's process reward A_t from 04 (the update never leaves the
   which can only raise the probability of actions in the data.
 Under torchrun each process takes a share of every batch (DDP, or FSDP2 with --fsdp; docs/distributed.md).
 
-    python 05_bppo.py --data runs/demo/iter_1/adv.jsonl --policy runs/demo/policy_0 \\
+    python 05_bppo.py --data runs/demo/iter_1/adv.jsonl --policy runs/demo/policy_0 \
         --ref runs/demo/policy_0 --out runs/demo/policy_1
 """
 import argparse
@@ -37,9 +37,8 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from plumbing import (STEP_KEYS, add_lora, add_machine_flags, autocast, average_info, check_finite, check_flags,
-                      check_out, cost, die, distribute, finish_distributed, full_state, is_main, length_batches,
-                      load_model, load_tokenizer, log_metrics, pick_device, read_episodes, save_policy, seed_everything,
-                      setup_distributed, step_parts)
+                      check_loss, cost, die, distribute, finish_distributed, full_state, is_main, length_batches,
+                      load_model, load_tokenizer, log_metrics, parts, read_episodes, save_policy, start)
 
 
 def parse_args(argv=None):
@@ -66,7 +65,16 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(p, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)  # every flag is checked before any work
+    check_flags(args, eps_low="in (0, 1]", eps_high="positive", dual_clip="non-negative", kl_coef="non-negative",
+                awr_beta="positive", awr_max_weight="positive", epochs="at least 1", batch_size="at least 1",
+                lr="in (0, 1]", grad_clip="positive", grad_accum="at least 1", seed="a seed in [0, 2**32)",
+                threads="non-negative", lora="non-negative")
+    if 0 < args.dual_clip <= 1:
+        die(f"--dual-clip must be 0 (off) or greater than 1, got {args.dual_clip}")
+    if args.lora and args.fsdp:
+        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)")
+    return args
 
 
 # ----------------------------------------------------------------------------------------
@@ -153,115 +161,102 @@ def policy_loss(logits, logr, batch, logp_old, args):
     return loss, info
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    # Every input is checked before any work, and --out is replaced only by a finished policy.
-    check_flags(args, eps_low="in (0, 1]", eps_high="positive", dual_clip="non-negative", kl_coef="non-negative",
-                awr_beta="positive", awr_max_weight="positive", epochs="at least 1", batch_size="at least 1",
-                lr="in (0, 1]", grad_clip="positive", grad_accum="at least 1", seed="a seed in [0, 2**32)",
-                threads="non-negative", lora="non-negative")
-    if 0 < args.dual_clip <= 1:
-        die(f"--dual-clip must be 0 (off) or greater than 1, got {args.dual_clip}")
-    if args.lora and args.fsdp:
-        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)")
-    check_out(args.out, "policy", args.data + [args.policy, args.ref])
-    if args.metrics:
-        check_out(args.metrics, "log", args.data + [args.policy, args.ref, args.out])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    world = setup_distributed()[1]  # distributed (torchrun); alone: 1 process
-    seed_everything(args.seed)
-    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
+def make_batch(items, pad_id, device):
+    """(episode, tokens) pairs -> collate's tensors on the device, and batch["adv"] (N,): A_t on reply t."""
+    batch = {k: v.to(device) for k, v in collate([x for _, x in items], pad_id).items()}
+    step_adv = torch.zeros(batch["step_mask"].shape, device=device)  # (B, T)
+    for i, (ep, _) in enumerate(items):
+        step_adv[i, :len(ep["steps"])] = torch.tensor([s["adv"] for s in ep["steps"]])
+    batch["adv"] = token_advantages(batch, step_adv)
+    return batch
+
+
+@torch.no_grad()
+def old_logprobs(policy, data, pad_id, batch_size, device, amp):
+    """log pi_old(y) of every reply token y of every trajectory, computed once before any update (pi_old is
+    the policy as it entered the stage: eta's denominator must not move with pi_theta) -> a list with one
+    (n_j,) tensor per trajectory j (n_j: its reply tokens, in reply_logits' order), on the CPU."""
+    policy.eval()
+    by_length = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"]))  # little padding
+    out = [None] * len(data)
+    for i in range(0, len(data), batch_size):
+        idx = by_length[i:i + batch_size]
+        b = make_batch([data[j] for j in idx], pad_id, device)
+        with autocast(device, amp):
+            logp = token_logprobs(reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
+        for j, lp in zip(idx, logp.cpu().split((b["action_step"] >= 0).sum(1).tolist())):
+            out[j] = lp
+    policy.train()
+    return out
+
+
+def prepare_bppo(args, device):
+    """--data, --policy and --ref -> (tokenizer, pi_theta (starting as pi_old), pi_ref frozen, both on the
+    device, [(episode, tokenize_episode)])."""
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
     tokenizer, ref_tokenizer = load_tokenizer(args.policy), load_tokenizer(args.ref)
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
         die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
             "their next-token distributions token by token, so both must share one (pass the BC policy)")
     policy = add_lora(load_model(AutoModelForCausalLM, args.policy), args.lora).to(device)
-    train_policy = distribute(policy, world, args.fsdp)  # distributed: DDP or FSDP2; alone: the policy itself
     ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
     data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")
-
-    def make_batch(items):
-        """(episode, tokens) pairs -> collate's tensors on the device, and batch["adv"] (N,): A_t on reply t."""
-        batch = {k: v.to(device) for k, v in collate([x for _, x in items], tokenizer.pad_token_id).items()}
-        step_adv = torch.zeros(batch["step_mask"].shape, device=device)  # (B, T)
-        for i, (ep, _) in enumerate(items):
-            step_adv[i, :len(ep["steps"])] = torch.tensor([s["adv"] for s in ep["steps"]])
-        batch["adv"] = token_advantages(batch, step_adv)
-        return batch
-
-    # log pi_old of every reply token, once: pi_old is the policy as it entered the stage.
-    lengths = [len(x["input_ids"]) for _, x in data]
-    by_length = sorted(range(len(data)), key=lengths.__getitem__)  # batches with little padding
-    policy.eval()
-    logp_old = [None] * len(data)  # one (n_j,) tensor per trajectory j
-    with torch.no_grad(), autocast(device, amp):
-        for i in range(0, len(data), args.batch_size):
-            idx = by_length[i:i + args.batch_size]
-            b = make_batch([data[j] for j in idx])
-            logp = token_logprobs(reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
-            for j, lp in zip(idx, logp.cpu().split((b["action_step"] >= 0).sum(1).tolist())):
-                logp_old[j] = lp
-    policy.train()
-
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
-    n_src = {s: sum(ep["source"] == s for ep, _ in data) for s in ("expert", "self")}
-    print(f"05_bppo: {len(data)} trajectories ({n_src['expert']} expert, {n_src['self']} self), objective "
+    print(f"05_bppo: {len(data)} trajectories ({sum(ep['source'] == 'expert' for ep, _ in data)} expert), objective "
           f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}")
+    return tokenizer, policy, ref, data
 
-    def make_part(ids):  # trajectories -> make_batch's tensors, and "logp_old" (N,): log pi_old of the reply tokens
-        return dict(make_batch([data[j] for j in ids]), logp_old=torch.cat([logp_old[j] for j in ids]).to(device))
 
-    rng = random.Random(args.seed)
+def main(argv=None):
+    args = parse_args(argv)
+    world, device, amp = start(args, "policy", args.data + [args.policy, args.ref])
+    tokenizer, policy, ref, data = prepare_bppo(args, device)
+    logp_old = old_logprobs(policy, data, tokenizer.pad_token_id, args.batch_size, device, amp)
+    train_policy = distribute(policy, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the policy itself
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
+    # One optimizer step's loss is the mean over the reply tokens of its batch: n_loss[j] of them in trajectory j.
+    n_loss = [len(lp) for lp in logp_old]
+    rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="05_bppo", unit="step",
                disable=not is_main())
-    step, t0, records, n_tok = 0, time.time(), [], 0
     for epoch in range(args.epochs):
         epoch_infos = []
-        for idx in length_batches(lengths, args.batch_size, rng):
-            optimizer.zero_grad(set_to_none=True)
+        for idx in length_batches([len(x["input_ids"]) for _, x in data], args.batch_size, rng):  # one step's batch
             infos = []
-            # DISTRIBUTED / --grad-accum: this process's micro-batches of the batch; alone, one: all of it
-            for b, share in step_parts(idx, make_part, lambda b: (b["action_step"] >= 0).sum(), train_policy, args):
-                n_tok += int(b["attention_mask"].sum())
+            for ids, share in parts(idx, n_loss, train_policy, args):  # alone, no --grad-accum: (idx, 1.0)
+                b = make_batch([data[j] for j in ids], tokenizer.pad_token_id, device)
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
                     logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
-                    logr = None  # (N, V) log pi_ref, for the KL anchor
-                    if args.kl_coef > 0:
-                        with torch.no_grad():
-                            logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1)
-                loss, part_info = policy_loss(logits, logr, b, b["logp_old"], args)
-                if not torch.isfinite(loss):
-                    die(f"loss became {loss.item()} at step {step}; lower --lr")
-                (loss * share).backward()  # the step's loss: the mean over the reply tokens of the whole batch
-                infos.append((part_info, share))
-            info = average_info(infos)  # DISTRIBUTED: the numbers of the whole batch
+                    with torch.no_grad():  # (N, V) log pi_ref, for the KL anchor
+                        logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1) if args.kl_coef > 0 else None
+                loss, info = policy_loss(logits, logr, b, torch.cat([logp_old[j] for j in ids]).to(device), args)
+                check_loss(loss, step)
+                (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)
+                infos.append((info, share))
+                n_tok += int(b["attention_mask"].sum())
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            info, step = average_info(infos), step + 1  # torchrun: the numbers of the whole batch
             epoch_infos.append(info)
-            step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
-        record = {"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
-                  **{k: sum(i[k] for i in epoch_infos) / len(epoch_infos) for k in epoch_infos[0]},
-                  **cost(n_tok, time.time() - t0, device)}
-        records.append(record)
-        tqdm.write(f"epoch {epoch + 1}: loss {record['loss']:+.4f}  clip low {record['clip_low']:.3f} high "
-                   f"{record['clip_high']:.3f}  approx KL(old) {record['approx_kl_old']:.4f}  KL(ref) "
-                   f"{record['kl_ref']:.4f}  mean ratio {record['ratio']:.3f}")
+        records.append({"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
+                        **{k: sum(i[k] for i in epoch_infos) / len(epoch_infos) for k in epoch_infos[0]},
+                        **cost(n_tok, time.time() - t0, device)})
+        r = records[-1]
+        tqdm.write(f"epoch {epoch + 1}: loss {r['loss']:+.4f}  clip low {r['clip_low']:.3f} high {r['clip_high']:.3f}"
+                   f"  approx KL(old) {r['approx_kl_old']:.4f}  KL(ref) {r['kl_ref']:.4f}  mean ratio {r['ratio']:.3f}")
     bar.close()
 
-    state = full_state(policy, args.fsdp)  # distributed --fsdp: the shards gathered on rank 0; else None
-    check_finite(policy.parameters() if state is None else state.values(), "the updated policy")
-    if not is_main():  # distributed: rank 0 alone writes
-        return finish_distributed()
-    save_policy(args.out, policy, tokenizer, args, "05_bppo", state)
-    log_metrics(args.metrics, *records)
-    print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s, {record['tokens_per_s']:.0f} tokens/s, "
-          f"peak memory {record['peak_mem_gb']:.2f} GB)")
+    state = full_state(policy, args.fsdp)  # --fsdp: every process helps gather the weights for rank 0; else None
+    if is_main():  # rank 0 (or alone) checks and writes
+        check_finite(policy.parameters() if state is None else state.values(), "the updated policy")
+        save_policy(args.out, policy, tokenizer, args, "05_bppo", state)
+        log_metrics(args.metrics, *records)
+        print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s, {r['tokens_per_s']:.0f} tokens/s, "
+              f"peak memory {r['peak_mem_gb']:.2f} GB)")
     finish_distributed()
 
 

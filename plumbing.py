@@ -19,6 +19,7 @@ import tempfile
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -399,6 +400,26 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
+def start(args, kind, inputs):
+    """What every training stage does before its work -> (world, device, amp): --out (of this kind) and
+    --metrics may be written (check_out), --threads, torchrun's process group (alone: world 1), the
+    seed, and the device with its autocast dtype (amp: None for fp32, the CPU's default)."""
+    check_out(args.out, kind, inputs)
+    if args.metrics:
+        check_out(args.metrics, "log", inputs + [args.out])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    world = setup_distributed()[1]
+    seed_everything(args.seed)
+    return (world, *pick_device(args.precision))
+
+
+def check_loss(loss, step):
+    """The finite check of a training step, before its backward."""
+    if not torch.isfinite(loss):
+        die(f"loss became {loss.item()} at step {step}; lower --lr")
+
+
 def add_machine_flags(p, training=False, lora=False):
     """The flags that say how to run, not what to compute, declared once: every stage's --threads and
     --precision; a training stage's --grad-accum and --fsdp (training), and --lora (lora: 01, 05)."""
@@ -460,6 +481,22 @@ def save_policy(path, model, tokenizer, args, stage, state=None):
         with open(os.path.join(tmp, "args.json"), "w") as f:
             json.dump({"stage": stage, **vars(args)}, f, indent=2)
     write_atomic(path, save)
+
+
+def save_critic(critic, out_dir, tokenizer, args, state=None):
+    """03's critic directory, atomically: the transformer (save_pretrained), its tokenizer, heads.safetensors
+    (the V and Q heads) and args.json. state: the whole state dict (--fsdp gathers it); by default the critic's."""
+    state = critic.state_dict() if state is None else state
+
+    def write(tmp):
+        backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+        critic.backbone.save_pretrained(tmp, state_dict=backbone)
+        tokenizer.save_pretrained(tmp)
+        heads = {k: v.contiguous().cpu() for k, v in state.items() if k.startswith(("v_head.", "q_head."))}
+        save_file(heads, os.path.join(tmp, "heads.safetensors"))
+        with open(os.path.join(tmp, "args.json"), "w") as f:
+            json.dump({"stage": "03_critic", **args}, f, indent=2)
+    write_atomic(out_dir, write)
 
 
 def length_batches(lengths, batch_size, rng):
@@ -554,40 +591,29 @@ def micro_batches(idx, n):
     return [(idx[i::n], 1.0) if idx[i::n] else (idx[:1], 0.0) for i in range(n)]
 
 
-def part_shares(counts, world):
-    """Each micro-batch's weight in the step, world * its count / the global batch's count (action
-    tokens or steps, over all parts and ranks): with DDP's average over ranks, the gradient of the
-    single-process loss on the whole batch."""
-    counts = torch.stack([torch.as_tensor(c).detach().float() for c in counts])
-    total = counts.sum()
-    if world > 1:
-        torch.distributed.all_reduce(total)
-    return counts * world / total.clamp(min=1e-8)
-
-
-def step_parts(idx, make_part, count, model, args):
-    """The parts of the global batch `idx` (indices) that this process computes, for one optimizer step ->
-    yields (part, share) for each of the --grad-accum micro-batches of its shard (alone and without
-    --grad-accum: one part, all of idx, share 1). make_part(indices) -> a part; count(part) -> what its loss
-    is a mean over (reply tokens, step weights). The step's loss is sum(share * the part's loss): share
-    is part_shares', so that it is the single-process loss of the whole batch. Gradients are reduced
-    across processes in the last part's backward only."""
+def parts(idx, n_loss, model, args):
+    """The parts of one optimizer step's batch `idx` (trajectory indices) that this process computes ->
+    yields (ids, share); alone without --grad-accum: one part, (idx, 1.0). n_loss[j] is what trajectory j
+    adds to the count the step's loss averages over (its reply tokens in 01/05, its step weights in 03).
+    Each part's loss is a mean over its own count, so with share = world * its count / the batch's count,
+    sum(share * part loss), averaged over the processes by DDP, is the single-process loss of the whole
+    batch. Every process knows idx (the same seed), so the batch's count needs no communication.
+    Gradients are reduced across processes in the last part's backward only."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     mine, keep = shard(idx, rank, world)
-    parts = [(make_part(ids), keep * w) for ids, w in micro_batches(mine, args.grad_accum)]
-    shares = part_shares([count(part) * w for part, w in parts], world)
-    for i, (part, _) in enumerate(parts):
-        grad_sync(model, world, args.fsdp, on=i == len(parts) - 1)
-        yield part, shares[i]
+    groups, total = micro_batches(mine, args.grad_accum), sum(n_loss[j] for j in idx)
+    for i, (ids, w) in enumerate(groups):
+        grad_sync(model, world, args.fsdp, on=i == len(groups) - 1)
+        yield ids, keep * w * world * sum(n_loss[j] for j in ids) / max(total, 1e-8)
 
 
 def average_info(infos):
     """[(info, share)] of the step's parts -> their info dicts averaged with the shares over the global batch:
     the single-process numbers."""
     world = int(os.environ.get("WORLD_SIZE", 1))
-    numbers = sum(torch.tensor(list(info.values())) * share.cpu() / world for info, share in infos)
-    if world > 1:
-        numbers = numbers.to(infos[0][1].device)
+    numbers = sum(torch.tensor(list(info.values()), dtype=torch.float64) * share / world for info, share in infos)
+    if world > 1:  # nccl reduces GPU tensors (setup_distributed), gloo CPU ones
+        numbers = numbers.to("cuda" if torch.cuda.is_available() else "cpu")
         torch.distributed.all_reduce(numbers)
     return dict(zip(infos[0][0], numbers.tolist()))
 

@@ -113,7 +113,8 @@ def choose(episodes, args):
         found = [(i, ep) for i, ep in of_source if bool(ep["success"]) == (args.pick == "success")]
         what = f"{'successful' if args.pick == 'success' else 'failed'} episode"
     if not found:
-        die(f"no {args.source + ' ' if args.source != 'any' else ''}{what} in {args.buffer}")
+        hint = "; try --source any" if args.source != "any" and args.task_id is None else ""
+        die(f"no {args.source + ' ' if args.source != 'any' else ''}{what} in {args.buffer}{hint}")
     return found[0]
 
 

@@ -1,12 +1,15 @@
-"""Write a student copy of the reference: the stage files with the functions that carry the paper's
-ideas turned into exercises - each keeps its signature and docstring, its body becomes
-`raise NotImplementedError("exercise: <stage>.<function> ...")` - beside verbatim copies of what
-the chain needs to run (00_pretrain.py, plumbing.py, envs/, run_all.sh). The functions are found
-by name with `ast`; the reference files carry no markers. docs/course.md is the handout.
+"""Write the course kit a teacher hands out: a self-contained folder with the stage files whose functions
+that carry the paper's ideas are exercises - each keeps its signature and docstring (the equation), its
+body becomes `raise NotImplementedError("exercise: <stage>.<function> ...")` - beside verbatim copies of
+what the chain needs to run (00_pretrain.py, plumbing.py, the decoding and rollout modules, envs/,
+models/, run_all.sh), the tests that grade it, and one grade command. No reference body and no git
+history go in; the functions are found by name with `ast`, so the reference files carry no markers.
+docs/course.md is the handout (copied in); course/TEACHER.md, with the answers, stays out.
 
-    python course/make_exercises.py --out exercises            # the student's folder
-    python -m pytest tests/test_math.py --stages exercises     # grading: a stub fails with its exercise's name
-    cd exercises && SMOKE=1 bash run_all.sh                    # once every exercise passes: the whole chain
+    python course/make_exercises.py --out exercises   # the student's folder
+    cd exercises && python grade.py                   # grading: a stub fails with its exercise's name
+    cd exercises && python grade.py -k gae            # one exercise's tests
+    cd exercises && SMOKE=1 bash run_all.sh           # once every exercise passes: the whole chain
 """
 import argparse
 import ast
@@ -20,14 +23,49 @@ from plumbing import die, write_atomic  # noqa: E402
 
 # stage file -> the functions that become exercises, in the order docs/course.md takes them
 EXERCISES = {
-    "01_bc.py": ["bc_loss"],
-    "02_collect.py": ["retro_label"],
-    "03_critic.py": ["step_weights", "expectile_loss", "iql_losses"],
-    "04_gae.py": ["gae"],
-    "05_bppo.py": ["bppo_loss", "kl_to_ref"],
+    "01_bc.py": ["tokenize_episode", "collate", "bc_loss"],
+    "02_collect.py": ["retro_label", "take_step"],
+    "03_critic.py": ["step_weights", "expectile_loss", "trajectory_tensors", "iql_losses", "polyak_update"],
+    "04_gae.py": ["gae", "episode_advantages"],
+    "05_bppo.py": ["token_advantages", "old_logprobs", "bppo_loss", "kl_to_ref"],
 }
-VERBATIM = ["00_pretrain.py", "plumbing.py", "kv_cache.py", "rerank.py", "run_all.sh", "envs",
-            "models/__init__.py", "models/tiny.py"]  # copied as they are
+# The data contract is copied byte-identical into the stages that read episodes: one exercise (01's),
+# stubbed in every copy with 01's message; tests/test_stage_copies.py tells the student to copy it on.
+COPIES = {"tokenize_episode": "01_bc.py", "collate": "01_bc.py"}
+VERBATIM = ["00_pretrain.py", "plumbing.py", "kv_cache.py", "rerank.py", "rollout.py", "run_all.sh", "envs",
+            "models/__init__.py", "models/tiny.py", "docs/course.md", "docs/design.md"]  # copied as they are
+# The grading tests: test file -> None (all of it) or the top-level names kept; DROP: never copied
+# (a test's own re-implementation of an exercise would be its solution).
+TESTS = {"tests/conftest.py": None, "tests/test_math.py": None, "tests/test_layout.py": None,
+         "tests/test_stage_copies.py": ["top_level_sources", "test_copied_helpers_are_identical"]}
+DROP = ["loop_gae", "test_gae_matches_plain_loop"]
+GRADE = '''"""Grade the exercises: python grade.py [pytest options, e.g. -k gae]. Exit 0 when every test passes."""
+import os
+import re
+import subprocess
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *sys.argv[1:]],
+                      cwd=here, capture_output=True, text=True)
+print(proc.stdout + proc.stderr)
+todo = sorted(set(re.findall(r"exercise: (\\w+\\.\\w+)", proc.stdout)))
+print(f"grade: {len(todo)} exercises still to write: {', '.join(todo)}" if todo else
+      "grade: every test passes" if proc.returncode == 0 else "grade: some tests fail (above)")
+sys.exit(proc.returncode)
+'''
+README = """# Q-Evolve: the exercises
+
+Write the bodies of the functions that raise `NotImplementedError("exercise: ...")`, in the order
+of docs/course.md, 'The exercises'. Each keeps its docstring: the equation it computes.
+
+    python grade.py            # every exercise's tests; a stub fails with its name
+    python grade.py -k gae     # one exercise's tests
+    SMOKE=1 bash run_all.sh    # every test passes: the whole chain on toy budgets, with your functions
+
+tokenize_episode and collate are copied byte-identical into 03_critic.py, 04_gae.py and 05_bppo.py:
+write them in 01_bc.py, then copy them (grade.py checks the copies).
+"""
 
 
 def functions(source, names):
@@ -47,8 +85,25 @@ def stub(source, stage, names):
     nodes = functions(source, names)
     for node in sorted(nodes.values(), key=lambda n: n.lineno, reverse=True):  # bottom up: line numbers hold
         indent = " " * node.body[0].col_offset
-        message = f"exercise: {stage[:-3]}.{node.name} (docs/course.md)"
+        owner = COPIES.get(node.name, stage)
+        message = f"exercise: {owner[:-3]}.{node.name} (docs/course.md)"
         lines[node.body[0].end_lineno:node.end_lineno] = [f'{indent}raise NotImplementedError("{message}")\n']
+    return "".join(lines)
+
+
+def exercises_of(name, source):
+    """The functions of stage file `name` that are stubbed: its own exercises and the copies it holds."""
+    tree = {n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    return EXERCISES.get(name, []) + [f for f, owner in COPIES.items() if owner != name and f in tree]
+
+
+def keep_only(source, keep, drop):
+    """A test file with only the imports/assignments and the top-level functions in `keep` (None: all), less `drop`."""
+    lines = source.splitlines(keepends=True)
+    for node in reversed(ast.parse(source).body):
+        if isinstance(node, ast.FunctionDef) and (node.name in drop or (keep is not None and node.name not in keep)):
+            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            lines[first - 1:node.end_lineno] = []
     return "".join(lines)
 
 
@@ -60,14 +115,12 @@ def main():
         die(f"--out {args.out} exists; choose a new folder (nothing was written)")
 
     def write(tmp):
-        os.makedirs(tmp)
+        os.makedirs(os.path.join(tmp, "tests"))
         for name in sorted(f for f in os.listdir(ROOT) if f[:2].isdigit() and f.endswith(".py")):
             with open(os.path.join(ROOT, name)) as f:
                 source = f.read()
-            if name in EXERCISES:
-                source = stub(source, name, EXERCISES[name])
             with open(os.path.join(tmp, name), "w") as f:
-                f.write(source)
+                f.write(stub(source, name, exercises_of(name, source)))
         for name in VERBATIM:
             if os.path.isdir(os.path.join(ROOT, name)):
                 shutil.copytree(os.path.join(ROOT, name), os.path.join(tmp, name),
@@ -75,12 +128,19 @@ def main():
             else:
                 os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
                 shutil.copy2(os.path.join(ROOT, name), os.path.join(tmp, name))
+        for name, keep in TESTS.items():
+            with open(os.path.join(ROOT, name)) as f, open(os.path.join(tmp, name), "w") as g:
+                g.write(keep_only(f.read(), keep, DROP))
+        for name, text in (("grade.py", GRADE), ("README.md", README),
+                           ("pytest.ini", "[pytest]\ntestpaths = tests\npythonpath = .\n")):
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(text)
     write_atomic(args.out, write)  # a temporary sibling, then one rename
     n = sum(len(v) for v in EXERCISES.values())
     print(f"make_exercises: wrote {args.out} with {n} exercises:")
     for stage, names in EXERCISES.items():
         print(f"  {stage}: {', '.join(names)}")
-    print(f"grade them: python -m pytest tests/test_math.py --stages {args.out}")
+    print(f"grade them: cd {args.out} && python grade.py")
 
 
 if __name__ == "__main__":

@@ -470,7 +470,7 @@ def test_failed_write_keeps_the_old_artifact_and_leaves_no_temporary(stages, tmp
         open(tmp, "w").write("half")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     with pytest.raises(SystemExit) as exit_:
-        stages["03_critic"].write_atomic(str(out), write)
+        plumbing.write_atomic(str(out), write)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "No space left on device" in err[0]
     assert out.read_text() == "previous\n" and os.listdir(tmp_path) == ["a.jsonl"]

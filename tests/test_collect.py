@@ -72,7 +72,8 @@ def test_collection_is_reproducible(stages, in_process, tiny_run, tmp_path):
 
 def test_refilled_slots_run_the_same_episodes(stages, in_process, tmp_path):
     """A slot whose episode ends takes the next task at once: with the (deterministic) expert,
-    3 slots over 20 tasks give exactly the episodes of one environment at a time."""
+    3 slots over 20 tasks (rollout.run_lockstep) give exactly the episodes of one environment at a
+    time (--num-envs 1: 02's run_episode, the loop a student reads)."""
     outs = []
     for n in (1, 3):
         out = tmp_path / f"n{n}.jsonl"
@@ -80,6 +81,21 @@ def test_refilled_slots_run_the_same_episodes(stages, in_process, tmp_path):
                    "--out", out)
         outs.append(out.read_text())
     assert outs[0] == outs[1] and len(outs[0].splitlines()) == 20
+
+
+def test_the_plain_rollout_and_the_lockstep_engine_write_the_same_episodes(stages, in_process, tiny_run, tmp_path):
+    """A model policy, greedy, same seed: 02's run_episode one episode at a time (--num-envs 1) and
+    rollout.run_lockstep over 3 slots with refills (generation batched, one KV cache across turns)
+    write the same episodes and the same summary counts."""
+    outs = []
+    for n in (1, 3):
+        out = tmp_path / f"n{n}.jsonl"
+        in_process(stages["02_collect"], "--policy", tiny_run / "policy_0", "--split", "seen", "--episodes", 7,
+                   "--num-envs", n, "--greedy", "--max-new-tokens", 12, "--env-kwargs", '{"max_steps": 4}',
+                   "--out", out, "--threads", 1, "--precision", "fp32")
+        outs.append((out.read_text(), {k: v for k, v in json.loads((tmp_path / f"n{n}.json").read_text()).items()
+                                       if k in ("episodes", "env_steps", "generated_tokens", "labels")}))
+    assert outs[0] == outs[1] and len(outs[0][0].splitlines()) == 7
 
 
 def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages, monkeypatch, tmp_path):

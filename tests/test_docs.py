@@ -40,3 +40,37 @@ def test_every_named_section_exists():
             if not os.path.exists(os.path.join(ROOT, path)) or section not in headings(path)[0]:
                 missing.append(f"{f}: {page}, '{section}'")
     assert not missing, "sections named that do not exist:\n" + "\n".join(missing)
+
+
+def docstring_commands():
+    """(file, command) for each `python 0X_*.py ...` example in a stage's docstring, continuation lines joined
+    and the shell variables the docstring sets (KW='...') put in."""
+    import ast
+    import shlex
+    out = []
+    for f in sorted(glob.glob("0[0-5]_*.py", root_dir=ROOT)):
+        doc = ast.get_docstring(ast.parse(open(os.path.join(ROOT, f)).read()))
+        text = re.sub(r"\\\n\s*", " ", doc)
+        env = dict(re.findall(r"^\s*(\w+)=('[^']*')", text, re.M))
+        for line in re.findall(r"^\s*(python 0[0-5]_\w+\.py .*)$", text, re.M):
+            for name, value in env.items():
+                line = line.replace(f'"${name}"', value)
+            out.append((f, shlex.split(line)))
+    return out
+
+
+def test_every_docstring_command_parses_and_writes_outside_its_inputs(stages):
+    """The stages' example commands run as written: their flags parse (every check in parse_args), the
+    household ones name the default miniature (its habit is what the docs are about), and no --out lies
+    inside an input (the stages refuse that: exit 2)."""
+    commands = docstring_commands()
+    assert {f for f, _ in commands} == {f"{s}.py" for s in ("00_pretrain", "01_bc", "02_collect", "03_critic",
+                                                            "04_gae", "05_bppo")}
+    for f, argv in commands:
+        stage = stages[argv[1][:-3]]
+        args = stage.parse_args(argv[2:])
+        if "--env-kwargs" in argv or argv[1] in ("00_pretrain.py", "02_collect.py"):
+            assert '"habit": 0.6' in getattr(args, "env_kwargs", ""), (f, argv)
+        inputs = [v for k in ("policy", "model", "ref", "critic", "rerank") for v in [getattr(args, k, None)]
+                  if isinstance(v, str) and v not in ("", "tiny", "expert")]
+        assert not any(os.path.normpath(args.out).startswith(os.path.normpath(i) + os.sep) for i in inputs), (f, argv)

@@ -99,8 +99,16 @@ def test_the_step_limit_ends_a_cut_trajectory(stages):
     assert np.allclose(adv(ea(ep, v, q, g, lam, "gae", False)), [a0, a1])
     won = {"steps": [dict(ep["steps"][0]), dict(ep["steps"][1], r_env=1.0, done=True)]}
     assert np.allclose(adv(ea(won, v, q, g, lam, "gae", False)), [(0.9 * 0.4 - 0.2) + g * lam * 0.6, 1.0 - 0.4])
+
+
+def test_the_critic_ends_a_cut_trajectory_too(stages):
+    """03's per-step tensors: done = 1 on the last step of every trajectory, cut by the step limit or not."""
+    ep = {"steps": [{"r_env": 0.0, "r_aux": -0.1, "done": False}, {"r_env": 0.0, "r_aux": 0.0, "done": False}]}
+    won = {"steps": [dict(ep["steps"][0]), dict(ep["steps"][1], r_env=1.0, done=True)]}
     tt = stages["03_critic"].trajectory_tensors
     eps = [ep, won, {"steps": ep["steps"][:1]}]
+    assert torch.allclose(tt(eps, "cpu")["r_aux"], torch.tensor([[-0.1, 0.0], [-0.1, 0.0], [-0.1, 0.0]]))
+    assert tt(eps, "cpu")["r_env"].tolist() == [[0.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
     assert tt(eps, "cpu")["done"].tolist() == [[0, 1], [0, 1], [1, 0]]
     assert tt(eps, "cpu")["mask"].tolist() == [[1, 1], [1, 1], [1, 0]]
 
@@ -414,3 +422,64 @@ def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     uniform = torch.log_softmax(torch.zeros(4, 3), dim=-1)
     loss_kl, info_kl = pp.policy_loss(logits, uniform, batch, logp - eta.log(), args)
     assert info_kl["kl_ref"] > 0 and loss_kl.item() == pytest.approx(loss.item() + 0.05 * info_kl["kl_ref"], abs=1e-6)
+
+
+def test_take_step_labels_inside_the_rollout(stages):
+    """02's take_step: a format error does not step the environment (FORMAT_ERROR_OBS, r_env 0); a
+    command that does nothing is 'invalid'; one that changes nothing the agent sees is 'repeat'; the
+    demonstrator's next command is 'ok'; r_aux is the label's."""
+    import envs
+    c = stages["02_collect"]
+    aux = {"ok": 0.0, "invalid": -0.1, "repeat": -0.3, "format": -0.2}
+    env = envs.make("household")
+    obs, _ = env.reset(env.task_ids("train")[0])
+    step, over, _ = c.take_step(env, "Thought: no command here", obs, aux)
+    assert (step["label"], step["obs"], step["r_env"], step["r_aux"], step["action"], over) == \
+        ("format", c.FORMAT_ERROR_OBS, 0.0, -0.2, "", False)
+    step, _, _ = c.take_step(env, "Action: fly to the moon", obs, aux)
+    assert step["label"] == "invalid" and step["r_aux"] == -0.1 and step["obs"] == "Nothing happens."
+    text = env.expert_text()
+    step, over, won = c.take_step(env, text, obs, aux)
+    assert step["label"] == "ok" and step["text"] == text and step["action"] == c.parse_action(text)
+    assert set(step) == {"text", "action", "obs", "r_env", "label", "r_aux", "done"}
+    assert c.take_step(env, "Action: look", step["obs"], aux)[0]["label"] in ("repeat", "ok")
+    while not over:  # the demonstrator to the end: the environment ends the episode, won, with its reward
+        step, over, won = c.take_step(env, env.expert_text(), step["obs"], aux)
+    assert step["done"] and step["r_env"] > 0 and won
+
+
+def test_polyak_update_moves_the_target_a_fraction_of_the_way(stages):
+    polyak_update = stages["03_critic"].polyak_update
+    target, source = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        target.weight.fill_(1.0), target.bias.fill_(0.0), source.weight.fill_(3.0), source.bias.fill_(-1.0)
+    polyak_update(target, source, 0.25)
+    assert torch.allclose(target.weight, torch.full((1, 2), 1.5)) and torch.allclose(target.bias, torch.tensor([-0.25]))
+    assert torch.allclose(source.weight, torch.full((1, 2), 3.0))  # the source is left as it was
+    assert not target.weight.requires_grad or target.weight.grad is None
+
+
+def test_old_logprobs_are_the_policys_reply_token_logprobs_per_trajectory(stages):
+    """05's log pi_old: one tensor per trajectory, log pi of each of its reply tokens in order, whatever the
+    batch it was computed in (three trajectories of different lengths, batches of 2); no gradient; the
+    policy is left in training mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    b5 = stages["05_bppo"]
+    torch.manual_seed(0)
+    policy = LlamaForCausalLM(LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
+    xs = [{"input_ids": [1, 2, 3, 4, 5, 6], "action_step": [-1, -1, 0, 0, -1, -1], "state_pos": [1, 5],
+           "action_pos": [3]},
+          {"input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9], "action_step": [-1, -1, 0, -1, -1, 1, 1, -1, -1],
+           "state_pos": [1, 4, 8], "action_pos": [2, 6]},
+          {"input_ids": [1, 7, 3, 9], "action_step": [-1, 0, -1, -1], "state_pos": [0, 3], "action_pos": [1]}]
+    data = [({"steps": [{"adv": 0.5}] * len(x["action_pos"])}, x) for x in xs]
+    policy.train()
+    old = b5.old_logprobs(policy, data, 0, 2, torch.device("cpu"), None)
+    assert policy.training and len(old) == 3
+    for x, lp in zip(xs, old):
+        b = b5.collate([x], 0)
+        with torch.no_grad():
+            want = b5.token_logprobs(policy(input_ids=b["input_ids"]).logits[0, :-1], b["input_ids"][0, 1:])
+        assert not lp.requires_grad
+        assert torch.allclose(lp, want[torch.tensor(x["action_step"][1:]) >= 0], atol=1e-5)

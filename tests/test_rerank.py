@@ -31,13 +31,13 @@ def critic_dir(tiny_run, stages, tmp_path_factory):
     return out
 
 
-def test_pick_candidates_takes_argmax_q_per_environment(collect):
+def test_pick_candidates_takes_argmax_q_per_environment():
     q = [0.1, 0.7, 0.3,     # env 0 -> candidate 1
          -2.0, -1.0, -3.0,  # env 1 -> candidate 1
          0.5, 0.2, 0.9]     # env 2 -> candidate 2
-    assert collect.pick_candidates(q, 3) == [1, 1, 2]
-    assert collect.pick_candidates(torch.tensor([0.4, 0.4, 0.1, 0.2, 0.9, 0.9]), 3) == [0, 1]  # ties: lowest index
-    assert collect.pick_candidates([0.3, -0.1], 1) == [0, 0]  # one candidate: always it
+    assert rerank.pick_candidates(q, 3) == [1, 1, 2]
+    assert rerank.pick_candidates(torch.tensor([0.4, 0.4, 0.1, 0.2, 0.9, 0.9]), 3) == [0, 1]  # ties: lowest index
+    assert rerank.pick_candidates([0.3, -0.1], 1) == [0, 0]  # one candidate: always it
 
 
 def test_candidate_q_is_q_of_the_step_in_the_whole_episode(collect, critic_dir, tiny_run, monkeypatch):

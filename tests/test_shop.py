@@ -294,7 +294,7 @@ def test_collect_keeps_the_graded_reward_and_success_means_reward_1(stages):
             return f"Action: {'click[buy now]' if self.page == 'item' else action}"
 
     ids = [f"dev/{i:05d}" for i in range(8)]
-    good, _ = collect.run_episodes(lambda: envs.make("shop"), ids, "expert", args, aux)
-    hasty, _ = collect.run_episodes(Hasty, ids, "expert", args, aux)
+    good = [collect.run_episode(envs.make("shop"), i, "expert", args, aux) for i in ids]
+    hasty = [collect.run_episode(Hasty(), i, "expert", args, aux) for i in ids]
     assert all(ep["success"] and ep["reward"] == 1.0 and not ep["truncated"] for ep in good)
     assert all(not ep["success"] and 0 < ep["reward"] < 1 and ep["steps"][-1]["done"] for ep in hasty)

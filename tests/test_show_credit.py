@@ -193,6 +193,8 @@ def test_bad_input_exits_2_with_one_line(show, buffer, tmp_path):
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, (args, proc.stderr)
         assert proc.stdout == "", args
+        if args[1:] == ["--pick", "success"]:  # the smoke run's case: its self episodes all fail
+            assert "try --source any" in proc.stderr, proc.stderr
     assert sorted(os.listdir(tmp_path)) == before
 
 

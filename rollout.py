@@ -1,0 +1,61 @@
+"""02_collect.py's rollout engine: many episodes at once, in lockstep. Skip it on a first reading:
+02's run_episode is the same rollout, one episode at a time, and tests/test_collect.py checks that
+both write the same episodes.
+
+--num-envs environment slots step together: at each step the replies of every live episode are
+generated in one batch (kv_cache.py), and a slot whose episode ends takes the next task at once, so
+every slot stays busy until the queue is empty. With --rerank (rerank.py) each slot owns --candidates
+rows of the batch, and the critic picks the reply its environment executes.
+"""
+from tqdm import tqdm
+
+from plumbing import is_main
+from rerank import pick_candidates
+
+
+def run_lockstep(make_env, task_ids, policy, args, new_episode, take_step, end_episode, reranker=None):
+    """Every task once, on --num-envs slots -> the finished episodes. The stage's own functions do the
+    rest: new_episode(env, task_id) resets an environment on a task -> the episode so far;
+    take_step(env, text, prev_obs) -> (the step's record, the episode is over, it was won);
+    end_episode(episode, won) -> the episode completed, or None (not even its first prompt fit).
+    Slot i owns rows i*m .. i*m+m-1 of the generation batch (m candidates with --rerank, else 1)."""
+    m = reranker.m if reranker else 1
+    slots = [make_env() for _ in range(min(args.num_envs, len(task_ids)))]
+    queue = list(reversed(task_ids))  # queue.pop() hands out the tasks in order
+    live, finished = {}, []  # live: slot -> its episode so far
+    bar = tqdm(total=len(task_ids), desc=f"02_collect {args.split}", unit="ep", disable=not is_main())
+    for i in range(len(slots)):
+        live[i] = new_episode(slots[i], queue.pop())
+    if policy != "expert":
+        policy.start(len(slots) * m)
+    while live:
+        rows, outcome = sorted(live), {}  # slot -> won (True / False), for each episode that ends at this step
+        if policy == "expert":
+            replies = [slots[i].expert_text() for i in rows]
+        else:
+            prompts = {i: policy.prompt_ids(live[i]) for i in rows}
+            # An episode whose next prompt would overflow the model's context ends here (cut).
+            outcome = {i: False for i in rows if len(prompts[i]) > policy.max_prompt}
+            policy.cut_episodes, rows = policy.cut_episodes + len(outcome), [i for i in rows if i not in outcome]
+            replies = policy.act([i * m + j for i in rows for j in range(m)],
+                                 [prompts[i] for i in rows for _ in range(m)]) if rows else []
+            if reranker and rows:  # each environment executes its argmax-Q candidate
+                q = reranker.q_values([live[i] for i in rows for _ in range(m)], replies)
+                replies = [replies[k * m + j] for k, j in enumerate(pick_candidates(q, m))]
+        for i, text in zip(rows, replies):
+            ep = live[i]
+            step, over, won = take_step(slots[i], text, ep["steps"][-1]["obs"] if ep["steps"] else ep["obs0"])
+            ep["steps"].append(step)
+            if over or len(ep["steps"]) >= slots[i].max_steps:  # format errors count toward the limit
+                outcome[i] = won
+        for i in sorted(outcome):
+            ep = end_episode(live.pop(i), outcome[i])
+            if queue:  # refill: the slot starts the next task
+                live[i] = new_episode(slots[i], queue.pop())
+            if ep is not None:
+                finished.append(ep)
+                bar.update(1)
+    bar.close()
+    for env in slots:
+        env.close()
+    return finished
