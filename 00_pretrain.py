@@ -23,7 +23,7 @@ The loss is next-token prediction on every token after the system turn:
 01_bc.py --model DIR fine-tunes the result on the demonstrations (run_all.sh builds it once per
 environment and settings, under runs/base/):
 
-    KW='{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'  # run_all.sh's household
+    KW='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'  # run_all.sh's household
     python 00_pretrain.py --env-kwargs "$KW" --out runs/demo/base
     python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
         --out runs/demo/data/expert.jsonl

@@ -19,7 +19,7 @@ downloaded.
 The run_all.sh way: the demonstrations of household's default miniature (its demonstrator's habit
 is what the later stages unlearn), and the base 00_pretrain.py built on the same settings:
 
-    KW='{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'  # run_all.sh's household
+    KW='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'  # run_all.sh's household
     python 00_pretrain.py --env-kwargs "$KW" --out runs/demo/base
     python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
         --out runs/demo/data/expert.jsonl

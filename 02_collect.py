@@ -19,7 +19,7 @@ format > invalid > repeat > ok:
     r_aux_t = --r-fmt / --r-inv / --r-repeat for those labels, else 0.
 The critic learns on r_t = r_env + r_aux (03), and 04's advantages use the same rewards.
 
-    KW='{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'  # run_all.sh's household
+    KW='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'  # run_all.sh's household
     python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
         --out runs/demo/data/expert.jsonl
     python 02_collect.py --policy runs/demo/policy_0 --env-kwargs "$KW" --split train --episodes 300 --seed 1 \

@@ -155,9 +155,9 @@ def test_td_error_without_the_critics_aux_rewards_gives_the_penalty_back(stages)
     assert np.allclose(adv(False, "qv"), q - v[:2])  # Q - V already holds r_aux
 
 
-def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path, in_process):
-    """04 end to end with lambda 0: the default advantage minus '--rewards env' is r_aux on every
-    step for a critic trained with r_aux, and 0 for a critic trained with 03 --no-aux."""
+def test_04_keeps_r_aux_out_of_the_advantage_unless_asked(stages, tiny_run, tmp_path, in_process):
+    """04 end to end with lambda 0: '--rewards critic' minus the default (r_env only, the paper's placement)
+    is r_aux on every step for a critic trained with r_aux, and 0 for a critic trained with 03 --no-aux."""
     c3 = stages["03_critic"]
     torch.manual_seed(0)
     critic = c3.Critic(AutoModel.from_pretrained(tiny_run / "policy_0", local_files_only=True))
@@ -178,9 +178,27 @@ def test_04_takes_the_rewards_the_critic_learned_on(stages, tiny_run, tmp_path, 
         return np.array([s["adv"] for line in open(out) for s in json.loads(line)["steps"]])
 
     r_aux = np.array([s["r_aux"] for ep in eps for s in ep["steps"]])
-    assert np.allclose(advantages(False) - advantages(False, "--rewards", "env"), r_aux, atol=1e-5)
-    assert np.allclose(advantages(True), advantages(True, "--rewards", "env"), atol=1e-6)
-    assert np.allclose(advantages(True), advantages(False, "--rewards", "env"), atol=1e-6)
+    assert np.allclose(advantages(False, "--rewards", "critic") - advantages(False), r_aux, atol=1e-5)
+    assert np.allclose(advantages(True), advantages(True, "--rewards", "critic"), atol=1e-6)
+    assert np.allclose(advantages(True), advantages(False), atol=1e-6)
+
+
+def test_04_outcome_gives_every_step_its_return_minus_the_mean(stages, tmp_path, in_process):
+    """--advantage outcome, no critic: returns 1, 0, 0.5 (mean 0.5) -> A = +0.5, -0.5, 0 on every step."""
+    step = {"text": "Action: look", "action": "look", "obs": "o", "label": "ok", "r_aux": 0.0}
+    eps = [{"env": "household", "task_id": f"train/0000{i}", "split": "train", "source": "self", "policy": "p",
+            "seed": 0, "instruction": "i", "task": "t", "obs0": "o",
+            "steps": [dict(step, r_env=0.0, done=False), dict(step, r_env=r, done=r > 0)],
+            "reward": r, "success": r == 1.0, "truncated": r == 0.0} for i, r in enumerate([1.0, 0.0, 0.5])]
+    eps[2]["steps"][1]["done"] = True
+    (tmp_path / "buf.jsonl").write_text("".join(json.dumps(ep) + "\n" for ep in eps))
+    in_process(stages["04_gae"], "--data", tmp_path / "buf.jsonl", "--advantage", "outcome",
+               "--out", tmp_path / "adv.jsonl", "--threads", 1)
+    out = [json.loads(line) for line in open(tmp_path / "adv.jsonl")]
+    assert [[s["adv"] for s in ep["steps"]] for ep in out] == [[0.5, 0.5], [-0.5, -0.5], [0.0, 0.0]]
+    assert all(s["q"] - s["v"] == s["adv"] for ep in out for s in ep["steps"])
+    proc = in_process(stages["04_gae"], "--data", tmp_path / "buf.jsonl", "--out", tmp_path / "x.jsonl", check=False)
+    assert proc.returncode == 2 and "--critic is required" in proc.stderr, proc.stderr
 
 
 def test_04_refuses_non_finite_values_and_writes_nothing(stages, tiny_run, tmp_path, in_process):
