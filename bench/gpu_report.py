@@ -93,7 +93,7 @@ def main(argv=None):
         bppo = [r for r in records if r["stage"] == "05_bppo" and "epoch" in r][-1]
         a, b = (load_file(os.path.join(d, p, "model.safetensors")) for p in ("policy_0", "policy_1"))
         diff = [(a[k] != b[k]) for k in a]
-        seconds = open(os.path.join(args.check, f"{run}.seconds")).read().strip() \
+        seconds = open(os.path.join(args.check, f"{run}.seconds")).read().split()[-1] \
             if os.path.exists(os.path.join(args.check, f"{run}.seconds")) else "-"
         moved.append(f"| {run} | {seconds} | {bppo['kl_ref']:.2e} | {bppo['approx_kl_old']:.2e} | "
                      f"{sum(bool(x.any()) for x in diff)} of {len(diff)} | "
