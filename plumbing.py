@@ -86,11 +86,12 @@ def kv_bytes(model_dir, rows):
     """The fp32 KV cache of `rows` sequences of a model directory's model at 1k tokens each (an episode of the
     miniatures; the model's context where shorter); 0 for a config this cannot read (loading it says why)."""
     c = read_json(os.path.join(model_dir, "config.json")) or {}
-    try:
-        kv_dim = c["hidden_size"] // c["num_attention_heads"] * c.get("num_key_value_heads", c["num_attention_heads"])
-        return rows * min(c.get("max_position_embeddings", 1024), 1024) * c["num_hidden_layers"] * 2 * kv_dim * 4
-    except (KeyError, TypeError, ZeroDivisionError):
+    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "num_hidden_layers")
+    n = {k: c.get(k, 1024 if k == "max_position_embeddings" else c.get("num_attention_heads")) for k in keys}
+    if not all(type(v) is int and v > 0 for v in n.values()):
         return 0
+    kv_dim = n["hidden_size"] // n["num_attention_heads"] * n["num_key_value_heads"]
+    return rows * min(n["max_position_embeddings"], 1024) * n["num_hidden_layers"] * 2 * kv_dim * 4
 
 
 def unique_keys(pairs):
@@ -690,6 +691,8 @@ def grad_sync(model, world, fsdp, on):
 # ---- THE SHELL SCRIPTS' WAY THROUGH THE SAME RULES: python plumbing.py COMMAND ...
 def results_table(run, k, worlds, splits):
     """run_all.sh's RUN/results.md: one row per policy; each split's mean over the worlds, then each world's success."""
+    out = os.path.join(run, "results.md")
+    check_out(out, "results")  # first: a user's results.md is refused before anything is read
     def load(p):
         obj = read_json(os.path.join(run, p))
         return obj if obj is not None else die(f"{os.path.join(run, p)}: missing or not a summary of 02_collect.py")
@@ -709,8 +712,6 @@ def results_table(run, k, worlds, splits):
         name = "policy_0 (BC)" if i == 0 else f"policy_{i} (Q-Evolve iter {i})"
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
     table = "\n".join(rows) + "\n"
-    out = os.path.join(run, "results.md")
-    check_out(out, "results")
     save_text(out, f"<!-- {STAMP}run_all.sh -->\n# Results: {run}\n\nSuccess and average reward: the mean over "
                    f"worlds {', '.join(worlds)}.\n\n{table}")
     print(f"(mean over worlds {', '.join(worlds)})\n{table}")
@@ -727,6 +728,8 @@ def torchrun(argv):
         run(get_args_parser().parse_args(argv))
     except SignalException:  # run_all.sh's Ctrl-C stops it (SIGTERM): torchrun stopped its processes
         sys.exit(130)
+    except ValueError as e:  # torchrun's own settings (--nproc_per_node abc)
+        die(f"torchrun: {e}")
     except ChildFailedError as e:  # the others stopped by torchrun (SIGTERM) after a rank's error line
         if 2 in {f.exitcode for f in e.failures.values()} <= {2, -signal.SIGTERM}:
             sys.exit(2)

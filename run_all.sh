@@ -47,6 +47,7 @@ cd "$(dirname "$0")"
 # and 010 as 8. Integers are read one way (decimal, no leading zero, at most 9 digits), a path is never taken
 # for an option or shell syntax ('~' stays literal in a variable). One error line, exit 2.
 int='(0|[1-9][0-9]{0,8})'
+need_bool() { for v in "$@"; do [[ ${!v} =~ ^[01]$ ]] || bad "$v must be 0 or 1, got '${!v}'"; done; }
 need_int() {
   for v in "$@"; do [[ ${!v} =~ ^$int$ ]] || bad "$v must be a non-negative integer (decimal, no leading zero, \
 at most 9 digits), got '${!v}'"; done
@@ -58,7 +59,7 @@ backquote), got '${!v}'" ;; esac
   done
 }
 SMOKE=${SMOKE:-0}
-need_int SMOKE
+need_bool SMOKE
 
 # SMOKE=1: toy budgets, the run tests/test_chain.py checks (a tiny base model, 16 demos, 6 self episodes,
 # 4 evaluation tasks per split in 2 worlds, one epoch per stage, episodes of at most 5 steps). These are
@@ -120,7 +121,8 @@ CRITIC_ARGS=${CRITIC_ARGS:-}
 GAE_ARGS=${GAE_ARGS:-}
 BPPO_ARGS=${BPPO_ARGS:-}
 CPU_OK=${CPU_OK:-0}
-need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC KEEP_OLD CPU_OK
+need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC
+need_bool KEEP_OLD CPU_OK
 [ "$SEED" -le 4294966 ] && [ "$K" -le 999 ] || bad "SEED must be at most 4294966 and K at most 999 (self-collection's \
 seed is SEED * 1000 + k, below 2**32), got SEED=$SEED K=$K"
 need_path RUN BASE_CACHE SMOLLM2_DIR

@@ -61,7 +61,8 @@ def main(argv=None):
     p.add_argument("--peak-tflops", type=float, default=0, help="the device's dense bf16 peak (0: by its name)")
     args = p.parse_args(argv)
     check_out(args.out, "table")  # a table a bench script wrote, or a new file
-    runs = sorted(d for d in os.listdir(args.check) if os.path.isfile(os.path.join(args.check, d, "results.md")))
+    names = os.listdir(args.check) if os.path.isdir(args.check) else []
+    runs = sorted(d for d in names if os.path.isfile(os.path.join(args.check, d, "results.md")))
     if not runs:
         die(f"{args.check}: no finished run (a <env>/results.md); did bench/gpu_check.sh run?")
     name = device_name()
