@@ -42,8 +42,9 @@ from tqdm import tqdm
 
 import envs
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (add_machine_flags, autocast, check_finite, check_flags, check_loss, check_out, die,
-                      length_batches, log_metrics, lr_at, parse_env_kwargs, pick_device, seed_everything, write_atomic)
+from plumbing import (add_machine_flags, autocast, check_finite, check_flags, check_loss, check_memory, check_out, die,
+                      length_batches, log_metrics, lr_at, model_bytes, parse_env_kwargs, pick_device, seed_everything,
+                      write_atomic)
 
 
 def parse_args(argv=None):
@@ -146,6 +147,8 @@ def main(argv=None):
                 env_seed="a seed in [0, 2**32)")
     if args.d_model % args.n_heads:
         die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
+    check_memory(model_bytes(args.vocab_size, args.d_model, args.n_layers),
+                 f"--vocab-size {args.vocab_size} --d-model {args.d_model} --n-layers {args.n_layers}")
     check_out(args.out, "policy")
     if args.metrics:
         check_out(args.metrics, "log", [args.out])
@@ -170,7 +173,9 @@ def main(argv=None):
     model = build_tiny_model(tokenizer, args).to(device)
     data = [tokenize_transcript(tokenizer, msgs) for msgs in corpus]
     data = [(ids[:args.max_len], mask[:args.max_len]) for ids, mask in data]
-    n_tokens = sum(sum(m) for _, m in data)
+    n_tokens = sum(sum(m[1:]) for _, m in data)  # position i predicts i + 1: the first token trains nothing
+    if not n_tokens:
+        die(f"--max-len {args.max_len} cuts every transcript before its first trained token; raise it")
     print(f"00_pretrain: {len(data)} transcripts of {args.env}/train, {n_tokens} trained tokens/epoch, "
           f"model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params on {device}")
 

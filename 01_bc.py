@@ -36,9 +36,10 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (add_lora, add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss, cost,
-                      die, distribute, finish_distributed, full_state, is_main, length_batches, load_model,
-                      load_tokenizer, log_metrics, lr_at, parts, read_episodes, save_policy, start)
+from plumbing import (add_lora, add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss,
+                      check_memory, cost, die, distribute, finish_distributed, full_state, is_main, length_batches,
+                      load_model, load_tokenizer, log_metrics, lr_at, model_bytes, parts, read_episodes, save_policy,
+                      start)
 
 
 def parse_args(argv=None):
@@ -73,6 +74,9 @@ def parse_args(argv=None):
                 max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative", lora="non-negative")
     if args.model == "tiny" and args.d_model % args.n_heads:
         die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
+    if args.model == "tiny":
+        check_memory(model_bytes(args.vocab_size, args.d_model, args.n_layers),
+                     f"--vocab-size {args.vocab_size} --d-model {args.d_model} --n-layers {args.n_layers}")
     if args.lora and args.model == "tiny":
         die("--lora needs a pretrained --model DIR: the tiny model starts from random weights")
     if args.lora and args.fsdp:

@@ -49,9 +49,9 @@ from transformers import AutoModelForCausalLM
 
 import envs
 from kv_cache import generate_cached, generate_plain
-from plumbing import (add_machine_flags, autocast, check_flags, check_out, die, finish_distributed, is_main, load_model,
-                      load_tokenizer, log_metrics, parse_env_kwargs, pick_device, save_text, seed_everything,
-                      setup_distributed)
+from plumbing import (add_machine_flags, autocast, check_flags, check_memory, check_out, die, finish_distributed,
+                      is_main, kv_bytes, load_model, load_tokenizer, log_metrics, parse_env_kwargs, pick_device,
+                      save_text, seed_everything, setup_distributed)
 from rerank import Reranker, add_rerank_flags, check_rerank
 from rollout import run_lockstep
 
@@ -235,6 +235,10 @@ def main(argv=None):
                 max_new_tokens="at least 1", threads="non-negative", r_fmt="in [-100, 100]", r_inv="in [-100, 100]",
                 r_repeat="in [-100, 100]")
     check_rerank(args)
+    if args.policy != "expert":  # every slot's KV cache (and each candidate's), one estimate before any work
+        rows = args.num_envs * (args.candidates if args.rerank else 1)
+        check_memory(kv_bytes(args.policy, rows), f"--num-envs {args.num_envs}"
+                     + (f" --candidates {args.candidates}" if args.rerank else ""))
     if not args.greedy:
         check_flags(args, temperature="positive")
     env_kwargs = parse_env_kwargs(args.env_kwargs)
@@ -244,8 +248,9 @@ def main(argv=None):
     runs = [argparse.Namespace(**{**vars(args), "env_seed": w, "split": split,
                                   "out": args.out.replace("{world}", str(w)).replace("{split}", split)})
             for w in args.env_seed for split in args.split]
-    if len({r.out for r in runs}) < len(runs):
-        die(f"--out {args.out}: several --env-seed / --split values need {{world}} and {{split}} in the path")
+    if len({os.path.realpath(r.out) for r in runs}) < len(runs):  # the files named, not the strings
+        die(f"--out {args.out}: several --env-seed / --split values need {{world}} and {{split}} in the path, "
+            "naming a file of its own for each pair")
     task_lists = []
     for r in runs:
         try:

@@ -45,8 +45,8 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_flags, check_out, die, load_model,
-                      log_metrics, owned, pick_device, read_episodes, read_json, save_text, seed_everything)
+from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_finite, check_flags, check_out, die,
+                      load_model, log_metrics, owned, pick_device, read_episodes, read_json, save_text, seed_everything)
 
 
 def parse_args(argv=None):
@@ -186,6 +186,7 @@ def load_critic(path, device):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:
         die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
+    check_finite(heads.values(), f"{path}/heads.safetensors", loaded=True)
     critic = Critic(load_model(AutoModel, path))
     try:
         for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):

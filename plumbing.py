@@ -8,14 +8,17 @@ saves a diverged update (check_finite). The torchrun helpers at the bottom are a
 """
 import contextlib
 import json
+import logging
 import math
 import os
 import random
 import re
 import resource
 import shutil
+import signal
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -27,10 +30,22 @@ hf_logging.disable_progress_bar()  # transformers' "Loading weights" bar: not th
 
 
 def die(msg):
+    """One `error:` line and exit 2. Under torchrun every rank meets the same check and rank 0 says it: another
+    rank first waits to be stopped by torchrun (rank 0 failed), and says it only where rank 0 did not fail."""
+    if not is_main():
+        time.sleep(10)
     print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
     sys.exit(2)
 
 
+def quiet_interrupt(kind, value, tb, default=sys.excepthook):
+    """Ctrl-C ends a script without a traceback (still by SIGINT: 130 in a shell; run_all.sh says how to resume).
+    What it was writing is left as it was (write_atomic)."""
+    if not issubclass(kind, KeyboardInterrupt):
+        default(kind, value, tb)
+
+
+sys.excepthook = quiet_interrupt
 MAX_REWARD = 100.0  # a reward or advantage larger than this is a broken buffer
 RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
          "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
@@ -50,6 +65,34 @@ def check_flags(args, **rules):
             die(f"{flag} must be {rule}, got {value}")
         if value > most:  # a huge int, not a traceback (math.isfinite) or a loop that never ends
             die(f"{flag} must be at most {most}, got {value}")
+
+
+def check_memory(nbytes, flags):
+    """One estimate of the memory a set of size flags asks for (bytes), refused above what this machine has
+    (the GPU's memory where there is one, else RAM): one line before any work, not an allocation that fails."""
+    have = (torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available()
+            else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    if nbytes > have:
+        die(f"{flags} ask for about {nbytes / 2**30:,.1f} GiB of memory, more than this machine's "
+            f"{have / 2**30:,.1f} GiB; use smaller values")
+
+
+def model_bytes(vocab_size, d_model, n_layers):
+    """Training the tiny Llama (models/tiny.py): fp32 weights, gradients and AdamW's two states, 16 bytes for each
+    of its vocab * d embedding and 16 d^2 per layer (attention 4 d^2, the MLP of width 4 d 12 d^2)."""
+    return 16 * (vocab_size * d_model + 16 * n_layers * d_model ** 2)
+
+
+def kv_bytes(model_dir, rows):
+    """The fp32 KV cache of `rows` sequences of a model directory's model at 1k tokens each (an episode of the
+    miniatures; the model's context where shorter); 0 for a config this cannot read (loading it says why)."""
+    c = read_json(os.path.join(model_dir, "config.json")) or {}
+    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "num_hidden_layers")
+    n = {k: c.get(k, 1024 if k == "max_position_embeddings" else c.get("num_attention_heads")) for k in keys}
+    if not all(type(v) is int and v > 0 for v in n.values()):
+        return 0
+    kv_dim = n["hidden_size"] // n["num_attention_heads"] * n["num_key_value_heads"]
+    return rows * min(n["max_position_embeddings"], 1024) * n["num_hidden_layers"] * 2 * kv_dim * 4
 
 
 def unique_keys(pairs):
@@ -96,17 +139,22 @@ ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py
              "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
              "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
              "log": ("a metrics JSONL written by the stages", STAGE_NAMES),
-             "png": ("a PNG written by this project (its Software text chunk)", ("show_credit.py",)),
+             "png": ("a PNG written by this project (its Software text chunk)", ("show_credit.py",
+                                                                                  "bench/plot_learning.py")),
              "table": ("a results table written by bench/", ("bench/ablation.py", "bench/seeds.py",
                                                              "bench/stage_times.py", "bench/gpu_report.py")),
-             "run_log": ("a run log written by bench/seeds.py", ("bench/seeds.py",))}
+             "bench_json": ("a measurement JSON written by bench/ (its 'stage')", ("bench/model_throughput.py",)),
+             "run_log": ("a run log written by bench/ (seeds.py, ablation.py, gpu_check.sh)",
+                         ("bench/seeds.py", "bench/ablation.py", "bench/gpu_check.sh")),
+             "results": ("a results table written by run_all.sh", ("run_all.sh",))}
+STAMPED = {"run_log": "# ", "results": "<!-- "}  # a file whose first line is PREFIX + STAMP + its writer
 # The files a policy / critic directory may hold: what save_pretrained (one or sharded safetensors),
 # tokenizer.save_pretrained (fast or slow tokenizers), args.json, 00's corpus_sample.txt and 03's
 # heads.safetensors write. A file the user added (notes.txt) makes the directory theirs.
 MODEL_FILES = re.compile(r"(config|generation_config|args|tokenizer|tokenizer_config|special_tokens_map|added_tokens"
                          r"|vocab|model\.safetensors\.index)\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
                          r"heads\.safetensors|chat_template\.jinja|merges\.txt|tokenizer\.model|corpus_sample\.txt")
-STAMP = "q-evolve "  # + the writer: a PNG's Software text, a run log's first line ("# q-evolve bench/seeds.py")
+STAMP = "q-evolve "  # + the writer: a PNG's Software text, a run log's or results table's first line (STAMPED)
 
 
 def read_json(path):
@@ -160,8 +208,8 @@ def owned(path, kind):
         return False
     if kind == "png":
         return png_software(path) in [STAMP + w for w in writers]
-    if kind == "run_log":
-        return first_line(path).startswith("# " + STAMP + writers[0])
+    if kind in STAMPED:
+        return any(first_line(path).startswith(STAMPED[kind] + STAMP + w) for w in writers)
     if kind == "table":  # 'Measured DATE on ... by `[SETTINGS] python bench/ablation.py ...`'
         line = first_line(path)
         return line.startswith("Measured ") and any(f"python {w}" in line for w in writers)
@@ -199,22 +247,30 @@ def check_path(path, inputs=()):
             die(f"{path} is the current directory, the home directory or one above them; write the output elsewhere")
 
 
+TMP_MARKER = "qevolve-temporary"  # the file write_atomic puts first into each of its temporary directories
+
+
 def temporaries(path):
-    """The temporary directories write_atomic (and check_out's probe) made beside path: '.NAME.qevolve-tmp-*'."""
+    """The temporary directories write_atomic made beside path: named '.NAME.qevolve-tmp-*' and holding its
+    marker file (a folder that only looks like one is the user's)."""
     parent, base = os.path.split(os.path.abspath(path))
     prefix = f".{base}.qevolve-tmp-"
     names = os.listdir(parent) if os.path.isdir(parent) else []
-    return [os.path.join(parent, n) for n in sorted(names) if n.startswith(prefix)
-            and os.path.isdir(os.path.join(parent, n)) and not os.path.islink(os.path.join(parent, n))]
+    marked = lambda t, m: not (os.path.islink(t) or os.path.islink(m)) and first_line(m) == STAMP + "write_atomic\n"
+    return [os.path.join(parent, n) for n in sorted(names)
+            if n.startswith(prefix) and marked(os.path.join(parent, n), os.path.join(parent, n, TMP_MARKER))]
 
 
 def recover(path):
     """What a killed write_atomic left beside path: a moved-aside old artifact goes back when path is
     missing (killed between its two renames), then every temporary is removed."""
-    for tmp in temporaries(path):
-        if not os.path.lexists(path) and os.path.lexists(os.path.join(tmp, "old")):
-            os.rename(os.path.join(tmp, "old"), path)
-        shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for tmp in temporaries(path):
+            if not os.path.lexists(path) and os.path.lexists(os.path.join(tmp, "old")):
+                os.rename(os.path.join(tmp, "old"), path)
+            shutil.rmtree(tmp)
+    except OSError as e:
+        die(f"cannot clear what an interrupted run left beside {path} ({e.strerror}); is its folder writable?")
 
 
 def check_out(path, kind, inputs=()):
@@ -251,10 +307,15 @@ def write_atomic(path, write_fn):
     complete pair or a JSONL without summary (redone)."""
     check_path(path)
     path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    box = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.qevolve-tmp-", dir=os.path.dirname(path))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        box = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.qevolve-tmp-", dir=os.path.dirname(path))
+    except OSError as e:  # a file where a folder should be, a read-only folder
+        die(f"could not write {path}: cannot make a folder beside it ({e.strerror})")
     tmp, old = os.path.join(box, "new"), os.path.join(box, "old")
     try:
+        with open(os.path.join(box, TMP_MARKER), "w", encoding="utf-8") as f:
+            f.write(STAMP + "write_atomic\n")
         write_fn(tmp)
         if os.path.isdir(path) and not os.path.islink(path):
             os.rename(path, old)
@@ -278,6 +339,19 @@ def save_text(path, text):
     write_atomic(path, write)
 
 
+def open_log(path, writer, note=""):
+    """A live log (bench/: a run's output while it runs, not atomic): the output rule first (new, or a log this
+    project stamped), then opened for writing, the stamp its first line; a folder that cannot be made is one line."""
+    check_out(path, "run_log")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        f = open(path, "w", encoding="utf-8")
+    except OSError as e:
+        die(f"cannot write {path} ({e.strerror})")
+    print(f"# {STAMP}{writer}{note}", file=f, flush=True)
+    return f
+
+
 def log_metrics(path, *records):
     """Append records to --metrics (if given), atomically: a full disk leaves the file as it was."""
     if path:
@@ -285,7 +359,7 @@ def log_metrics(path, *records):
         save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
 
 
-EPISODE_KEYS = {"env": str, "task_id": (str, int), "instruction": str, "task": str, "obs0": str, "steps": list,
+EPISODE_KEYS = {"env": str, "task_id": str, "instruction": str, "task": str, "obs0": str, "steps": list,
                 "reward": float, "success": bool, "source": str}
 LABELS = ("format", "invalid", "repeat", "ok")  # 02_collect.retro_label's
 STEP_KEYS = {"text": str, "action": str, "obs": str, "r_env": float, "label": str, "r_aux": float, "done": bool}
@@ -309,7 +383,8 @@ def field_error(obj, types, where=""):
 
 def episode_error(ep, step_keys):
     """What is wrong with one episode (docs/design.md, 'The episode JSONL'), or None: a field of the
-    wrong type, a label retro_label does not give, an 'ok' step with an r_aux, `done` before the end."""
+    wrong type, a label retro_label does not give, an 'ok' step with an r_aux, `done` before the end,
+    a reward other than its steps' r_env summed, a success that did not finish with a positive reward."""
     problem = field_error(ep, EPISODE_KEYS)
     if problem or not ep["steps"]:
         return problem or "has no steps"
@@ -323,6 +398,11 @@ def episode_error(ep, step_keys):
             return f"r_aux must be 0 for an 'ok' step at step {t}, got {s['r_aux']}"
         if s["done"] and t < len(ep["steps"]) - 1:
             return f"is done at step {t}, before its last step {len(ep['steps']) - 1}"
+    total = sum(s["r_env"] for s in ep["steps"])
+    if abs(ep["reward"] - total) > 1e-6:
+        return f"has reward {ep['reward']}, but its steps' r_env sum to {total}"
+    if ep["success"] and not (ep["steps"][-1]["done"] and ep["reward"] > 0):
+        return "is a success without a finished last step of positive reward"
     return None
 
 
@@ -386,12 +466,15 @@ def load_model(auto_class, path):
         die(f"{path}: cannot load the model ({e})")
     if info["missing_keys"]:
         die(f"{path}: the checkpoint lacks {len(info['missing_keys'])} tensors ({min(info['missing_keys'])}, ...)")
+    check_finite(model.parameters(), path, loaded=True)
     return model
 
 
-def check_finite(tensors, what):
+def check_finite(tensors, what, loaded=False):
+    """Weights are finite: before saving (a diverged update is never written) and on loading (a broken file)."""
     if not all(torch.isfinite(t).all() for t in tensors):
-        die(f"{what} has non-finite weights (the update diverged); nothing written - lower --lr")
+        die(f"{what}: the checkpoint holds non-finite weights (NaN or inf); it is broken - pass another" if loaded
+            else f"{what} has non-finite weights (the update diverged); nothing written - lower --lr")
 
 
 def seed_everything(seed):
@@ -629,3 +712,78 @@ def grad_sync(model, world, fsdp, on):
         model.set_requires_gradient_sync(on)
     elif world > 1:
         model.require_backward_grad_sync = on
+
+
+# ---- THE SHELL SCRIPTS' WAY THROUGH THE SAME RULES: python plumbing.py COMMAND ...
+def results_table(run, k, worlds, algos, splits):
+    """run_all.sh's RUN/results.md: one row per policy (BC, then each algorithm of ALGOS per iteration); each split's
+    mean over the worlds, then each world's success."""
+    out = os.path.join(run, "results.md")
+    check_out(out, "results")  # first: a user's results.md is refused before anything is read
+    def load(p):
+        obj = read_json(os.path.join(run, p))
+        return obj if obj is not None else die(f"{os.path.join(run, p)}: missing or not a summary of 02_collect.py")
+    mean = lambda xs: sum(xs) / len(xs)
+    names = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level PG"}
+    rows = ["| policy | " + " | ".join(f"{s} success | {s} avg reward | {s} success in world {' / '.join(worlds)}"
+                                        for s in splits) + " | train env steps so far |",
+            "|---|" + "---|---|---|" * len(splits) + "---|"]
+    for algo, i in [("qevolve", 0)] + [(a, i) for a in algos for i in range(1, k + 1)]:
+        tag = "" if algo == "qevolve" else f"{algo}_"  # a baseline's iterations 2.. are in RUN/<algo>/
+        steps = load("data/expert.json")["env_steps"] + sum(
+            load(f"iter_{j}/self.json" if j == 1 or not tag else f"{algo}/iter_{j}/self.json")["env_steps"]
+            for j in range(1, i + 1))
+        cells = []
+        for s in splits:
+            e = [load(f"eval/world{w}/{tag}policy_{i}_{s}.json") for w in worlds]
+            per_world = " / ".join(f"{x['success_rate']:.0%}" for x in e)
+            cells.append(f"{mean([x['success_rate'] for x in e]):.1%} | {mean([x['avg_reward'] for x in e]):.3f} | "
+                         f"{per_world}")
+        name = "policy_0 (BC)" if i == 0 else f"{tag}policy_{i} ({names[algo]} iter {i})"
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
+    table = "\n".join(rows) + "\n"
+    save_text(out, f"<!-- {STAMP}run_all.sh -->\n# Results: {run}\n\nSuccess and average reward: the mean over "
+                   f"worlds {', '.join(worlds)}.\n\n{table}")
+    print(f"(mean over worlds {', '.join(worlds)})\n{table}")
+
+
+def torchrun(argv):
+    """torch.distributed.run, but a stage's bad input (every rank exits 2; rank 0 printed the line) ends it with
+    exit 2 and not the launcher's wall of traceback and failure tables; any other failure as torchrun reports it."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        run(get_args_parser().parse_args(argv))
+    except SignalException:  # run_all.sh's Ctrl-C stops it (SIGTERM): torchrun stopped its processes
+        sys.exit(130)
+    except ValueError as e:  # torchrun's own settings (--nproc_per_node abc)
+        die(f"torchrun: {e}")
+    except ChildFailedError as e:  # the others stopped by torchrun (SIGTERM) after a rank's error line
+        if 2 in {f.exitcode for f in e.failures.values()} <= {2, -signal.SIGTERM}:
+            sys.exit(2)
+        print(e.format_msg(), file=sys.stderr)
+        sys.exit(1)
+
+
+def main(argv):
+    """results RUN K WORLDS ALGOS SPLIT...: run_all.sh's table. save KIND PATH WRITER: stdin into PATH after check_out,
+    atomically, its first line stamped. check KIND PATH...: check_out each. torchrun ARGS...: above."""
+    command, *rest = argv or ["help"]
+    if command == "results" and len(rest) >= 5 and rest[1].isdigit():
+        results_table(rest[0], int(rest[1]), rest[2].split(), rest[3].split(), rest[4:])
+    elif command == "save" and len(rest) == 3 and rest[0] == "run_log":
+        check_out(rest[1], rest[0])
+        save_text(rest[1], f"{STAMPED[rest[0]]}{STAMP}{rest[2]}\n" + sys.stdin.read())
+    elif command == "check" and rest and rest[0] in ARTIFACTS:
+        for path in rest[1:]:
+            check_out(path, rest[0])
+    elif command == "torchrun":
+        torchrun(rest)
+    else:
+        die(f"python plumbing.py {' '.join(argv)}: not a command of {main.__doc__}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

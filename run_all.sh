@@ -21,26 +21,48 @@
 #   ENV, ENV_KWARGS, PRETRAIN_ARGS and the code of 00_pretrain.py, plumbing.py and envs/), 'tiny' (from
 #   scratch), 'smollm2' (SmolLM2-135M-Instruct, converted once into SMOLLM2_DIR=models/smollm2-135m:
 #   docs/real_model.md) or a local Hugging Face model directory. A real model (smollm2 or a directory) gets
-#   budgets for one GPU (REAL_* below; a variable you set still wins); on a CPU the run first says what it costs.
+#   budgets for one GPU (below; a variable you set still wins); on a CPU the run stops first with what it costs.
 #   PRETRAIN_ARGS, BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
 #   ALGOS=qevolve: the algorithms that evolve policy_0, each K iterations from the same BC policy and iteration-1
 #   episodes - qevolve, and the baselines rft (iterated rejection fine-tuning: 01 on expert + successful own episodes;
 #   RFT_ARGS="--epochs 2 --lr 1e-3") and outcome (05 on the episode's return - the mean: 04 --advantage outcome)
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
+#   CPU_OK=0: 1 runs a real model on a machine without a GPU (else the run stops first with what it would cost)
+#
+#   Integers are decimal (no leading zero); paths are plain (no leading - or ~, no $ or backquote). A bad setting
+#   is one error line and exit 2 before anything runs; Ctrl-C stops the run, and the same command resumes it.
 #
 #   bash run_all.sh                      # the default run (19-29 min on 2 quiet CPU cores with the base cached: README)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
 #   SMOKE=1 bash run_all.sh              # a one-minute check of the whole chain (runs/smoke)
 #   BASE=smollm2 bash run_all.sh         # the real model on a GPU (runs/smollm2-household)
 set -euo pipefail
+bad() { echo "error: $1" >&2; exit 2; }
+case "$*" in
+  "") ;;
+  -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) bad "run_all.sh takes no arguments, got '$*'; its settings are environment variables (bash run_all.sh --help)" ;;
+esac
 cd "$(dirname "$0")"
 
 # A setting that reaches arithmetic or a command line must be what it claims before anything runs: bash
-# evaluates a $(command) inside $((...)), so SEED='K[$(rm -rf ~)0]' would run it. One error line, exit 2.
-bad() { echo "error: $1" >&2; exit 2; }
-need_int() { for v in "$@"; do [[ ${!v} =~ ^[0-9]+$ ]] || bad "$v must be a non-negative integer, got '${!v}'"; done; }
+# evaluates a $(command) inside $((...)), so SEED='K[$(rm -rf ~)0]' would run it, and reads 08 as bad octal
+# and 010 as 8. Integers are read one way (decimal, no leading zero, at most 9 digits), a path is never taken
+# for an option or shell syntax ('~' stays literal in a variable). One error line, exit 2.
+int='(0|[1-9][0-9]{0,8})'
+need_bool() { for v in "$@"; do [[ ${!v} =~ ^[01]$ ]] || bad "$v must be 0 or 1, got '${!v}'"; done; }
+need_int() {
+  for v in "$@"; do [[ ${!v} =~ ^$int$ ]] || bad "$v must be a non-negative integer (decimal, no leading zero, \
+at most 9 digits), got '${!v}'"; done
+}
+need_path() {
+  for v in "$@"; do
+    case ${!v} in ''|-*|'~'*|*'$'*|*'`'*) bad "$v must be a plain path (not empty, no leading - or ~, no \$ or \
+backquote), got '${!v}'" ;; esac
+  done
+}
 SMOKE=${SMOKE:-0}
-need_int SMOKE
+need_bool SMOKE
 
 # SMOKE=1: toy budgets, the run tests/test_chain.py checks (a tiny base model, 16 demos, 6 self episodes,
 # 4 evaluation tasks per split in 2 worlds, one epoch per stage, episodes of at most 5 steps). These are
@@ -55,11 +77,12 @@ fi
 
 BASE=${BASE:-pretrained}
 ENV=${ENV:-household}
+need_path BASE
 # A real model on one GPU: BC 3 epochs at lr 5e-5, the critic 2 epochs at 1e-5, BPPO at 2e-6, batches of 16
 # trajectories, 128 episodes in lockstep (docs/real_model.md, 'On a GPU'). Learning rates for the weights of a
 # pretrained model, far below the tiny model's (3e-3 / 1e-3 / 3e-4).
 if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ]; then
-  RUN=${RUN:-runs/$(basename "$BASE")-$ENV}
+  RUN=${RUN:-runs/$(basename -- "$BASE")-$ENV}
   BC_ARGS=${BC_ARGS:-"--epochs 3 --lr 5e-5 --batch-size 16"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2 --lr 1e-5 --batch-size 16"}
   BPPO_ARGS=${BPPO_ARGS:-"--lr 2e-6 --batch-size 16"}
   if [ "$ENV" = shop ]; then COLLECT_ARGS=${COLLECT_ARGS:-"--num-envs 128 --max-new-tokens 64"}; fi
@@ -104,23 +127,29 @@ RFT_ARGS=${RFT_ARGS:-"--epochs 2 --lr 1e-3"}
 ALGOS=${ALGOS:-qevolve}
 [[ $ALGOS =~ ^[[:space:]]*(qevolve|rft|outcome)([[:space:]]+(qevolve|rft|outcome))*[[:space:]]*$ ]] \
   || bad "ALGOS must be words of: qevolve rft outcome, got '$ALGOS'"
-need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC KEEP_OLD
+CPU_OK=${CPU_OK:-0}
+need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC
+need_bool KEEP_OLD CPU_OK
+[ "$SEED" -le 4294966 ] && [ "$K" -le 999 ] || bad "SEED must be at most 4294966 and K at most 999 (self-collection's \
+seed is SEED * 1000 + k, below 2**32), got SEED=$SEED K=$K"
+need_path RUN BASE_CACHE SMOLLM2_DIR
+[[ $PRECISION =~ ^(auto|fp32|bf16)$ ]] || bad "PRECISION must be auto, fp32 or bf16, got '$PRECISION'"
 words='^[[:space:]]*WORD([[:space:]]+WORD)*[[:space:]]*$'  # one or more WORDs (a pattern) apart
-[[ $EVAL_WORLDS =~ ${words//WORD/[0-9]+} ]] || bad "EVAL_WORLDS must be non-negative integers, got '$EVAL_WORLDS'"
+[[ $EVAL_WORLDS =~ ${words//WORD/$int} ]] || bad "EVAL_WORLDS must be non-negative integers (decimal, no leading \
+zero), got '$EVAL_WORLDS'"
 [[ $EVAL_SPLITS =~ ${words//WORD/[A-Za-z0-9_]+} ]] || bad "EVAL_SPLITS must be split names, got '$EVAL_SPLITS'"
 [[ $ENV =~ ^[A-Za-z0-9_]+$ ]] || bad "ENV must be an environment name, got '$ENV'"  # ENV_KWARGS: the stages check
 
-mkdir -p "$RUN"
-METRICS="$RUN/metrics.jsonl"
-COMMON=(--seed "$SEED" --threads "$THREADS" --precision "$PRECISION" --metrics "$METRICS")
-ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")
-RUNS=($PYTHON)  # how 01, 02, 03 and 05 start: one process, or NPROC under torchrun
-if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON -m torch.distributed.run --standalone --nproc_per_node "$NPROC"); fi
-
-# run COMMAND...: print it, run it. stage OUTPUT COMMAND...: run COMMAND unless OUTPUT already exists.
+# run COMMAND...: print it, run it. stage OUTPUT COMMAND...: run COMMAND unless OUTPUT already exists. Each command
+# runs in the background and is waited for: Ctrl-C reaches this script alone (a background command ignores it),
+# which stops the command (SIGTERM: what it was writing stays as it was, docs/design.md) and says one line.
+child=
+trap 'if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; wait "$child" || true; fi
+      echo "interrupted: rerun the same command to resume" >&2; exit 130' INT
+quiet() { "$@" & child=$!; wait "$child"; }
 run() {
   echo "== $*"
-  "$@"
+  quiet "$@"
 }
 stage() {
   local out=$1; shift
@@ -130,6 +159,21 @@ stage() {
     run "$@"
   fi
 }
+
+if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ] && [ "$PYTHON" != echo ] && [ "$CPU_OK" != 1 ] &&
+   ! quiet $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+  bad "no GPU: a real model on this CPU trains ~50 tokens/s (SmolLM2, 2 cores), so BC alone on $N_EXPERT \
+demonstrations takes ~$((N_EXPERT / 120)) h at these budgets (docs/real_model.md has a reduced run of ~2.5 h); \
+CPU_OK=1 runs it anyway"
+fi
+
+mkdir -p "$RUN"
+METRICS="$RUN/metrics.jsonl"
+COMMON=(--seed "$SEED" --threads "$THREADS" --precision "$PRECISION" --metrics "$METRICS")
+ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")
+RUNS=($PYTHON)  # how 01, 02, 03 and 05 start: one process, or NPROC under torchrun
+# torchrun through plumbing.py: a stage's bad input (exit 2 on every rank) stays one line, not torchrun's traceback
+if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON plumbing.py torchrun --standalone --nproc_per_node "$NPROC"); fi
 
 # evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS in each world of EVAL_WORLDS, in one
 # process (one model load), for the worlds and splits that miss a result.
@@ -166,11 +210,6 @@ else
     BASE=$SMOLLM2_DIR
   fi
   MODEL=(--model "$BASE")
-  if [ "$PYTHON" != echo ] && ! $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
-    echo "note: no GPU: a real model on this CPU trains ~50 tokens/s (SmolLM2, 2 cores), so BC alone on" \
-         "$N_EXPERT demonstrations takes ~$((N_EXPERT / 120)) h at these budgets; docs/real_model.md has a reduced" \
-         "run of ~2.5 h. Ctrl-C to stop." >&2
-  fi
 fi
 
 # ---- behavior cloning on expert demonstrations
@@ -227,32 +266,6 @@ evolve() {
 }
 for algo in $ALGOS; do evolve "$algo"; done
 
-# ---- the results table: one row per policy; each split's mean over the worlds, then each world's success
-$PYTHON - "$RUN" "$K" "$EVAL_WORLDS" "$ALGOS" $EVAL_SPLITS <<'EOF'
-import json, os, sys
-run, K, worlds, algos, splits = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5:]
-NAMES = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level PG"}
-load = lambda p: json.load(open(os.path.join(run, p)))
-mean = lambda xs: sum(xs) / len(xs)
-steps = load("data/expert.json")["env_steps"]
-rows = ["| policy | " + " | ".join(f"{s} success | {s} avg reward | {s} success in world {' / '.join(worlds)}"
-                                    for s in splits) + " | train env steps so far |",
-        "|---|" + "---|---|---|" * len(splits) + "---|"]
-for algo, k in [("qevolve", 0)] + [(a, k) for a in algos for k in range(1, K + 1)]:
-    tag = "" if algo == "qevolve" else f"{algo}_"
-    steps = load("data/expert.json")["env_steps"] + sum(
-        load(f"iter_{j}/self.json" if j == 1 or not tag else f"{algo}/iter_{j}/self.json")["env_steps"]
-        for j in range(1, k + 1))
-    cells = []
-    for s in splits:
-        e = [load(f"eval/world{w}/{tag}policy_{k}_{s}.json") for w in worlds]
-        per_world = " / ".join(f"{x['success_rate']:.0%}" for x in e)
-        cells.append(f"{mean([x['success_rate'] for x in e]):.1%} | {mean([x['avg_reward'] for x in e]):.3f} | {per_world}")
-    name = "policy_0 (BC)" if k == 0 else f"{tag}policy_{k} ({NAMES[algo]} iter {k})"
-    rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
-table = "\n".join(rows) + "\n"
-with open(os.path.join(run, "results.md"), "w") as f:
-    f.write(f"# Results: {run}\n\nSuccess and average reward: the mean over worlds {', '.join(worlds)}.\n\n{table}")
-print(f"(mean over worlds {', '.join(worlds)})\n{table}")
-EOF
+# ---- the results table (plumbing.py: the output rule and an atomic write, as every file of the project)
+quiet $PYTHON plumbing.py results "$RUN" "$K" "$EVAL_WORLDS" "$ALGOS" $EVAL_SPLITS
 echo "Results: $RUN/results.md   (metrics: $METRICS)"

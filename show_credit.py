@@ -208,13 +208,8 @@ def check_png(path, buffer):
         die("--png needs matplotlib: pip install -r requirements-plot.txt")
     if not path.endswith(".png") or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         die(f"--png {path}: " + ("its directory does not exist" if path.endswith(".png") else "must end in .png"))
-    if os.path.realpath(path) == os.path.realpath(buffer):
-        die(f"--png {path} is the input buffer; write the plot elsewhere")
-    from plumbing import check_path, owned  # the project's one rule of what a script may replace
-    check_path(path, [buffer])
-    if os.path.lexists(path) and not owned(path, "png"):
-        die(f"--png {path} exists and is not a PNG written by show_credit.py; refusing to replace it "
-            "(pick another path)")
+    from plumbing import check_out  # the project's one rule of what a script may replace
+    check_out(path, "png", [buffer])
 
 
 def main(argv=None):

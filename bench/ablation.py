@@ -42,7 +42,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import eval_worlds  # noqa: E402
-from plumbing import check_out, die, save_text  # noqa: E402
+from plumbing import check_out, die, open_log, save_text  # noqa: E402
 
 SPLITS = ("seen", "unseen")
 
@@ -134,7 +134,7 @@ def run_all_variants(args, runs):
         subprocess.run(cmd + (["--parallel"] if args.parallel else []), cwd=ROOT, check=True,
                        env={**os.environ, "K": "1", "ALGOS": "qevolve rft outcome"})
     threads = 1 if args.parallel else 2
-    logs = [open(os.path.join(ROOT, f"{r}.ablation.log"), "a") for r in runs]
+    logs = [open_log(os.path.join(ROOT, f"{r}.ablation.log"), "bench/ablation.py") for r in runs]
     if args.parallel:
         import multiprocessing as mp
         procs = [mp.Process(target=run_variant, args=(r, s, threads, args.candidates, log, args.variants))
@@ -171,6 +171,8 @@ def main():
     t0 = time.time()
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     if not args.table_only:
+        for r in runs:  # before any work: each log new, or one this script wrote (its stamped first line)
+            check_out(os.path.join(ROOT, f"{r}.ablation.log"), "run_log")
         run_all_variants(args, runs)
 
     sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)

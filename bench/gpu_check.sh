@@ -5,7 +5,7 @@
 #      side by side with the tests, each chain's log in CHECK/<env>.log and its wall-clock in CHECK/<env>.seconds
 #   3. bench/gpu_report.py: per-stage seconds, tokens/s, peak GPU memory and model FLOP utilisation, how far
 #      05 moved the policy, the results tables -> bench/results/gpu.md
-# DRY=1 runs the same script on a CPU with the tiny model, SMOKE's budgets and --precision bf16, its report in
+# Each log is written when its command ends (atomically, its first line the script's stamp). DRY=1 runs the same script on a CPU with the tiny model, SMOKE's budgets and --precision bf16, its report in
 # CHECK/gpu.md (tests/test_gpu_check.py, so CI keeps it working). Settings: CHECK=runs/gpu_check,
 # ENVS="household shop", TESTS="--slow tests" (pytest's arguments; empty: no tests), PYTHON=python (else python3),
 # SMOLLM2_DIR=models/smollm2-135m (converted first if missing: from the installed wheel, or from
@@ -21,7 +21,10 @@ ENVS=${ENVS:-"household shop"}
 TESTS=${TESTS-"--slow tests"}
 SMOLLM2_DIR=${SMOLLM2_DIR:-models/smollm2-135m}
 PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
-mkdir -p "$CHECK"
+bad() { echo "error: $1" >&2; exit 2; }
+case $CHECK in ''|-*|'~'*|*'$'*|*'`'*) bad "CHECK must be a plain path (no leading - or ~, no \$ or backquote), got '$CHECK'" ;; esac
+[[ $ENVS =~ ^[[:space:]]*[A-Za-z0-9_]+([[:space:]]+[A-Za-z0-9_]+)*[[:space:]]*$ ]] || bad "ENVS must be environment \
+names, got '$ENVS'"
 
 if [ "$DRY" = 1 ]; then
   chain=(env SMOKE=1 BASE_CACHE="$CHECK/base" PRECISION=bf16 K=1 EVAL_WORLDS=0)
@@ -32,16 +35,23 @@ else  # SmolLM2, converted once before the two chains start (not twice at the sa
          BC_ARGS="--epochs 2 --lr 5e-5 --batch-size 16" CRITIC_ARGS="--epochs 1 --lr 1e-5 --batch-size 16")
   report=bench/results/gpu.md
 fi
+# Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
+# written atomically when its command ends (plumbing.py save): checked before anything runs.
+logs=("$CHECK/tests.log")
+for env in $ENVS; do logs+=("$CHECK/$env.log" "$CHECK/$env.seconds"); done
+$PYTHON plumbing.py check run_log "${logs[@]}"
+$PYTHON plumbing.py check table "$report"
+save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_check.sh; }
 
 pids=()
 for env in $ENVS; do
   ( start=$(date +%s)
-    "${chain[@]}" ENV="$env" RUN="$CHECK/$env" PYTHON="$PYTHON" bash run_all.sh > "$CHECK/$env.log" 2>&1
-    echo $(( $(date +%s) - start )) > "$CHECK/$env.seconds" ) &
+    "${chain[@]}" ENV="$env" RUN="$CHECK/$env" PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$CHECK/$env.log"
+    echo $(( $(date +%s) - start )) | save "$CHECK/$env.seconds" ) &
   pids+=($!)
 done
 if [ -n "$TESTS" ]; then
-  $PYTHON -m pytest -v -p no:cacheprovider $TESTS > "$CHECK/tests.log" 2>&1 &
+  ( $PYTHON -m pytest -v -p no:cacheprovider $TESTS 2>&1 | save "$CHECK/tests.log" ) &
   pids+=($!)
 fi
 failed=0

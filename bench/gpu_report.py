@@ -61,7 +61,8 @@ def main(argv=None):
     p.add_argument("--peak-tflops", type=float, default=0, help="the device's dense bf16 peak (0: by its name)")
     args = p.parse_args(argv)
     check_out(args.out, "table")  # a table a bench script wrote, or a new file
-    runs = sorted(d for d in os.listdir(args.check) if os.path.isfile(os.path.join(args.check, d, "results.md")))
+    names = os.listdir(args.check) if os.path.isdir(args.check) else []
+    runs = sorted(d for d in names if os.path.isfile(os.path.join(args.check, d, "results.md")))
     if not runs:
         die(f"{args.check}: no finished run (a <env>/results.md); did bench/gpu_check.sh run?")
     name = device_name()
@@ -93,7 +94,7 @@ def main(argv=None):
         bppo = [r for r in records if r["stage"] == "05_bppo" and "epoch" in r][-1]
         a, b = (load_file(os.path.join(d, p, "model.safetensors")) for p in ("policy_0", "policy_1"))
         diff = [(a[k] != b[k]) for k in a]
-        seconds = open(os.path.join(args.check, f"{run}.seconds")).read().strip() \
+        seconds = open(os.path.join(args.check, f"{run}.seconds")).read().split()[-1] \
             if os.path.exists(os.path.join(args.check, f"{run}.seconds")) else "-"
         moved.append(f"| {run} | {seconds} | {bppo['kl_ref']:.2e} | {bppo['approx_kl_old']:.2e} | "
                      f"{sum(bool(x.any()) for x in diff)} of {len(diff)} | "

@@ -30,6 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from bench._stages import ROOT, load_stage  # noqa: E402
 from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
+from plumbing import check_out, die, save_text  # noqa: E402
 
 STAGES = ["bc", "collect", "critic", "gae", "bppo"]
 NAMES = {"bc": "01 BC step", "collect": "02 collection", "critic": "03 critic step", "gae": "04 critic forward",
@@ -236,7 +237,10 @@ def main():
 
     models = a.models.split(",")
     if "smollm2" in models and not os.path.isfile(os.path.join(a.smollm2, "config.json")):
-        raise SystemExit(f"error: {a.smollm2} is not a model directory; run python -m models.smollm2 --out {a.smollm2}")
+        die(f"{a.smollm2} is not a model directory; run python -m models.smollm2 --out {a.smollm2}")
+    summary = os.path.splitext(a.out)[0] + ".json"
+    check_out(a.out, "table")  # before any work: new, or a table a bench script wrote
+    check_out(summary, "bench_json")
     with tempfile.TemporaryDirectory(prefix="model_throughput_") as tmp:
         rows, results = measure(a, models, tmp)
 
@@ -279,14 +283,10 @@ def main():
               "the expert demos. Collection here ran policies after 3 BC steps, whose replies run to "
               "`--max-new-tokens`; a trained policy's shorter replies make the prefill a larger share, "
               "so expect fewer generated tokens/s from it.", ""]
-    with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
-        keep = ("smollm2", "models", "steps", "batch_size", "episodes", "max_steps", "demos", "threads", "budget")
-        json.dump({"args": {k: getattr(a, k) for k in keep}, "results": results}, f,
-                  indent=1)
-        f.write("\n")
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    keep = ("smollm2", "models", "steps", "batch_size", "episodes", "max_steps", "demos", "threads", "budget")
+    save_text(summary, json.dumps({"stage": "bench/model_throughput.py", "args": {k: getattr(a, k) for k in keep},
+                                   "results": results}, indent=1) + "\n")
+    save_text(a.out, "\n".join(lines) + "\n")
     print(f"wrote {a.out}")
 
 

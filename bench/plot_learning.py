@@ -14,9 +14,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import eval_worlds  # noqa: E402
-from plumbing import die, write_atomic  # noqa: E402
-
-PNG = b"\x89PNG\r\n\x1a\n"  # a PNG file's first 8 bytes
+from plumbing import STAMP, check_out, die, write_atomic  # noqa: E402
 
 
 def curve(run, split):
@@ -39,8 +37,7 @@ def main():
     args = p.parse_args()
     if not args.out.endswith(".png"):
         die(f"--out must end in .png, got {args.out!r}")
-    if os.path.exists(args.out) and open(args.out, "rb").read(8) != PNG:
-        die(f"--out {args.out} exists and is not a PNG; nothing was overwritten")
+    check_out(args.out, "png")  # new, or a PNG this project wrote (its stamp): never a user's picture
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     for run in runs:
         if not os.path.isdir(os.path.join(ROOT, run, "eval")):
@@ -72,7 +69,8 @@ def main():
     axes[0][0].set_ylabel("greedy success (%)")
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png",
+                                                   metadata={"Software": STAMP + "bench/plot_learning.py"}))
     print(f"plot_learning: wrote {args.out}")
 
 

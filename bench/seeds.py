@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import statistics
@@ -25,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import eval_worlds  # noqa: E402
-from plumbing import STAMP, check_out, die, save_text  # noqa: E402
+from plumbing import check_out, die, open_log, save_text  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
@@ -47,7 +48,10 @@ def main():
     check_out(os.path.join(ROOT, args.out), "table")  # before any run: a table a bench script wrote, or new
     for seed in args.seeds:  # each run's log: new, or one this script wrote (its stamped first line)
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
-    K = int(os.environ.get("K", 2))  # run_all.sh's default
+    K = os.environ.get("K", "2")  # run_all.sh's default, read as run_all.sh reads it
+    if not re.fullmatch(r"0|[1-9][0-9]{0,8}", K) or int(K) > 999:
+        die(f"K must be a non-negative integer (decimal, no leading zero, at most 999), got {K!r}")
+    K = int(K)
     runs = []
     procs = []
     for seed in args.seeds:
@@ -56,8 +60,8 @@ def main():
         if args.parallel:
             env["THREADS"] = "1"
         fresh = not os.path.exists(os.path.join(ROOT, run, "results.md"))
-        log = open(os.path.join(ROOT, f"{run}.log"), "w")
-        print(f"# {STAMP}bench/seeds.py: bash run_all.sh with RUN={run} SEED={seed}", file=log, flush=True)
+        log = open_log(os.path.join(ROOT, f"{run}.log"), "bench/seeds.py",
+                       f": bash run_all.sh with RUN={run} SEED={seed}")
         t0 = time.time()
         proc = subprocess.Popen(["bash", "run_all.sh"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         procs.append((proc, t0))

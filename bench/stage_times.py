@@ -11,7 +11,6 @@ token through a training step costs 6 N FLOPs (forward 2 N, backward 4 N; 05 add
 run_all.sh's other settings come from the environment as usual. Writes --out (bench/results/stage_times.md).
 """
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -23,7 +22,7 @@ from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plumbing import check_out, die, save_text  # noqa: E402
+from plumbing import check_flags, check_out, die, loads, save_text  # noqa: E402
 
 FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
 
@@ -42,14 +41,27 @@ def matmul_peak(threads, dtype, n=1024, seconds=2.0):
 
 
 def launches(log):
-    """GNU time's lines 'wall,user,sys,command' -> [(stage, command, wall, cpu)]."""
+    """GNU time's lines 'wall,user,sys,command' -> [(stage, command, wall, cpu)] (the results table: plumbing.py's)."""
     out = []
-    for line in open(log):
-        wall, user, system, command = line.rstrip("\n").split(",", 3)
+    for n, line in enumerate(read_lines(log), 1):
+        try:
+            wall, user, system, command = line.rstrip("\n").split(",", 3)
+            wall, cpu = float(wall), float(user) + float(system)
+        except ValueError:
+            die(f"{log}:{n}: not a line of GNU time's 'wall,user,sys,command'")
         script = next((w for w in command.split() if w.endswith(".py") or w == "-"), "?")
-        out.append((os.path.basename(script)[:-3] if script != "-" else "results table", command,
-                    float(wall), float(user) + float(system)))
+        stage = os.path.basename(script)[:-3]
+        out.append(("results table" if script == "-" or stage == "plumbing" else stage, command, wall, cpu))
     return out
+
+
+def read_lines(path):
+    """A text file's lines, or one error line (missing, unreadable, binary)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        die(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e}); run without --table-only first")
 
 
 def main():
@@ -59,23 +71,37 @@ def main():
     p.add_argument("--threads", type=int, default=2, help="torch threads of the matmul peak (run_all.sh's THREADS)")
     p.add_argument("--table-only", action="store_true", help="do not run; tabulate RUN/launches.log")
     args = p.parse_args()
-    check_out(os.path.join(ROOT, args.out), "table")  # a table a bench script wrote, or a new file
-    log = os.path.join(args.run, "launches.log")
+    check_flags(args, threads="at least 1")
+    if args.threads > (os.cpu_count() or 1):
+        die(f"--threads must be at most this machine's {os.cpu_count()} cores, got {args.threads}")
+    out = os.path.join(ROOT, args.out)  # relative to the repository, as the defaults are: checked and written
+    check_out(out, "table")  # a table a bench script wrote, or a new file
+    run = os.path.join(ROOT, args.run)  # so is --run: run_all.sh runs in the repository
+    log = os.path.join(run, "launches.log")
+    if any(c.isspace() or c in "$`'\"\\" for c in log):  # it goes into PYTHON, which run_all.sh splits into words
+        die(f"{log}: the run's path must have no spaces, quotes, $ or backquotes (GNU time's -o would split)")
     t0 = time.time()
     if not args.table_only:
         if os.path.exists(log):
             die(f"{log} exists: a timed run must start from nothing (another --run, or --table-only)")
-        os.makedirs(args.run, exist_ok=True)
+        os.makedirs(run, exist_ok=True)
         python = os.environ.get("PYTHON", "python")
-        env = {**os.environ, "RUN": args.run, "PYTHON": f"/usr/bin/time -a -o {log} -f %e,%U,%S,%C {python}"}
-        subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, check=True)
+        env = {**os.environ, "RUN": run, "PYTHON": f"/usr/bin/time -a -o {log} -f %e,%U,%S,%C {python}"}
+        code = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env).returncode
+        if code:
+            sys.exit(code)  # run_all.sh said why
     if not os.path.exists(log):
         die(f"{log}: no such file; run without --table-only first")
     total = time.time() - t0
-    records = [json.loads(line) for line in open(os.path.join(args.run, "metrics.jsonl"))]
+    try:
+        records = [loads(line) for line in read_lines(os.path.join(run, "metrics.jsonl"))]
+    except ValueError as e:
+        die(f"{args.run}/metrics.jsonl: not a metrics JSONL of the stages ({e})")
+    weights = os.path.join(run, "policy_0", "model.safetensors")
+    if not os.path.isfile(weights):
+        die(f"{weights}: no such file; is {args.run} a run of run_all.sh?")
     peak = {dt: matmul_peak(args.threads, getattr(torch, dt)) for dt in ("float32", "bfloat16")}
-    n_body = sum(t.numel() for k, t in load_file(os.path.join(args.run, "policy_0", "model.safetensors")).items()
-                 if "embed_tokens" not in k)
+    n_body = sum(t.numel() for k, t in load_file(weights).items() if "embed_tokens" not in k)
     rows = ["| launch | wall s | CPU s | the stage's loop s | start-up and wrap-up s | tokens/s | GFLOP/s | "
             "of the fp32 peak |", "|---|---|---|---|---|---|---|---|"]
     peak_fp32, seen, timed = peak["float32"], {}, launches(log)  # seen: stage -> launches so far (02: records)
@@ -108,7 +134,7 @@ def main():
             f"of launches" + ("" if args.table_only else f", {total:.0f} s in all") + ". This machine's matmul "
             f"peak with {args.threads} threads: {peak['float32']:.0f} GFLOP/s fp32, {peak['bfloat16']:.0f} bf16 "
             f"(1024 x 1024). N = {n_body:,} parameters outside the embedding.\n\n" + "\n".join(rows) + "\n")
-    save_text(args.out, text)
+    save_text(out, text)
     print(text)
 
 

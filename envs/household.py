@@ -173,9 +173,9 @@ class HouseholdEnv(TextEnv):
         if not all(type(x) is int and 0 <= x <= 100 for x in step_slack):
             raise ValueError(f"household: step_slack must be a list of integers in [0, 100], got {step_slack!r}")
         for key, value, low, high in [("n_receptacles", n_receptacles, len(ALWAYS) + 2, MAX_RECEPTACLES),
-                                      ("n_distractors", n_distractors, 0, inf), ("max_steps", max_steps, 1, inf),
-                                      ("n_train", n_train, 1, inf), ("n_dev", n_dev, 1, inf),
-                                      ("n_seen", n_seen, 1, inf), ("n_unseen", n_unseen, 1, inf),
+                                      ("n_distractors", n_distractors, 0, 100), ("max_steps", max_steps, 1, 1000),
+                                      ("n_train", n_train, 1, 10**6), ("n_dev", n_dev, 1, 10**6),
+                                      ("n_seen", n_seen, 1, 10**6), ("n_unseen", n_unseen, 1, 10**6),
                                       ("habit", habit, 0, 1), ("room_questions", room_questions, 0, 1)]:
             if not low <= value <= high:  # NaN fails too
                 bound = f"at least {low}" if high == inf else f"in [{low}, {high}]"

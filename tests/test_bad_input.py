@@ -49,6 +49,11 @@ BAD_BUFFERS = {
     "label_unknown": step(label="great"),
     "ok_with_r_aux": step(r_aux=-0.1),
     "done_before_last": episode(steps=[{**GOOD_STEP, "done": True}, GOOD_STEP]),
+    # issue 61: an episode checked against itself
+    "success_without_reward": episode(success=True),
+    "success_unfinished": episode(success=True, reward=1.0, steps=[{**GOOD_STEP, "r_env": 1.0}]),
+    "reward_not_the_steps_sum": episode(reward=0.5),
+    "task_id_bool": episode(task_id=True),
 }
 # issue 52: lines that json.loads takes silently (a duplicate key, a lone surrogate) or crashes on (nesting)
 ODD_JSON = {"duplicate_key": episode()[:-1] + ', "reward": 1.0}', "lone_surrogate": episode(task="\ud800"),
@@ -121,6 +126,12 @@ def world(tiny_run, stages, tmp_path_factory):
     weights = load_file(R / "policy_0/model.safetensors")
     missing = policy_copy("missing_tensor")
     save_file({k: v for k, v in weights.items() if not k.endswith("norm.weight")}, missing / "model.safetensors",
+              metadata={"format": "pt"})
+    nan = {k: torch.full_like(v, float("nan")) for k, v in weights.items()}  # issue 61: NaN weights on load
+    save_file(nan, policy_copy("nan_weights") / "model.safetensors", metadata={"format": "pt"})
+    shutil.copytree(R / "iter_1/critic", B / "critic_nan")
+    backbone = load_file(B / "critic_nan/model.safetensors")
+    save_file({k: torch.full_like(v, float("nan")) for k, v in backbone.items()}, B / "critic_nan/model.safetensors",
               metadata={"format": "pt"})
     shutil.copytree(R / "iter_1/critic", B / "critic_no_args")
     (B / "critic_no_args/args.json").unlink()
@@ -301,6 +312,34 @@ PROBES = {
                                       "--out", "{T}/a.jsonl"], "is not a critic directory"),
     "04_critic_truncated_heads": (["04_gae", "--data", EXPERT, "--critic", "{B}/critic_truncated_heads",
                                    "--out", "{T}/a.jsonl"], "cannot load heads.safetensors"),
+    # -- issue 61, cause 2: the files a path names, not its string
+    "02_two_pairs_one_file": (COLLECT + ["--split", "seen", "unseen", "--out", "{T}/d/{split}/../eval_{world}.jsonl"],
+                              "naming a file of its own"),
+    # -- issue 61, cause 4: checks where data enters
+    "02_policy_nan_weights": (["02_collect", "--policy", "{B}/nan_weights", "--out", "{T}/x.jsonl"],
+                              "nan_weights: the checkpoint holds non-finite weights"),
+    "03_policy_nan_weights": (["03_critic", "--data", EXPERT, "--policy", "{B}/nan_weights", "--out", "{T}/c"],
+                              "non-finite weights"),
+    "05_ref_nan_weights": (BPPO[:-1] + ["{B}/nan_weights", "--out", "{T}/p"], "non-finite weights"),
+    "01_model_nan_weights": (BC + ["--model", "{B}/nan_weights", "--out", "{T}/new"], "non-finite weights"),
+    "04_critic_nan_weights": (["04_gae", "--data", EXPERT, "--critic", "{B}/critic_nan", "--out", "{T}/a.jsonl"],
+                              "critic_nan: the checkpoint holds non-finite weights"),
+    "02_household_n_seen_huge": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs", '{"n_seen": 1000000000}'],
+                                 "n_seen must be in [1, 1000000]"),
+    "02_household_n_distractors_huge": (COLLECT + ["--out", "{T}/x.jsonl", "--env-kwargs", '{"n_distractors": 10000}'],
+                                        "n_distractors must be in [0, 100]"),
+    "02_shop_n_per_type_huge": (COLLECT + ["--env", "shop", "--out", "{T}/x.jsonl", "--env-kwargs",
+                                           '{"n_per_type": 100000000}'], "n_per_type must be in [1, 1000]"),
+    "02_shop_n_seen_huge": (COLLECT + ["--env", "shop", "--out", "{T}/x.jsonl", "--env-kwargs",
+                                       '{"n_seen": 1000000000}'], "n_seen must be in [1, 1000000]"),
+    "00_model_too_big_together": (["00_pretrain", "--out", "{T}/b", "--d-model", "16384", "--n-layers", "1024",
+                                   "--n-heads", "1"], "GiB of memory, more than this machine's"),
+    "01_model_too_big_together": (BC + ["--out", "{T}/new", "--d-model", "16384", "--n-layers", "1024"],
+                                  "GiB of memory"),
+    "02_candidates_times_envs": (["02_collect", "--policy", POLICY, "--rerank", CRITIC, "--candidates", "1024",
+                                  "--num-envs", "10000", "--out", "{T}/x.jsonl"], "--num-envs 10000 --candidates 1024"),
+    # -- issue 61, cause 5: one line where a traceback was
+    "01_out_under_a_file": (BC + ["--out", "{R}/data/expert.json/x"], "not a writable directory"),
 }
 
 
@@ -530,8 +569,222 @@ def test_a_kill_between_the_two_renames_is_undone_by_the_next_check_out(stages, 
     assert seen[0].startswith(".policy.qevolve-tmp-") and seen[0] != seen[1] and os.listdir(tmp_path) == ["policy"]
     killed = tmp_path / ".policy.qevolve-tmp-k1ll3d"  # the state a kill between the two renames leaves
     killed.mkdir()
+    (killed / plumbing.TMP_MARKER).write_text(plumbing.STAMP + "write_atomic\n")  # write_atomic's first file
     out.rename(killed / "old")
     write(str(killed / "new"))
     (tmp_path / ".policy.qevolve-tmp-0ther").mkdir()  # a kill while writing
+    (tmp_path / ".policy.qevolve-tmp-0ther" / plumbing.TMP_MARKER).write_text(plumbing.STAMP + "write_atomic\n")
     check_out(str(out), "policy")
     assert json.loads((out / "args.json").read_text())["v"] == 2 and os.listdir(tmp_path) == ["policy"]
+
+
+
+# ---- issue 61: the probes that still broke the promise, one test per cause (each failed on 8cc99f4)
+def one_line(proc):
+    lines = proc.stderr.strip().splitlines()
+    return (proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+            and "Traceback" not in proc.stderr)
+
+
+def fake_run(run, worlds=("0",), splits=("seen",), k=0):
+    """The summaries run_all.sh's results table reads."""
+    (run / "data").mkdir(parents=True)
+    (run / "data/expert.json").write_text(json.dumps({"stage": "02_collect", "env_steps": 10}))
+    for i in range(k + 1):
+        if i:
+            (run / f"iter_{i}").mkdir()
+            (run / f"iter_{i}/self.json").write_text(json.dumps({"stage": "02_collect", "env_steps": 5}))
+        for w in worlds:
+            (run / f"eval/world{w}").mkdir(parents=True, exist_ok=True)
+            for s in splits:
+                (run / f"eval/world{w}/policy_{i}_{s}.json").write_text(
+                    json.dumps({"stage": "02_collect", "success_rate": 0.5, "avg_reward": 0.5}))
+
+
+def test_cause_1_the_results_table_keeps_the_rule(tmp_path, in_process):
+    """run_all.sh's table went through a plain open("w"): a user's results.md in RUN was replaced. Now plumbing.py
+    writes it (check_out, save_text), stamped: a table of its own is replaced, a user's file is not."""
+    run = tmp_path / "run"
+    fake_run(run, worlds=("0", "1"), k=1)
+    assert in_process(plumbing, "results", run, 1, "0 1", "seen").returncode == 0
+    table = (run / "results.md").read_text()
+    assert table.startswith("<!-- q-evolve run_all.sh -->\n# Results: ") and "| policy_1 (Q-Evolve iter 1) |" in table
+    assert in_process(plumbing, "results", run, 1, "0 1", "seen").returncode == 0  # its own table: replaced
+    (run / "results.md").write_text("# Results: my notes on this run\n")
+    before = snapshot(tmp_path)
+    proc = in_process(plumbing, "results", run, 1, "0 1", "seen", check=False)
+    assert one_line(proc) and "is not a results table written by run_all.sh" in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_cause_1_the_gpu_check_writes_only_inside_check(tmp_path):
+    """bench/gpu_check.sh wrote CHECK/<env>.log over what was there, and ENVS='..' wrote outside CHECK."""
+    (tmp_path / "check").mkdir()
+    (tmp_path / "check/household.log").write_text("my own log\n")
+    env = {**os.environ, "CHECK": str(tmp_path / "check"), "DRY": "1", "TESTS": "", "PYTHON": sys.executable}
+    for envs, message in (("../outside", "ENVS must be environment names"),
+                          ("household", "household.log exists and is not a run log")):
+        before = snapshot(tmp_path)
+        proc = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, env={**env, "ENVS": envs}, capture_output=True,
+                              text=True)
+        assert one_line(proc) and message in proc.stderr, proc.stderr
+        assert snapshot(tmp_path) == before
+
+
+def test_cause_2_a_folder_that_looks_like_a_temporary_is_the_users(tmp_path):
+    """recover() deleted any folder named like one of its temporaries; now only one holding write_atomic's marker."""
+    out = tmp_path / "policy"
+    mine = tmp_path / ".policy.qevolve-tmp-mine"
+    (mine / "old").mkdir(parents=True)
+    (mine / "old/notes.txt").write_text("the user's")
+    plumbing.check_out(str(out), "policy")
+    assert (mine / "old/notes.txt").read_text() == "the user's" and not out.exists()
+
+
+RUN_ALL_PROBES = {"SEED=08": "SEED must be", "SEED=010": "SEED must be", "EVAL_WORLDS=07": "EVAL_WORLDS must be",
+                  "EVAL_WORLDS=0 07": "EVAL_WORLDS must be", "K=02": "K must be", "BASE=--version": "BASE must be a",
+                  "RUN=~": "RUN must be a plain path", "RUN=~/x": "RUN must be", "RUN=$HOME": "RUN must be",
+                  "RUN=`id`": "RUN must be", "RUN=-x": "RUN must be",
+                  "BASE_CACHE=-o": "BASE_CACHE must be", "SMOLLM2_DIR=~/m": "SMOLLM2_DIR must be",
+                  "PRECISION=--help": "PRECISION must be", "SEED=99999999999": "SEED must be",
+                  "SEED=4294967": "SEED must be at most 4294966", "CPU_OK=yes": "CPU_OK must be",
+                  "SMOKE=2": "SMOKE must be 0 or 1", "KEEP_OLD=2": "KEEP_OLD must be 0 or 1"}
+
+
+@pytest.mark.parametrize("setting", sorted(RUN_ALL_PROBES))
+def test_cause_3_run_all_reads_each_setting_one_way(setting, tmp_path):
+    """SEED=08 failed in bash arithmetic mid-run, SEED=010 was 10 to the stages and 8 to self-collection,
+    EVAL_WORLDS=07 never resumed, BASE=--version was an option to basename, RUN='~' made a folder named '~'.
+    Each is one error line, exit 2, before anything runs."""
+    name, value = setting.split("=", 1)
+    env = {**os.environ, "RUN": str(tmp_path / "run"), "BASE_CACHE": str(tmp_path / "base"), "PYTHON": "echo",
+           "SMOKE": "1", name: value}
+    proc = subprocess.run(["bash", os.path.join(ROOT, "run_all.sh")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)
+    assert one_line(proc) and proc.stdout == "" and RUN_ALL_PROBES[setting] in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_cause_3_run_all_help_arguments_and_a_cpu(tmp_path):
+    """--help prints the settings and runs nothing; an argument is one line; a real model on a CPU stops with its
+    cost unless CPU_OK=1 (issue 59)."""
+    env = {**os.environ, "RUN": str(tmp_path / "run"), "BASE_CACHE": str(tmp_path / "base"), "PYTHON": "echo"}
+    run = lambda *args, **settings: subprocess.run(["bash", "run_all.sh", *args], cwd=ROOT, env={**env, **settings},
+                                                   capture_output=True, text=True)
+    for flag in ("--help", "-h"):
+        proc = run(flag)
+        assert proc.returncode == 0 and "SEED=0" in proc.stdout and "CPU_OK" in proc.stdout and proc.stderr == ""
+    proc = run("--seed", "1")
+    assert one_line(proc) and "takes no arguments" in proc.stderr
+    if not torch.cuda.is_available():
+        (tmp_path / "model").mkdir()
+        proc = run(BASE=str(tmp_path / "model"), PYTHON=sys.executable)
+        assert one_line(proc) and "no GPU" in proc.stderr and "CPU_OK=1" in proc.stderr and proc.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == (["model"] if not torch.cuda.is_available() else [])
+
+
+def test_cause_3_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) mid-stage: one line, exit 130, no
+    traceback of the stage."""
+    import signal
+    import time
+    env = {**os.environ, "RUN": str(tmp_path / "run"), "BASE_CACHE": str(tmp_path / "base"), "SMOKE": "1",
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(["bash", "run_all.sh"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    assert proc.stdout.readline().startswith("== ")  # the first stage has started
+    time.sleep(4)  # inside its imports or its work
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted: rerun the same command to resume"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_cause_4_size_keywords_and_flags_have_ceilings():
+    import envs
+    for env, kwargs in (("household", {"n_seen": 10**9}), ("household", {"n_distractors": 10**8}),
+                        ("household", {"max_steps": 10**9}), ("shop", {"n_per_type": 10**8}),
+                        ("shop", {"page_size": 10**9}), ("shop", {"n_train": 10**9})):
+        with pytest.raises(ValueError, match="must be in"):
+            envs.make(env, **kwargs)
+    assert plumbing.model_bytes(1024, 128, 3) < 2**30 < plumbing.model_bytes(1024, 16384, 1024)
+
+
+def test_cause_4_a_corpus_that_trains_no_token_is_refused(world, stages, capfd):
+    """00_pretrain.py --max-len 4 trained on nothing and wrote a base. (The corpus is built first: its progress
+    bar aside, one error line.)"""
+    before = snapshot(world)
+    with pytest.raises(SystemExit) as exit_:
+        stages["00_pretrain"].main(["--out", str(world / "b"), "--max-len", "4", "--episodes", "2", "--d-model", "8",
+                                    "--n-layers", "1", "--n-heads", "1", "--vocab-size", "300", "--threads", "1"])
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip() and "00_pretrain corpus" not in line]
+    assert exit_.value.code == 2 and len(err) == 1 and "--max-len 4 cuts every transcript" in err[0], err
+    assert snapshot(world) == before
+
+
+def test_cause_5_one_line_where_a_traceback_was(tmp_path, capfd, monkeypatch):
+    """write_atomic making its folder under a file; recover() where it may not delete; die on a torchrun rank
+    other than 0 (rank 0 says it once)."""
+    (tmp_path / "README.md").write_text("mine")
+    for call in (lambda: plumbing.save_text(str(tmp_path / "README.md/x"), "t"),):
+        with pytest.raises(SystemExit) as exit_:
+            call()
+        err = capfd.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and len(err) == 1 and "cannot make a folder" in err[0], err
+    out = tmp_path / "policy"
+    box = tmp_path / ".policy.qevolve-tmp-k1ll3d"
+    box.mkdir()
+    (box / plumbing.TMP_MARKER).write_text(plumbing.STAMP + "write_atomic\n")
+
+    def read_only(*a, **k):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    monkeypatch.setattr(plumbing.shutil, "rmtree", read_only)
+    with pytest.raises(SystemExit) as exit_:
+        plumbing.check_out(str(out), "policy")
+    err = capfd.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and "Permission denied" in err[0], err
+    monkeypatch.setenv("RANK", "1")  # under torchrun: rank 0 speaks; rank 1 waits to be stopped by torchrun first
+    waited = []
+    monkeypatch.setattr(plumbing.time, "sleep", lambda s: waited.append(capfd.readouterr().err))
+    with pytest.raises(SystemExit) as exit_:
+        plumbing.die("every rank meets this")
+    assert exit_.value.code == 2 and waited == [""] and capfd.readouterr().err == "error: every rank meets this\n"
+
+
+@pytest.mark.parametrize("script, args, env, message", [
+    ("models/smollm2.py", ["--gguf", "{d}/notes.txt", "--out", "{d}/m"], {}, "not a GGUF file"),
+    ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], {"K": "abc"}, "K must be"),
+    ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], {"K": "08"}, "K must be"),
+    ("bench/stage_times.py", ["--table-only", "--run", "{d}/none", "--out", "{d}/t.md"], {}, "no such file"),
+    ("bench/stage_times.py", ["--table-only", "--run", "{d}", "--out", "{d}/t.md", "--threads", "0"], {},
+     "--threads must be at least 1"),
+    ("bench/stage_times.py", ["--table-only", "--run", "{d}", "--out", "{d}/t.md", "--threads", "100000"], {},
+     "--threads must be at most"),
+    ("bench/stage_times.py", ["--run", "{d}/a b", "--out", "{d}/t.md"], {}, "no spaces"),
+    ("bench/plot_learning.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.png"], {},
+     "not a PNG written by this project"),
+])
+def test_cause_5_scripts_outside_the_stages_say_one_line(script, args, env, message, tmp_path, in_process,
+                                                         monkeypatch):
+    (tmp_path / "notes.txt").write_text("not a GGUF\n")
+    (tmp_path / "notes.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)  # a picture, not the project's
+    (tmp_path / "run0/eval/world0").mkdir(parents=True)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(ROOT)
+    module = load_module(script, os.path.splitext(os.path.basename(script))[0])
+    before = snapshot(tmp_path)
+    proc = in_process(module, *[a.format(d=tmp_path) for a in args], check=False)
+    assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_cause_5_under_torchrun_one_rank_reports(tmp_path):
+    """NPROC > 1: every rank printed the error, then torchrun ~40 lines of traceback. Through plumbing.py's
+    torchrun (run_all.sh's way), one line and exit 2."""
+    stage = ["02_collect.py", "--policy", "expert", "--episodes", "-1", "--out", str(tmp_path / "x.jsonl")]
+    proc = subprocess.run([sys.executable, "plumbing.py", "torchrun", "--standalone", "--nproc_per_node", "2", *stage],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("*", "Setting OMP"))]
+    assert proc.returncode == 2 and len(errors) == 1 and "--episodes must be" in errors[0], proc.stderr

@@ -5,6 +5,7 @@ import os
 import pytest
 
 from conftest import ROOT, load_module
+from plumbing import png_software
 
 plot = load_module("bench/plot_learning.py", "plot_learning")
 
@@ -34,10 +35,16 @@ def test_writes_a_png(tmp_path, in_process, monkeypatch):
     proc = in_process(plot, "--seeds", 0, 1, "--prefix", tmp_path / "s", "--splits", "seen", "--out", out,
                       check=False)
     assert proc.returncode == 0, proc.stderr
-    assert out.read_bytes()[:8] == plot.PNG
+    assert png_software(out) == "q-evolve bench/plot_learning.py"  # its stamp: a rerun may replace it
+    in_process(plot, "--seeds", 0, 1, "--prefix", tmp_path / "s", "--splits", "seen", "--out", out)  # check=True
     bad = in_process(plot, "--prefix", tmp_path / "none", "--out", out, check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
     notes = tmp_path / "notes.png"  # a file that only looks like a PNG by its name: never overwritten
     notes.write_text("my notes")
     kept = in_process(plot, "--seeds", 0, "--prefix", tmp_path / "s", "--splits", "seen", "--out", notes, check=False)
     assert kept.returncode == 2 and notes.read_text() == "my notes"
+    photo = tmp_path / "photo.png"  # issue 61: a real PNG that is not this project's (no stamp) is kept too
+    photo.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0\0\0\rIHDR" + bytes(17) + b"\0\0\0\0IEND\xaeB`\x82")
+    before = photo.read_bytes()
+    kept = in_process(plot, "--seeds", 0, "--prefix", tmp_path / "s", "--splits", "seen", "--out", photo, check=False)
+    assert kept.returncode == 2 and photo.read_bytes() == before and "not a PNG written by this project" in kept.stderr
