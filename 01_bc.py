@@ -36,10 +36,10 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (add_lora, add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss,
-                      check_memory, cost, die, distribute, finish_distributed, full_state, is_main, length_batches,
-                      load_model, load_tokenizer, log_metrics, lr_at, model_bytes, parts, read_episodes, save_policy,
-                      start)
+from plumbing import (add_lora, add_machine_flags, autocast, average_info, by_rows, check_finite, check_flags,
+                      check_loss, check_memory, cost, die, distribute, finish_distributed, full_state,
+                      grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics, lr_at,
+                      model_bytes, parts, read_episodes, save_policy, start)
 
 
 def parse_args(argv=None):
@@ -134,7 +134,7 @@ def evaluate(model, data, pad_id, batch_size, device, amp):
             b = {k: v.to(device) for k, v in collate(data[i:i + batch_size], pad_id).items()}
             with autocast(device, amp):
                 logits = reply_logits(model, b)  # (N, V) at the N reply tokens
-            total += -token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]).sum().item()
+            total += -by_rows(token_logprobs, logits, b["input_ids"][b["action_step"] >= 0]).sum().item()
             count += len(logits)
             ok = reply_matches(logits, b)
             n = b["step_mask"].sum(1).long()
@@ -160,7 +160,7 @@ def prepare_bc(args, device):
         model = build_tiny_model(tokenizer, args)
     else:
         tokenizer = load_tokenizer(args.model)
-        model = add_lora(load_model(AutoModelForCausalLM, args.model), args.lora)
+        model = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.model), args), args.lora)
     data = [x for _, x in tokenize_all(tokenizer, episodes, model.config.max_position_embeddings)]
     if len(data) < 2:
         die("fewer than 2 trajectories fit the context; collect more demonstrations")
@@ -194,7 +194,8 @@ def main(argv=None):
                 b = {k: v.to(device) for k, v in collate([train[j] for j in ids], tokenizer.pad_token_id).items()}
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
                     logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
-                loss, info = bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
+                # log pi of each reply token in chunks of rows (by_rows): no fp32 (N, V) tensor for the backward
+                loss, info = bc_loss(by_rows(token_logprobs, logits, b["input_ids"][b["action_step"] >= 0]))
                 check_loss(loss, step)
                 (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)
                 infos.append((info, share))

@@ -36,8 +36,8 @@ from tqdm import tqdm
 from transformers import AutoModel
 
 from plumbing import (add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss, cost, die,
-                      distribute, finish_distributed, full_state, is_main, length_batches, load_model, load_tokenizer,
-                      log_metrics, parts, read_episodes, save_critic, start, unsharded)
+                      distribute, finish_distributed, full_state, grad_checkpointing, is_main, length_batches,
+                      load_model, load_tokenizer, log_metrics, parts, read_episodes, save_critic, start, unsharded)
 
 
 def parse_args(argv=None):
@@ -166,7 +166,7 @@ class Critic(torch.nn.Module):
 def prepare_critic(args, device):
     """--data and --policy -> (tokenizer, the critic on the device, [(episode, tokenize_episode)])."""
     episodes, tokenizer = read_episodes(args.data), load_tokenizer(args.policy)
-    critic = Critic(load_model(AutoModel, args.policy)).to(device)
+    critic = Critic(grad_checkpointing(load_model(AutoModel, args.policy), args)).to(device)
     data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")

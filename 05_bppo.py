@@ -36,9 +36,10 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from plumbing import (STEP_KEYS, add_lora, add_machine_flags, autocast, average_info, check_finite, check_flags,
-                      check_loss, cost, die, distribute, finish_distributed, full_state, is_main, length_batches,
-                      load_model, load_tokenizer, log_metrics, parts, read_episodes, save_policy, start)
+from plumbing import (STEP_KEYS, add_lora, add_machine_flags, autocast, average_info, by_rows, check_finite,
+                      check_flags, check_loss, cost, die, distribute, finish_distributed, full_state,
+                      grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics, parts,
+                      read_episodes, save_policy, start)
 
 
 def parse_args(argv=None):
@@ -132,21 +133,23 @@ def token_advantages(batch, step_adv):
     return step_adv[reply.nonzero()[:, 0], batch["action_step"][reply]]
 
 
-def policy_loss(logits, logr, batch, logp_old, args):
+def policy_loss(logits, ref_logits, batch, logp_old, args):
     """L = L_BPPO (or, with --objective awr, L_AWR) + alpha * KL(pi_theta || pi_ref) on one batch ->
-    (loss, info). logits (N, V) of pi_theta at the batch's N reply tokens (reply_logits); logr (N, V)
-    log pi_ref there (None when alpha = 0); logp_old (N,); batch["adv"] (N,).
+    (loss, info). logits (N, V) of pi_theta at the batch's N reply tokens (reply_logits); ref_logits (N, V)
+    pi_ref's there (None when alpha = 0; log-probabilities do as well); logp_old (N,); batch["adv"] (N,).
+    log pi and the KL in chunks of rows (plumbing.by_rows): the same numbers, in less memory.
     info: the loss; the fraction of action tokens each clip holds (clip_low: A < 0 and eta < 1 - eps_low,
     clip_high: A > 0 and eta > 1 + eps_high); how far pi_theta has moved from pi_old (approx_kl_old,
     the mean ratio eta); KL(pi_theta || pi_ref)."""
-    logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,)
+    logp = by_rows(token_logprobs, logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,), in row chunks
     adv = batch["adv"]
     mask = torch.ones_like(adv)
     if args.objective == "bppo":
         loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip)
     else:
         loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
-    kl_ref = torch.zeros((), device=logits.device) if logr is None else kl_to_ref(logits, logr)
+    kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else by_rows(
+        lambda x, r: kl_to_ref(x, torch.log_softmax(r.float(), dim=-1)), logits, ref_logits, mean=True)
     loss = loss_pi + args.kl_coef * kl_ref
     with torch.no_grad():
         log_ratio = logp - logp_old
@@ -183,7 +186,7 @@ def old_logprobs(policy, data, pad_id, batch_size, device, amp):
         idx = by_length[i:i + batch_size]
         b = make_batch([data[j] for j in idx], pad_id, device)
         with autocast(device, amp):
-            logp = token_logprobs(reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
+            logp = by_rows(token_logprobs, reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
         for j, lp in zip(idx, logp.cpu().split((b["action_step"] >= 0).sum(1).tolist())):
             out[j] = lp
     policy.train()
@@ -198,7 +201,7 @@ def prepare_bppo(args, device):
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
         die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
             "their next-token distributions token by token, so both must share one (pass the BC policy)")
-    policy = add_lora(load_model(AutoModelForCausalLM, args.policy), args.lora).to(device)
+    policy = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.policy), args), args.lora).to(device)
     ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
     data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
     if not data:
@@ -228,9 +231,10 @@ def main(argv=None):
                 b = make_batch([data[j] for j in ids], tokenizer.pad_token_id, device)
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
                     logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
-                    with torch.no_grad():  # (N, V) log pi_ref, for the KL anchor
-                        logr = torch.log_softmax(reply_logits(ref, b).float(), dim=-1) if args.kl_coef > 0 else None
-                loss, info = policy_loss(logits, logr, b, torch.cat([logp_old[j] for j in ids]).to(device), args)
+                    with torch.no_grad():  # (N, V) pi_ref's logits, for the KL anchor
+                        ref_logits = reply_logits(ref, b) if args.kl_coef > 0 else None
+                loss, info = policy_loss(logits, ref_logits, b, torch.cat([logp_old[j] for j in ids]).to(device),
+                                         args)
                 check_loss(loss, step)
                 (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)
                 infos.append((info, share))

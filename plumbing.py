@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
@@ -470,6 +471,39 @@ def load_model(auto_class, path):
     return model
 
 
+CHUNK_ROWS = 512  # rows of (N, V) logits whose fp32 softmax arithmetic exists at once (by_rows): ~100 MB at 49k
+
+
+def by_rows(fn, *tensors, mean=False):
+    """fn(*tensors) over chunks of CHUNK_ROWS rows (the first dimension) -> the chunks' outputs concatenated;
+    mean=True: fn gives a mean over its rows, and the chunks' means are averaged by their row counts. The
+    same numbers as fn on the whole tensors, for a row-wise fn (log_softmax over the vocabulary): what
+    changes is memory. With a gradient, each chunk is checkpointed (torch.utils.checkpoint): only its
+    inputs are kept, and its backward recomputes fn, so fn's fp32 (rows, V) temporaries exist for one
+    chunk at a time, never for every reply token of the batch."""
+    n = len(tensors[0])
+    if n <= CHUNK_ROWS:
+        return fn(*tensors)
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    outs = []
+    for i in range(0, n, CHUNK_ROWS):
+        part = [t[i:i + CHUNK_ROWS] for t in tensors]
+        out = torch.utils.checkpoint.checkpoint(fn, *part, use_reentrant=False) if keep else fn(*part)
+        outs.append(out * len(part[0]) if mean else out)
+    return sum(outs) / n if mean else torch.cat(outs)
+
+
+def grad_checkpointing(model, args):
+    """--grad-checkpointing (auto: on for a model of more than 20 M parameters, a real one; the tiny model
+    and 00's base train without): transformers' gradient checkpointing keeps each decoder layer's input
+    only and recomputes the layer in the backward - activation memory ~1/layers, ~30% more compute."""
+    on = args.grad_checkpointing == "on" or (
+        args.grad_checkpointing == "auto" and sum(p.numel() for p in model.parameters()) > 20e6)
+    if on:
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    return model
+
+
 def check_finite(tensors, what, loaded=False):
     """Weights are finite: before saving (a diverged update is never written) and on loading (a broken file)."""
     if not all(torch.isfinite(t).all() for t in tensors):
@@ -505,7 +539,8 @@ def check_loss(loss, step):
 
 def add_machine_flags(p, training=False, lora=False):
     """The flags that say how to run, not what to compute, declared once: every stage's --threads and
-    --precision; a training stage's --grad-accum and --fsdp (training), and --lora (lora: 01, 05)."""
+    --precision; a training stage's --grad-accum, --grad-checkpointing and --fsdp (training), and --lora
+    (lora: 01, 05)."""
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="auto: bf16 autocast on a GPU that has bf16, else fp32; bf16: autocast on any device "
@@ -514,6 +549,9 @@ def add_machine_flags(p, training=False, lora=False):
     if training:
         p.add_argument("--grad-accum", type=int, default=1,
                        help="micro-batches per optimizer step: the same step in less memory (still --batch-size)")
+        p.add_argument("--grad-checkpointing", choices=["auto", "on", "off"], default="auto",
+                       help="recompute each layer in the backward instead of keeping its activations (transformers' "
+                            "gradient checkpointing): auto = on for a model of more than 20M parameters")
         p.add_argument("--fsdp", action="store_true",
                        help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
     if lora:

@@ -606,13 +606,13 @@ def test_cause_1_the_results_table_keeps_the_rule(tmp_path, in_process):
     writes it (check_out, save_text), stamped: a table of its own is replaced, a user's file is not."""
     run = tmp_path / "run"
     fake_run(run, worlds=("0", "1"), k=1)
-    assert in_process(plumbing, "results", run, 1, "0 1", "seen").returncode == 0
+    assert in_process(plumbing, "results", run, 1, "0 1", "qevolve", "seen").returncode == 0
     table = (run / "results.md").read_text()
     assert table.startswith("<!-- q-evolve run_all.sh -->\n# Results: ") and "| policy_1 (Q-Evolve iter 1) |" in table
-    assert in_process(plumbing, "results", run, 1, "0 1", "seen").returncode == 0  # its own table: replaced
+    assert in_process(plumbing, "results", run, 1, "0 1", "qevolve", "seen").returncode == 0  # its own table: replaced
     (run / "results.md").write_text("# Results: my notes on this run\n")
     before = snapshot(tmp_path)
-    proc = in_process(plumbing, "results", run, 1, "0 1", "seen", check=False)
+    proc = in_process(plumbing, "results", run, 1, "0 1", "qevolve", "seen", check=False)
     assert one_line(proc) and "is not a results table written by run_all.sh" in proc.stderr, proc.stderr
     assert snapshot(tmp_path) == before
 
