@@ -1,11 +1,13 @@
 """Run the default chain (run_all.sh) for several seeds and write the tables the README shows: for BC
-and every Q-Evolve iteration, greedy success on each split of EVAL_SPLITS, per seed (the mean over the
-worlds of EVAL_WORLDS) and as mean +- std over all (seed, world) evaluations; then per world (the mean
-over seeds) with the gain over BC; plus wall time and peak memory of each run. A measurement, not a test.
+and every iteration of each algorithm of ALGOS (Q-Evolve and the baselines), greedy success on each
+split of EVAL_SPLITS, per seed (the mean over the worlds of EVAL_WORLDS) and as mean +- std over all
+(seed, world) evaluations; then per world (the mean over seeds) with Q-Evolve's gain over BC; plus
+wall time and peak memory of each run. A measurement, not a test.
 
     python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/seeds.md
     EVAL_SPLITS='dev seen unseen' python bench/seeds.py --parallel   # the README's table (also dev)
     CRITIC_ARGS="--epochs 6" python bench/seeds.py --parallel --prefix runs/c6_s --out /tmp/seeds_c6.md
+    ALGOS="qevolve rft outcome" python bench/seeds.py --parallel --table-only   # the table of runs as they stand
 
 run_all.sh's settings (K, ENV_KWARGS, BC_ARGS, COLLECT_ARGS, BPPO_ARGS, N_EXPERT, N_SELF, ...)
 are read from the environment as usual; the ones that are set are named in the table's header.
@@ -42,11 +44,13 @@ def main():
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix (seed number appended)")
     p.add_argument("--out", default="bench/results/seeds.md", help="markdown table to write")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
+    p.add_argument("--table-only", action="store_true",
+                   help="run nothing: write the table from the runs as they are (a policy not evaluated: 'not run')")
     args = p.parse_args()
     if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
         die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
     check_out(os.path.join(ROOT, args.out), "table")  # before any run: a table a bench script wrote, or new
-    for seed in args.seeds:  # each run's log: new, or one this script wrote (its stamped first line)
+    for seed in [] if args.table_only else args.seeds:  # each run's log: new, or one this script wrote (stamped)
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
     K = os.environ.get("K", "2")  # run_all.sh's default, read as run_all.sh reads it
     if not re.fullmatch(r"0|[1-9][0-9]{0,8}", K) or int(K) > 999:
@@ -54,7 +58,7 @@ def main():
     K = int(K)
     runs = []
     procs = []
-    for seed in args.seeds:
+    for seed in [] if args.table_only else args.seeds:
         run = f"{args.prefix}{seed}"
         env = {**os.environ, "RUN": run, "SEED": str(seed), "PYTHON": sys.executable}
         if args.parallel:
@@ -76,6 +80,8 @@ def main():
         if proc.wait() != 0:
             sys.exit(f"run_all.sh failed for seed {r['seed']}; see {r['run']}.log")
         r.setdefault("wall_s", time.time() - t0)
+    if args.table_only:
+        runs = [{"seed": seed, "run": f"{args.prefix}{seed}", "fresh": False} for seed in args.seeds]
     # ru_maxrss of children = the largest process any stage ran (KiB on Linux)
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     splits = os.environ.get("EVAL_SPLITS", "seen unseen").split()
@@ -103,21 +109,26 @@ def main():
              "| policy | " + " | ".join(f"seed {r['seed']} {slash}" for r in runs)
              + " | " + " | ".join(f"{s} mean +- std" for s in splits) + " |",
              "|---|" + "---|" * (len(runs) + len(splits))]
+    done = lambda policy: all(os.path.exists(os.path.join(ROOT, r["run"], "eval", f"world{w}", f"{policy}_{s}.json"))
+                              for r in runs for w in worlds for s in splits)
     for policy, name in policies:
+        if not done(policy):
+            lines.append(f"| {name} | " + " | ".join(["not run"] * (len(runs) + len(splits))) + " |")
+            continue
         cells = [" / ".join(f"{mean(rate(r['run'], policy, s, w) for w in worlds):.1f}" for s in splits) for r in runs]
         every = [[rate(r["run"], policy, s, w) for r in runs for w in worlds] for s in splits]
         spread = [f"{mean(xs):.1f} +- {sd(xs):.1f}" for xs in every]
         lines.append(f"| {name} | " + " | ".join(cells + spread) + " |")
     lines += ["", f"Per world (the mean over the seeds), and Q-Evolve iter {K}'s gain over BC:", "",
               f"| world | BC {slash} | Q-Evolve iter {K} {slash} | gain {slash} |", "|---|---|---|---|"]
-    for w in worlds:
+    for w in worlds if done(f"policy_{K}") else []:
         bc = [mean(rate(r["run"], "policy_0", s, w) for r in runs) for s in splits]
         last = [mean(rate(r["run"], f"policy_{K}", s, w) for r in runs) for s in splits]
         fmt = (lambda xs, sign="": " / ".join(f"{x:{sign}.1f}" for x in xs))
         lines.append(f"| {w}{' (trained in)' if w == '0' else ''} | {fmt(bc)} | {fmt(last)} | "
                      f"{fmt([b - a for a, b in zip(bc, last)], '+')} |")
     lines += ["", "| seed | wall time of this call | first to last artifact of the run |", "|---|---|---|"]
-    for r in runs:
+    for r in [] if args.table_only else runs:
         note = "" if r["fresh"] else " (resumed: finished stages skipped)"
         first = os.path.getmtime(os.path.join(ROOT, r["run"], "data", "expert.jsonl"))
         last_eval = os.path.join(ROOT, r["run"], "eval", f"world{worlds[-1]}", f"{policies[-1][0]}_{splits[-1]}.json")

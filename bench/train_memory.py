@@ -20,6 +20,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from plumbing import check_out, save_text  # noqa: E402
+
 HOUSEHOLD = '{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'
 PEAK = ("import resource, runpy, sys; sys.argv = sys.argv[1:]; sys.path.insert(0, '.')\n"
         "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
@@ -46,6 +49,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results/train_memory.md"))
     a = p.parse_args()
+    check_out(a.out, "table")  # before the runs: a table a bench script wrote, or a new file
     model, B = os.path.abspath(a.model), a.batch_size
     common = ["--epochs", "1", "--batch-size", str(B), "--threads", str(a.threads), *a.flags.split()]
     rows = []
@@ -70,8 +74,7 @@ def main():
             "| code | stage | batch | flags | peak RSS (GiB) | seconds (load, step, save) |",
             "|---|---|---|---|---|---|"]
     old = open(a.out).read().splitlines()[len(head):] if os.path.exists(a.out) else []
-    with open(a.out, "w") as f:
-        f.write("\n".join(head + [r for r in old if r.startswith("|")] + rows) + "\n")
+    save_text(a.out, "\n".join(head + [r for r in old if r.startswith("|")] + rows) + "\n")
     print(f"wrote {a.out}")
 
 

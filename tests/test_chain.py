@@ -72,7 +72,7 @@ def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         return [line for line in proc.stdout.splitlines() if line.startswith("== echo")]
     household = commands()
-    miniature = '{"step_slack": 1, "n_distractors": 1, "habit": 0.6, "room_questions": 0.4}'
+    miniature = '{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'
     assert all(f"--env-kwargs {miniature}" in c for c in household if "--env " in c)
     # every policy is evaluated greedily on seen and unseen in worlds 0 (the training world) to 3, in one process
     evals = [c for c in household if "--greedy" in c]

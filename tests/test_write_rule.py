@@ -26,6 +26,8 @@ ALLOWED = {
         "a game cache built in _common.build_dir_atomically's temporary (its own cache folder, never a user's path)",
     ("envs/alfworld_env.py", 'with open(game_path, "w") as f:'):
         "a game file inside the same temporary (build_dir_atomically)",
+    ("bench/train_memory.py", 'with open(adv, "w") as f:'):
+        "an input buffer inside its own tempfile.TemporaryDirectory, never a user's path",
 }
 # whole folders, with the reason
 ALLOWED_DIRS = {"tests/": "the tests write their fixtures into pytest's tmp_path, never into a user's file"}
