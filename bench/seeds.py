@@ -99,7 +99,8 @@ def main():
     slash = "/".join(splits)
     settings = [f"{k}={shlex.quote(os.environ[k])}" for k in RUN_ALL_SETTINGS if os.environ.get(k)]
     command = " ".join(settings + ["python", "bench/seeds.py"] + [shlex.quote(a) for a in sys.argv[1:]])
-    how = "in parallel, one torch thread each" if args.parallel else "one after another"
+    how = ("by earlier calls; this one ran nothing" if args.table_only
+           else "in parallel, one torch thread each" if args.parallel else "one after another")
     lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
              f"`{command}` "
              f"(K={K}, {'these' if settings else 'default'} settings of run_all.sh; seeds run {how}). "
