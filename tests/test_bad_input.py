@@ -690,8 +690,11 @@ def test_cause_3_ctrl_c_is_one_line_and_exit_130(tmp_path):
     import time
     env = {**os.environ, "RUN": str(tmp_path / "run"), "BASE_CACHE": str(tmp_path / "base"), "SMOKE": "1",
            "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    # as from a terminal: SIGINT at its default (a pytest-xdist worker ignores it, and a shell cannot trap a
+    # signal that was ignored when it started)
     proc = subprocess.Popen(["bash", "run_all.sh"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().startswith("== ")  # the first stage has started
     time.sleep(4)  # inside its imports or its work
     os.killpg(proc.pid, signal.SIGINT)
