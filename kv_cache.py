@@ -59,10 +59,10 @@ def generate_cached(policy, rows, prompts, next_tokens):
     replies, live = {r: [] for r in rows}, set(rows)  # live: rows still writing their reply
     slot = list(range(p.n_rows))  # slot[j]: the batch row that row j of s serves
     for step in range(max_new):
-        nxt = next_tokens(logits, slot, p.n_rows, p.args)
+        nxt = next_tokens(logits, slot, p.n_rows, p.args).tolist()  # one device-to-host copy a step, not one a row
         for j, r in enumerate(slot):
             if r in live:
-                replies[r].append(int(nxt[j]))
+                replies[r].append(nxt[j])
                 if replies[r][-1] == p.eos_id:
                     live.discard(r)
         going = [j for j, r in enumerate(slot) if r in live]
@@ -107,16 +107,17 @@ class Session:
         B, W = len(new), max(1, max(len(t) for t in new))
         chunk = torch.full((B, W), self.pad_id, dtype=torch.long)
         pos = torch.zeros((B, W), dtype=torch.long)
+        seen = torch.zeros((B, W), dtype=torch.long)  # the mask of the W new columns
         for r, toks in enumerate(new):  # left-pad each row's chunk so its last token is in the last column
             if toks:
                 n = len(toks)
                 chunk[r, W - n:] = torch.tensor(toks)
                 pos[r, W - n:] = torch.arange(len(self.ids[r]), len(self.ids[r]) + n)
-                cols = list(range(self.width + W - n, self.width + W))
-                self.mask[r, cols] = 1
-                self.cols[r] += cols
+                seen[r, W - n:] = 1
+                self.cols[r] += range(self.width + W - n, self.width + W)
                 self.ids[r] += toks
         dev = self.model.device
+        self.mask[:, self.width:self.width + W] = seen.to(dev)  # one copy to the device for all rows
         out = self.model(input_ids=chunk.to(dev), attention_mask=self.mask, position_ids=pos.to(dev), cache=self.cache)
         self.width += W
         return out.logits[:, -1].float()

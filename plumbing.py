@@ -145,8 +145,8 @@ ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py
              "table": ("a results table written by bench/", ("bench/ablation.py", "bench/seeds.py",
                                                              "bench/stage_times.py", "bench/gpu_report.py")),
              "bench_json": ("a measurement JSON written by bench/ (its 'stage')", ("bench/model_throughput.py",)),
-             "run_log": ("a run log written by bench/ (seeds.py, ablation.py, gpu_check.sh)",
-                         ("bench/seeds.py", "bench/ablation.py", "bench/gpu_check.sh")),
+             "run_log": ("a run log written by bench/ (seeds.py, ablation.py, gpu_lab.sh)",
+                         ("bench/seeds.py", "bench/ablation.py", "bench/gpu_lab.sh")),
              "results": ("a results table written by run_all.sh", ("run_all.sh",))}
 STAMPED = {"run_log": "# ", "results": "<!-- "}  # a file whose first line is PREFIX + STAMP + its writer
 # The files a policy / critic directory may hold: what save_pretrained (one or sharded safetensors),

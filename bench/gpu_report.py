@@ -1,23 +1,27 @@
-"""The report of bench/gpu_check.sh: what the GPU check measured, as one markdown page.
+"""The report of bench/gpu_lab.sh: what the lab measured, as one markdown page.
 
-Reads   CHECK/<env>/ (a run_all.sh run: metrics.jsonl, results.md, policy_0, policy_1), CHECK/<env>.seconds
-        (the chain's wall-clock) and CHECK/tests.log (pytest -v)
-Writes  --out: the device; the tests' outcome; per training stage its seconds (the loop, start-up
-        excluded), tokens/s, peak GPU memory and model FLOP utilisation; collection's generated tokens/s;
-        how far 05 moved the policy; each run's results table.
+Reads   LAB/<env>-s<seed>/ (run_all.sh runs: metrics.jsonl, eval/world*/<policy>_<split>.json, policy_0, policy_1),
+        LAB/<env>-s<seed>.seconds (a run's wall-clock) and LAB/tests.log (pytest -v, when the lab ran the tests)
+Writes  --out: the device; per environment, each policy's success and average reward on every split, the mean
+        over the evaluation worlds, then mean +- std over the seeds (std: n - 1); per stage its launches, loop
+        seconds (start-up excluded), tokens/s, peak memory and model FLOP utilisation, collection's generated
+        tokens/s; how far 05 moved the policy; the tests' outcome. A run stopped early (gpu_lab.sh's DEADLINE)
+        counts with what it finished: a policy's row needs its evaluations from every seed.
 
 How FLOPs are counted: a token through a training step costs 6 N (forward 2 N, backward 4 N), N the
 parameters outside the input embedding (a tied output head counted at every token, attention's
-quadratic term left out); 05 adds pi_ref's forward (2 N): 8 N. Utilisation = tokens/s x FLOPs per token
-/ the device's dense bf16 peak (PEAK_TFLOPS by name, or --peak-tflops).
+quadratic term and gradient checkpointing's recomputed forward left out); 05 adds pi_ref's forward (2 N):
+8 N (log pi_old is computed before the loop). Utilisation = tokens/s x FLOPs per token / the device's dense bf16 peak
+(PEAK_TFLOPS by name, or --peak-tflops).
 
-    python bench/gpu_report.py --check runs/gpu_check --out bench/results/gpu.md
+    python bench/gpu_report.py --lab runs/gpu_lab --out bench/results/gpu_lab.md
 """
 import argparse
 import json
 import os
 import platform
 import re
+import statistics
 import sys
 import time
 
@@ -29,6 +33,7 @@ from plumbing import check_out, die, save_text  # noqa: E402
 
 PEAK_TFLOPS = {"H200": 989, "H100": 989, "A100": 312, "L40S": 362, "A10": 125, "L4": 121, "T4": 65}  # dense bf16
 FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
+NAMES = {"": "Q-Evolve", "rft_": "iterated RFT", "outcome_": "outcome-level PG"}
 
 
 def device_name():
@@ -54,56 +59,111 @@ def test_summary(log):
     return counts + "".join(f"\n  - {t}" for t in sorted({t for o, t in results if o in ("FAILED", "ERROR")}))
 
 
+def spread(xs, fmt):
+    """mean +- std (n - 1) of xs, or the one value."""
+    return fmt.format(statistics.mean(xs)) + (f" ± {fmt.format(statistics.stdev(xs))}" if len(xs) > 1 else "")
+
+
+def policy_order(name):
+    """policy_0 first, then Q-Evolve's, iterated RFT's and the outcome-level PG's, by iteration."""
+    tag, k = re.fullmatch(r"(\w*?)policy_(\d+)", name).groups()
+    return list(NAMES).index(tag), int(k)
+
+
+def evaluations(run):
+    """{(policy, split): (success, avg reward)}, each the mean over the run's evaluation worlds."""
+    found = {}
+    for world in sorted(os.listdir(os.path.join(run, "eval")) if os.path.isdir(os.path.join(run, "eval")) else []):
+        for f in os.listdir(os.path.join(run, "eval", world)):
+            m = re.fullmatch(r"(\w*?policy_\d+)_(\w+)\.json", f)
+            if m:
+                s = json.load(open(os.path.join(run, "eval", world, f)))
+                found.setdefault(m.groups(), []).append((s["success_rate"], s["avg_reward"]))
+    return {k: tuple(statistics.mean(x) for x in zip(*v)) for k, v in found.items()}
+
+
+def launches(records, stage):
+    """The last record (epoch) of each launch of a training stage, in order (a launch's epochs count from 1)."""
+    rows = [r for r in records if r["stage"] == stage and "epoch" in r]
+    return [r for i, r in enumerate(rows) if i + 1 == len(rows) or rows[i + 1]["epoch"] == 1]
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Write the GPU check's report (bench/gpu_check.sh runs it).")
-    p.add_argument("--check", required=True, help="the check's directory (CHECK in bench/gpu_check.sh)")
+    p = argparse.ArgumentParser(description="Write the lab's report (bench/gpu_lab.sh runs it).")
+    p.add_argument("--lab", required=True, help="the lab's directory (LAB in bench/gpu_lab.sh)")
     p.add_argument("--out", required=True, help="the markdown page to write")
+    p.add_argument("--command", default="bash bench/gpu_lab.sh", help="the command the page says it measured")
     p.add_argument("--peak-tflops", type=float, default=0, help="the device's dense bf16 peak (0: by its name)")
     args = p.parse_args(argv)
     check_out(args.out, "table")  # a table a bench script wrote, or a new file
-    names = os.listdir(args.check) if os.path.isdir(args.check) else []
-    runs = sorted(d for d in names if os.path.isfile(os.path.join(args.check, d, "results.md")))
+    runs = sorted(d for d in os.listdir(args.lab) if re.fullmatch(r"\w+-s\d+", d)  # finished or not (DEADLINE)
+                  and os.path.isfile(os.path.join(args.lab, d, "policy_0", "model.safetensors")))
     if not runs:
-        die(f"{args.check}: no finished run (a <env>/results.md); did bench/gpu_check.sh run?")
+        die(f"{args.lab}: no run got as far as its BC policy (<env>-s<seed>/policy_0); did bench/gpu_lab.sh run?")
     name = device_name()
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), 0)
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {name} by `bash bench/gpu_check.sh` (its last step: "
-             f"`python bench/gpu_report.py --check {args.check}`), torch {torch.__version__}", "",
-             "# GPU check", "", "bench/gpu_check.sh says what it runs; bench/gpu_report.py how it counts. "
-             f"Peak for utilisation: {f'{peak:g} TFLOP/s (bf16, dense)' if peak else 'unknown (no MFU)'}.", "",
-             f"**Tests** (`{args.check}/tests.log`): {test_summary(os.path.join(args.check, 'tests.log'))}", "",
-             "| run | stage | loop seconds | tokens/s | peak memory (GB; CPU: RSS) | TFLOP/s | MFU |",
-             "|---|---|---|---|---|---|---|"]
-    moved = ["| run | chain wall-clock (s) | 05: KL(pi_1 \\|\\| pi_ref) per token | 05: approx KL(pi_old \\|\\| pi_1) "
-             "| tensors of policy_1 that differ from policy_0 | their elements that differ | saved dtype |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {name} by `{args.command}` (its last step: "
+             f"`python bench/gpu_report.py --lab {args.lab}`), torch {torch.__version__}", "",
+             "# The real-model lab", "", "bench/gpu_lab.sh says what it runs and its budgets; bench/gpu_report.py how "
+             f"it counts. Peak for utilisation: {f'{peak:g} TFLOP/s (bf16, dense)' if peak else 'unknown (no MFU)'}.",
+             "", f"**Tests** (`{args.lab}/tests.log`): {test_summary(os.path.join(args.lab, 'tests.log'))}"]
+    by_env = {}
     for run in runs:
-        d = os.path.join(args.check, run)
-        n = body_params(os.path.join(d, "policy_0"))
-        records = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+        by_env.setdefault(run.rsplit("-s", 1)[0], []).append(run)
+    for env, env_runs in by_env.items():
+        seeds = [r.rsplit("-s", 1)[1] for r in env_runs]
+        evals = [evaluations(os.path.join(args.lab, r)) for r in env_runs]
+        keys = set.intersection(*(set(e) for e in evals))  # what every seed evaluated
+        splits = sorted({s for _, s in keys}, key=lambda s: (s != "seen", s))
+        walls = [open(os.path.join(args.lab, f"{r}.seconds")).read().strip()
+                 for r in env_runs if os.path.exists(os.path.join(args.lab, f"{r}.seconds"))]
+        lines += ["", f"## {env}: seeds {', '.join(seeds)}", "",
+                  f"Each cell: the mean over the evaluation worlds, then mean ± std over the {len(seeds)} seeds. "
+                  f"Each run's wall-clock: {', '.join(walls) or '-'} s.", "",
+                  "| policy | " + " | ".join(f"{s} success | {s} avg reward" for s in splits) + " |",
+                  "|---|" + "---|---|" * len(splits)]
+        for pol in sorted({k for k, _ in keys}, key=policy_order):
+            tag, k = re.fullmatch(r"(\w*?)policy_(\d+)", pol).groups()
+            label = "policy_0 (BC)" if k == "0" else f"{pol} ({NAMES[tag]} iter {k})"
+            cells = [f"{spread([100 * e[(pol, s)][0] for e in evals], '{:.1f}')}% | "
+                     f"{spread([e[(pol, s)][1] for e in evals], '{:.3f}')}" for s in splits]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines += ["", "| stage | launches per run | loop seconds per run | tokens/s | peak memory (GB; CPU: RSS) "
+                  "| TFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
+        records = [[json.loads(line) for line in open(os.path.join(args.lab, r, "metrics.jsonl"))] for r in env_runs]
+        n = body_params(os.path.join(args.lab, env_runs[0], "policy_0"))
         for stage in ("01_bc", "03_critic", "05_bppo"):
-            last = [r for r in records if r["stage"] == stage and "epoch" in r][-1]
-            tflops = last["tokens_per_s"] * FLOPS_PER_N[stage] * n / 1e12
-            mfu = f"{tflops / peak:.1%}" if peak else "-"
-            lines.append(f"| {run} | {stage} | {last['elapsed_s']:.0f} | {last['tokens_per_s']:,.0f} | "
-                         f"{last['peak_mem_gb']:.1f} | {tflops:.3g} | {mfu} |")
-        for r in [r for r in records if r["stage"] == "02_collect" and r["policy"] != "expert"]:
-            rate = r["generated_tokens"] / max(r["wall_s"], 1e-9)
-            lines.append(f"| {run} | 02_collect {r['policy']} {r['split']} ({r['episodes']} episodes) | "
-                         f"{r['wall_s']:.0f} | {rate:,.0f} generated | - | - | - |")
-        bppo = [r for r in records if r["stage"] == "05_bppo" and "epoch" in r][-1]
-        a, b = (load_file(os.path.join(d, p, "model.safetensors")) for p in ("policy_0", "policy_1"))
-        diff = [(a[k] != b[k]) for k in a]
-        seconds = open(os.path.join(args.check, f"{run}.seconds")).read().split()[-1] \
-            if os.path.exists(os.path.join(args.check, f"{run}.seconds")) else "-"
-        moved.append(f"| {run} | {seconds} | {bppo['kl_ref']:.2e} | {bppo['approx_kl_old']:.2e} | "
-                     f"{sum(bool(x.any()) for x in diff)} of {len(diff)} | "
-                     f"{sum(int(x.sum()) for x in diff) / sum(x.numel() for x in diff):.1%} | "
-                     f"{', '.join(sorted({str(t.dtype) for t in b.values()}))} |")
-    lines += ["", "How far 05 (BPPO) moved the policy:", "", *moved]
-    for run in runs:
-        table = open(os.path.join(args.check, run, "results.md")).read().split("\n\n", 1)[-1]
-        lines += ["", f"## {run}", "", table.strip()]
+            done = [launches(rs, stage) for rs in records]
+            if not any(done):
+                continue
+            rate = statistics.mean(r["tokens_per_s"] for d in done for r in d)
+            tflops = rate * FLOPS_PER_N[stage] * n / 1e12
+            lines.append(f"| {stage} | {statistics.mean(len(d) for d in done):g} | "
+                         f"{spread([sum(r['elapsed_s'] for r in d) for d in done], '{:.0f}')} | {rate:,.0f} | "
+                         f"{max(r['peak_mem_gb'] for d in done for r in d):.1f} | {tflops:.3g} | "
+                         f"{f'{tflops / peak:.1%}' if peak else '-'} |")
+        for what, greedy in (("sampled (train)", False), ("greedy (evaluation)", True)):
+            cs = [[r for r in rs if r["stage"] == "02_collect" and r["policy"] != "expert" and r["greedy"] == greedy]
+                  for rs in records]
+            if any(cs):
+                tokens, wall = (sum(r[k] for c in cs for r in c) for k in ("generated_tokens", "wall_s"))
+                lines.append(f"| 02_collect, {what} | {statistics.mean(len(c) for c in cs):g} | "
+                             f"{spread([sum(r['wall_s'] for r in c) for c in cs], '{:.0f}')} | "
+                             f"{tokens / max(wall, 1e-9):,.0f} generated | - | - | - |")
+        lines += ["", "How far Q-Evolve's first 05 (BPPO) moved the policy:", "",
+                  "| run | 05: KL(pi_1 \\|\\| pi_ref) per token | 05: approx KL(pi_old \\|\\| pi_1) "
+                  "| tensors of policy_1 that differ from policy_0 | their elements that differ | saved dtype |",
+                  "|---|---|---|---|---|---|"]
+        for run, rs in zip(env_runs, records):
+            if not os.path.isdir(os.path.join(args.lab, run, "policy_1")):
+                continue  # stopped before (DEADLINE)
+            bppo = launches(rs, "05_bppo")[0]
+            a, b = (load_file(os.path.join(args.lab, run, p, "model.safetensors")) for p in ("policy_0", "policy_1"))
+            diff = [(a[k] != b[k]) for k in a]
+            lines.append(f"| {run} | {bppo['kl_ref']:.2e} | {bppo['approx_kl_old']:.2e} | "
+                         f"{sum(bool(x.any()) for x in diff)} of {len(diff)} | "
+                         f"{sum(int(x.sum()) for x in diff) / sum(x.numel() for x in diff):.1%} | "
+                         f"{', '.join(sorted({str(t.dtype) for t in b.values()}))} |")
     save_text(args.out, "\n".join(lines) + "\n")
     print(f"gpu_report: wrote {args.out}")
 

@@ -617,15 +617,15 @@ def test_cause_1_the_results_table_keeps_the_rule(tmp_path, in_process):
     assert snapshot(tmp_path) == before
 
 
-def test_cause_1_the_gpu_check_writes_only_inside_check(tmp_path):
-    """bench/gpu_check.sh wrote CHECK/<env>.log over what was there, and ENVS='..' wrote outside CHECK."""
-    (tmp_path / "check").mkdir()
-    (tmp_path / "check/household.log").write_text("my own log\n")
-    env = {**os.environ, "CHECK": str(tmp_path / "check"), "DRY": "1", "TESTS": "", "PYTHON": sys.executable}
+def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
+    """The GPU script wrote LAB/<env>.log over what was there, and ENVS='..' wrote outside LAB."""
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab/household-s0.log").write_text("my own log\n")
+    env = {**os.environ, "LAB": str(tmp_path / "lab"), "DRY": "1", "TESTS": "", "PYTHON": sys.executable}
     for envs, message in (("../outside", "ENVS must be environment names"),
-                          ("household", "household.log exists and is not a run log")):
+                          ("household", "household-s0.log exists and is not a run log")):
         before = snapshot(tmp_path)
-        proc = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, env={**env, "ENVS": envs}, capture_output=True,
+        proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env={**env, "ENVS": envs}, capture_output=True,
                               text=True)
         assert one_line(proc) and message in proc.stderr, proc.stderr
         assert snapshot(tmp_path) == before

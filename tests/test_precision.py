@@ -70,12 +70,14 @@ def adv_buffer(tiny_run, tmp_path):
     return path
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("stage", ["01_bc", "05_bppo"])
 def test_a_small_step_under_bf16_autocast_moves_every_weight_it_reaches(stages, tiny_run, adv_buffer, tmp_path,
-                                                                       monkeypatch, stage):
+                                                                       monkeypatch, stage, precision):
     """One optimizer step at lr 1e-6 under --precision bf16: the forward ran under autocast, the
     optimizer state is fp32, the saved policy is fp32, and nearly every weight with a non-zero
-    gradient differs in the saved file (pure bf16 weights would keep almost all of them)."""
+    gradient differs in the saved file (pure bf16 weights would keep almost all of them). fp32 (a GPU
+    without bf16, a T4): the same step without autocast, with gradient checkpointing as a real model has it."""
     module, device = stages[stage], "cuda" if torch.cuda.is_available() else "cpu"  # where the stage computes
     autocast_on = []
     real = module.reply_logits
@@ -85,12 +87,12 @@ def test_a_small_step_under_bf16_autocast_moves_every_weight_it_reaches(stages, 
     SpyAdamW.steps = []
     base, out = tiny_run / "policy_0", tmp_path / "out"
     common = ["--out", str(out), "--lr", "1e-6", "--batch-size", "64", "--epochs", "1", "--threads", "1",
-              "--precision", "bf16"]
+              "--precision", precision] + (["--grad-checkpointing", "on"] if precision == "fp32" else [])
     if stage == "01_bc":  # fine-tune the tiny policy (no warmup is shorter than one step: lr 1e-6 at step 1)
         module.main(["--data", str(tiny_run / "expert.jsonl"), "--model", str(base), *common])
     else:
         module.main(["--data", str(adv_buffer), "--policy", str(base), "--ref", str(base), *common])
-    assert autocast_on and all(autocast_on)
+    assert autocast_on and all(on == (precision == "bf16") for on in autocast_on)
     assert len(SpyAdamW.steps) == 1 and SpyAdamW.steps[0]["dtypes"] == {torch.float32}
     before, after = load_file(base / "model.safetensors"), load_file(out / "model.safetensors")
     assert {t.dtype for t in after.values()} == {torch.float32}

@@ -74,7 +74,7 @@ def shell_writes(path):
 
 def test_every_write_keeps_the_rule():
     py, sh = repo_files(".py"), repo_files(".sh")
-    assert "plumbing.py" in py and "run_all.sh" in sh and "bench/gpu_check.sh" in sh
+    assert "plumbing.py" in py and "run_all.sh" in sh and "bench/gpu_lab.sh" in sh
     found = set()
     for path in py + sh:
         if path == "plumbing.py" or any(path.startswith(d) for d in ALLOWED_DIRS):

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The real-model lab (issue 60; docs/real_model.md, 'The lab'): one command of at most 8 minutes on one GPU.
+#   1. SmolLM2 converted once (SMOLLM2_DIR=models/smollm2-135m; from the installed wheel, or SMOLLM2_GGUF=<file>)
+#   2. for each env of ENVS and each seed of SEEDS, all side by side on the one GPU: run_all.sh with BASE=smollm2,
+#      BC then ALGOS="qevolve rft outcome" (Q-Evolve and the credit issue's baselines, iterated RFT and the
+#      outcome-level PG) for K=2 iterations from the same BC policy, every policy evaluated greedily on seen and
+#      unseen in worlds 0 and 1 (N_EVAL tasks each); run LAB/<env>-s<seed>, its log and wall-clock beside it
+#   3. bench/gpu_report.py: per policy mean +- std over the seeds on every split, per-stage seconds, tokens/s,
+#      peak memory and MFU -> bench/results/gpu_lab.md
+# The lab's budgets (a variable you set still wins): 400 demonstrations, BC 2 epochs at lr 5e-5; per iteration 128
+# self episodes (one lockstep batch of 128 slots), the critic 1 epoch at 1e-5, BPPO 1 epoch at 2e-6, RFT 1 epoch at
+# 2e-5; batches of 16 trajectories; 100 greedy tasks per (world, split). Memory per run: gradient checkpointing and
+# the chunked log-probabilities (--grad-checkpointing auto, plumbing.by_rows), so three seeds share an 80 GB GPU.
+# docs/real_model.md, 'The lab', has the budget arithmetic. Settings: LAB=runs/gpu_lab, SEEDS="0 1 2",
+# ENVS=household ("household shop" where it fits: about twice the time), TESTS= (pytest's arguments, e.g.
+# "--slow -n 8 tests": the suite beside the runs, -v into LAB/tests.log), PYTHON=python (else python3),
+# DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it).
+# DRY=1 runs the same path on a CPU: a one-layer tiny model from scratch, SMOKE's toy budgets, two seeds, K=1 and
+# --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
+#
+#   bash bench/gpu_lab.sh                         # on the GPU machine (PYTHON=python3 where there is no python)
+#   DRY=1 bash bench/gpu_lab.sh                   # anywhere, a minute or two
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LAB=${LAB:-runs/gpu_lab}
+DRY=${DRY:-0}
+ENVS=${ENVS:-household}
+TESTS=${TESTS:-}
+SMOLLM2_DIR=${SMOLLM2_DIR:-models/smollm2-135m}
+PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
+bad() { echo "error: $1" >&2; exit 2; }
+case $LAB in ''|-*|'~'*|*'$'*|*'`'*) bad "LAB must be a plain path (no leading - or ~, no \$ or backquote), got '$LAB'" ;; esac
+[[ $ENVS =~ ^[[:space:]]*[A-Za-z0-9_]+([[:space:]]+[A-Za-z0-9_]+)*[[:space:]]*$ ]] || bad "ENVS must be environment \
+names, got '$ENVS'"
+
+if [ "$DRY" = 1 ]; then
+  SEEDS=${SEEDS:-"0 1"}
+  chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 K="${K:-1}" ALGOS="qevolve rft outcome" RFT_ARGS="--epochs 1"
+         BC_ARGS="--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400")
+  report="$LAB/gpu_lab.md"
+else
+  SEEDS=${SEEDS:-"0 1 2"}
+  [ -e "$SMOLLM2_DIR" ] || $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
+  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" K="${K:-2}" ALGOS="qevolve rft outcome" EVAL_WORLDS="0 1"
+         N_EXPERT="${N_EXPERT:-400}" N_SELF="${N_SELF:-128}" N_EVAL="${N_EVAL:-100}" THREADS="${THREADS:-4}"
+         BC_ARGS="${BC_ARGS:-"--epochs 2 --lr 5e-5 --batch-size 16"}"
+         CRITIC_ARGS="${CRITIC_ARGS:-"--epochs 1 --lr 1e-5 --batch-size 16"}"
+         BPPO_ARGS="${BPPO_ARGS:-"--epochs 1 --lr 2e-6 --batch-size 16"}"
+         RFT_ARGS="${RFT_ARGS:-"--epochs 1 --lr 2e-5 --batch-size 16"}")
+  report=bench/results/gpu_lab.md
+fi
+
+# Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
+# written atomically when its command ends (plumbing.py save): checked before anything runs.
+logs=("$LAB/tests.log")
+for env in $ENVS; do for seed in $SEEDS; do logs+=("$LAB/$env-s$seed.log" "$LAB/$env-s$seed.seconds"); done; done
+$PYTHON plumbing.py check run_log "${logs[@]}"
+$PYTHON plumbing.py check table "$report"
+save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
+
+pids=()
+start=$(date +%s)
+for env in $ENVS; do
+  for seed in $SEEDS; do
+    run="$env-s$seed"
+    ( t0=$(date +%s) rc=0
+      ${DEADLINE:+timeout "$DEADLINE"} "${chain[@]}" ENV="$env" SEED="$seed" RUN="$LAB/$run" PYTHON="$PYTHON" \
+        bash run_all.sh 2>&1 | save "$LAB/$run.log" || rc=$?
+      echo $(( $(date +%s) - t0 )) | save "$LAB/$run.seconds"
+      exit "$rc" ) &
+    pids+=($!)
+  done
+done
+if [ -n "$TESTS" ]; then
+  ( $PYTHON -m pytest -v -p no:cacheprovider $TESTS 2>&1 | save "$LAB/tests.log" ) &
+  pids+=($!)
+fi
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # by id: never a monitor started beside them
+echo "gpu_lab: the runs took $(( $(date +%s) - start )) s"
+command="bash bench/gpu_lab.sh"
+[ "$DRY" = 1 ] && command="DRY=1 $command"
+$PYTHON bench/gpu_report.py --lab "$LAB" --out "$report" --command "$command"
+if [ "$failed" = 1 ]; then echo "gpu_lab: a run or a test failed (logs in $LAB)" >&2; fi
+exit "$failed"

@@ -1,0 +1,52 @@
+"""bench/gpu_lab.sh's dry run: the lab's script, end to end on a CPU (a one-layer tiny model, SMOKE's budgets,
+two seeds, BC then Q-Evolve and both baselines, --precision bf16), so that it runs at once when a GPU is lent."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from gpu_report import spread  # noqa: E402
+from gpu_report import test_summary as summary_of  # noqa: E402  (not collected as a test under this name)
+
+
+def test_the_report_counts_each_test_once(tmp_path):
+    """A -v log (xdist's and plain lines): pytest's closing summary repeats each failure; counted once."""
+    log = tmp_path / "tests.log"
+    log.write_text("tests/test_a.py::test_x PASSED [ 33%]\n"
+                   "[gw1] [ 66%] FAILED tests/test_b.py::test_y[01_bc] \n"
+                   "[gw0] [100%] SKIPPED tests/test_c.py::test_z \n"
+                   "=========================== short test summary info ============================\n"
+                   "FAILED tests/test_b.py::test_y[01_bc] - RuntimeError: devices\n"
+                   "=================== 1 failed, 1 passed, 1 skipped in 3.00s ====================\n")
+    assert summary_of(str(log)) == "1 passed, 1 failed, 0 error, 1 skipped\n  - tests/test_b.py::test_y[01_bc]"
+    assert summary_of(str(tmp_path / "none.log")) == "not run"
+    assert spread([1.0, 2.0, 3.0], "{:.1f}") == "2.0 ± 1.0" and spread([0.5], "{:.2f}") == "0.50"
+
+
+@pytest.mark.slow
+def test_gpu_lab_dry_run_writes_its_report(tmp_path):
+    env = {**os.environ, "DRY": "1", "LAB": str(tmp_path), "OMP_NUM_THREADS": "1",
+           "TESTS": "tests/test_precision.py::test_pick_device_on_cpu"}
+    proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("*.log"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
+    report = (tmp_path / "gpu_lab.md").read_text()
+    assert report.startswith("Measured ") and "`DRY=1 bash bench/gpu_lab.sh`" in report
+    assert "**Tests**" in report and "1 passed, 0 failed" in report and "## household: seeds 0, 1" in report
+    for policy in ("policy_0 (BC)", "policy_1 (Q-Evolve iter 1)", "rft_policy_1 (iterated RFT iter 1)",
+                   "outcome_policy_1 (outcome-level PG iter 1)"):
+        row = next(line for line in report.splitlines() if line.startswith(f"| {policy} |"))
+        assert row.count("±") == 4, row  # success and reward on seen and unseen, mean ± std over the 2 seeds
+    for stage in ("01_bc | 2 |", "03_critic | 1 |", "05_bppo | 2 |", "02_collect, greedy (evaluation)"):
+        assert f"| {stage}" in report, stage  # 01: BC and RFT; 05: Q-Evolve and the outcome-level PG
+    # the dry run trained under bf16 autocast, saved fp32, and 05 moved every tensor of the policy
+    for seed in (0, 1):
+        moved = next(line for line in report.splitlines() if line.startswith(f"| household-s{seed} | "))
+        cells = [c.strip() for c in moved.split("|")[1:-1]]
+        n_diff, n_all = cells[3].split(" of ")
+        assert n_diff == n_all and cells[5] == "torch.float32" and float(cells[1]) > 0
+        assert '"precision": "bf16"' in (tmp_path / f"household-s{seed}" / "policy_1" / "args.json").read_text()
