@@ -50,7 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--ref", required=True, help="pi_ref: the behavior-cloning policy anchoring the KL term")
     p.add_argument("--out", required=True, help="output policy directory")
     p.add_argument("--objective", choices=["bppo", "awr"], default="bppo", help="policy objective")
-    p.add_argument("--eps-low", type=float, default=0.4,
+    p.add_argument("--eps-low", type=float, default=0.8,
                    help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
     p.add_argument("--eps-high", type=float, default=0.2,
                    help="upper clip: eta <= 1 + eps_high (keep gains conservative)")

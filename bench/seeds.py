@@ -120,9 +120,10 @@ def main():
         every = [[rate(r["run"], policy, s, w) for r in runs for w in worlds] for s in splits]
         spread = [f"{mean(xs):.1f} +- {sd(xs):.1f}" for xs in every]
         lines.append(f"| {name} | " + " | ".join(cells + spread) + " |")
-    lines += ["", f"Per world (the mean over the seeds), and Q-Evolve iter {K}'s gain over BC:", "",
-              f"| world | BC {slash} | Q-Evolve iter {K} {slash} | gain {slash} |", "|---|---|---|---|"]
-    for w in worlds if done(f"policy_{K}") else []:
+    if K:  # K = 0: BC only, no gain to show
+        lines += ["", f"Per world (the mean over the seeds), and Q-Evolve iter {K}'s gain over BC:", "",
+                  f"| world | BC {slash} | Q-Evolve iter {K} {slash} | gain {slash} |", "|---|---|---|---|"]
+    for w in worlds if K and done(f"policy_{K}") else []:
         bc = [mean(rate(r["run"], "policy_0", s, w) for r in runs) for s in splits]
         last = [mean(rate(r["run"], f"policy_{K}", s, w) for r in runs) for s in splits]
         fmt = (lambda xs, sign="": " / ".join(f"{x:{sign}.1f}" for x in xs))

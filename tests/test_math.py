@@ -421,7 +421,7 @@ def test_bc_loss_is_the_mean_nll_of_the_reply_tokens(stages):
 def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     """05's policy_loss: the BPPO loss plus alpha * KL, and the diagnostics the stage prints, by hand."""
     pp = stages["05_bppo"]
-    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o"])  # eps 0.4 / 0.2, alpha 0.05
+    args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--eps-low", "0.4"])  # alpha 0.05
     torch.manual_seed(0)
     logits = torch.randn(4, 3)  # (N, V) at the 4 reply tokens (positions 1-4)
     batch = {"input_ids": torch.tensor([[0, 1, 2, 0, 1]]), "action_step": torch.tensor([[-1, 0, 0, 1, 1]]),
