@@ -342,21 +342,17 @@ def collect(args, task_ids, policy, aux, reranker, env_kwargs, rank, world):
 
 
 # ----------------------------------------------------------------------------------------
-# The data contract (docs/design.md, 'The chat layout'): an episode as a chat - the part of it
-# 02 uses (the prompt); copied byte-identical from the stages that read episodes
-# (tests/test_stage_copies.py).
+# The data contract (docs/design.md, 'The chat layout'): the part 02 uses, an episode as a chat (its prompt);
+# copied byte-identical from the stages that read episodes (tests/test_stage_copies.py).
 # ----------------------------------------------------------------------------------------
 def episode_messages(ep):
-    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
-    assistant = step text and user = observation, alternately."""
+    """system = instruction; user = task + o_0; then assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
-        msgs.append({"role": "assistant", "content": step["text"]})
-        msgs.append({"role": "user", "content": step["obs"]})
+        msgs += [{"role": "assistant", "content": step["text"]}, {"role": "user", "content": step["obs"]}]
     return msgs
 
 
 if __name__ == "__main__":
     main()
-
