@@ -12,9 +12,8 @@ The paper's BC objective, the negative log-likelihood of the action tokens only:
 Observations and instructions are read by the model but never trained on. `--filter success`
 keeps only the trajectories that reached the goal: rejection-sampling fine-tuning (RFT).
 
---model tiny (default) trains a byte-level BPE tokenizer on the data and builds a small Llama
-from scratch (models/tiny.py); --model DIR fine-tunes any local causal LM that has a chat template. Nothing is
-downloaded.
+--model tiny (default) trains a byte-level BPE tokenizer on the data and builds a small Llama from scratch
+(models/tiny.py); --model DIR fine-tunes any local causal LM that has a chat template. Nothing is downloaded.
 
 The run_all.sh way: the demonstrations of household's default miniature (its demonstrator's habit
 is what the later stages unlearn), and the base 00_pretrain.py built on the same settings:
@@ -88,10 +87,9 @@ def parse_args(argv=None):
 # ALGO LOGIC: the behavior-cloning loss, and what to watch while it trains.
 # ----------------------------------------------------------------------------------------
 def reply_logits(model, batch):
-    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token of
-    the batch, row-major: the order of batch["input_ids"][batch["action_step"] >= 0]. transformers'
-    logits_to_keep projects onto the vocabulary only there - most tokens are observations, and
-    with a large vocabulary (SmolLM2: 49k) the full (B, L, V) logits are a step's largest tensor."""
+    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token, in the order
+    of batch["input_ids"][batch["action_step"] >= 0]. logits_to_keep projects onto the vocabulary only there:
+    most tokens are observations, and with a large vocabulary the full (B, L, V) logits are the largest tensor."""
     keep = torch.zeros_like(batch["action_step"], dtype=torch.bool)
     keep[:, :-1] = batch["action_step"][:, 1:] >= 0  # position i predicts token i + 1
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
@@ -123,10 +121,9 @@ def reply_matches(logits, batch):
 
 
 def evaluate(model, data, pad_id, batch_size, device, amp):
-    """Validation: action-token NLL, the fraction of replies greedy decoding reproduces, and the
-    fraction of trajectories it reproduces at every turn. Watch the last: greedy decoding that
-    reproduces a demonstration at every turn replays it in the environment (same task, same
-    actions, same outcome), while the loss is dominated by easy tokens."""
+    """Validation: action-token NLL, the fraction of replies greedy decoding reproduces, and the fraction of
+    trajectories it reproduces at every turn - the one to watch: greedy decoding replays such a demonstration in
+    the environment (same actions, same outcome), while the loss is dominated by easy tokens."""
     model.eval()
     total, count, turns, replies, episodes = 0.0, 0.0, 0, 0, 0
     with torch.no_grad():
@@ -179,8 +176,7 @@ def main(argv=None):
     train_model = distribute(model, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the model itself
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                                   weight_decay=args.weight_decay)
-    # One optimizer step's loss is the mean over the reply tokens of its batch: n_loss[j] of them in trajectory j.
-    n_loss = [sum(s >= 0 for s in x["action_step"]) for x in train]
+    n_loss = [sum(s >= 0 for s in x["action_step"]) for x in train]  # reply tokens: a step's loss is their mean
     total_steps = args.epochs * math.ceil(len(train) / args.batch_size)
     rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=total_steps, desc="01_bc", unit="step", disable=not is_main())
@@ -193,8 +189,7 @@ def main(argv=None):
             for ids, share in parts(idx, n_loss, train_model, args):  # alone, no --grad-accum: (idx, 1.0)
                 b = {k: v.to(device) for k, v in collate([train[j] for j in ids], tokenizer.pad_token_id).items()}
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
-                    logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
-                # log pi of each reply token in chunks of rows (by_rows): no fp32 (N, V) tensor for the backward
+                    logits = reply_logits(train_model, b)  # (N, V) at the reply tokens; by_rows: no fp32 (N, V)
                 loss, info = bc_loss(by_rows(token_logprobs, logits, b["input_ids"][b["action_step"] >= 0]))
                 check_loss(loss, step)
                 (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)

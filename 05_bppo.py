@@ -112,10 +112,9 @@ def kl_to_ref(logits, logr):
 
 
 def reply_logits(model, batch):
-    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token of
-    the batch, row-major: the order of batch["input_ids"][batch["action_step"] >= 0]. transformers'
-    logits_to_keep projects onto the vocabulary only there - most tokens are observations, and
-    with a large vocabulary (SmolLM2: 49k) the full (B, L, V) logits are a step's largest tensor."""
+    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token, in the order
+    of batch["input_ids"][batch["action_step"] >= 0]. logits_to_keep projects onto the vocabulary only there:
+    most tokens are observations, and with a large vocabulary the full (B, L, V) logits are the largest tensor."""
     keep = torch.zeros_like(batch["action_step"], dtype=torch.bool)
     keep[:, :-1] = batch["action_step"][:, 1:] >= 0  # position i predicts token i + 1
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
