@@ -97,11 +97,9 @@ def trajectory_tensors(episodes, device):
     out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
     for i, ep in enumerate(episodes):
         n = len(ep["steps"])
-        out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
-        out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
-        out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
-        out["done"][i, n - 1] = 1.0
-        out["mask"][i, :n] = 1.0
+        for k in ("r_env", "r_aux", "done"):
+            out[k][i, :n] = torch.tensor([float(s[k]) for s in ep["steps"]])
+        out["done"][i, n - 1] = out["mask"][i, :n] = 1.0
     return out
 
 
@@ -123,9 +121,8 @@ def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux)
     with torch.no_grad(), torch.autocast(h_action.device.type, enabled=False):
         q_target = target_q_head(h_action.detach()).squeeze(-1)  # Qbar(s_t, a_t), in fp32 like the heads
     reward = traj["r_env"] + (traj["r_aux"] if use_aux else 0.0)
-    not_done = 1.0 - traj["done"]
     loss_v = expectile_loss(q_target - v, tau, weights)
-    loss_q = weighted_mse(reward + gamma * not_done * v_next - q, weights)
+    loss_q = weighted_mse(reward + gamma * (1.0 - traj["done"]) * v_next - q, weights)
     with torch.no_grad():
         n = traj["mask"].sum().clamp(min=1)
         info = {"loss_v": loss_v.item(), "loss_q": loss_q.item(),
@@ -142,9 +139,8 @@ def polyak_update(target, source, rate):
 
 
 class Critic(torch.nn.Module):
-    """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
-    token of the generation prompt before reply t), Q(s_t, a_t) at each action position (the last
-    token of reply t) - docs/design.md, 'The chat layout'. One forward pass gives all of them."""
+    """The policy's transformer with two MLP heads, read in one forward pass (docs/design.md, 'The chat layout'):
+    V(s_t) at the last token of the generation prompt before reply t, Q(s_t, a_t) at the last token of reply t."""
 
     def __init__(self, backbone):
         super().__init__()
@@ -184,9 +180,7 @@ def main(argv=None):
     target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)  # Qbar
     train_critic = distribute(critic, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the critic itself
     optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
-    # One optimizer step's L_V and L_Q are weighted means over the steps of its batch: they average over the
-    # sum of the step weights, n_loss[j] in trajectory j.
-    n_loss = [batch_weights([ep], args.uniform_weights, "cpu").sum().item() for ep, _ in data]
+    n_loss = [batch_weights([ep], args.uniform_weights, "cpu").sum().item() for ep, _ in data]  # sum of each one's w_t
     rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="03_critic", unit="step",
                disable=not is_main())
@@ -222,8 +216,7 @@ def main(argv=None):
 
     state = full_state(critic, args.fsdp)  # --fsdp: every process helps gather the weights for rank 0; else None
     if is_main():  # rank 0 (or alone) checks and writes
-        state = critic.state_dict() if state is None else state
-        check_finite(state.values(), "the critic")
+        check_finite((critic.state_dict() if state is None else state).values(), "the critic")
         save_critic(critic, args.out, tokenizer, vars(args), state)
         summary = {"stage": "03_critic", "step": step, "loss_v": records[-1]["loss_v"], "loss_q": records[-1]["loss_q"]}
         log_metrics(args.metrics, *records, summary)

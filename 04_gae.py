@@ -156,9 +156,8 @@ def advantage_report(episodes, gamma, learned_aux):
 # of a trajectory in one forward pass; load_critic reads the directory 03 writes.
 # ----------------------------------------------------------------------------------------
 class Critic(torch.nn.Module):
-    """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
-    token of the generation prompt before reply t), Q(s_t, a_t) at each action position (the last
-    token of reply t) - docs/design.md, 'The chat layout'. One forward pass gives all of them."""
+    """The policy's transformer with two MLP heads, read in one forward pass (docs/design.md, 'The chat layout'):
+    V(s_t) at the last token of the generation prompt before reply t, Q(s_t, a_t) at the last token of reply t."""
 
     def __init__(self, backbone):
         super().__init__()
