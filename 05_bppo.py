@@ -1,27 +1,25 @@
 """Stage 05 - behavior-proximal policy optimization (BPPO) on the same fixed buffer.
 
-Reads   --data: the buffer with A_t on every step (04_gae.py); --policy: pi_old = pi_{k-1}, the
-        policy entering this iteration (also the starting weights); --ref: pi_ref = pi_0 (01_bc.py).
-Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json; one line per
-        epoch to --metrics.
+Reads   --data: the buffer with A_t on every step (04_gae.py); --policy: pi_old = pi_{k-1}, the policy
+        entering this iteration (also the starting weights); --ref: pi_ref = pi_0 (01_bc.py).
+Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json; one line per epoch to --metrics.
 
-The objective (paper, Key Design 4), over the action tokens y of every step a_t in the buffer,
-each carrying its step's process reward A_t from 04 (the update never leaves the data):
+The objective (paper, Key Design 4), over the action tokens y of every step a_t in the buffer, each carrying
+its step's process reward A_t from 04 (the update never leaves the data):
 
     eta = pi_theta(y) / pi_old(y)
     L_BPPO = - E[ min( eta * A_t, clip(eta, 1 - eps_low, 1 + eps_high) * A_t ) ]
     L = L_BPPO + alpha * KL(pi_theta || pi_ref)
 
-- Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability (down
-  to 1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high).
-- Dual clip (Ye et al. 2020; not in the paper): for A < 0 the term is also bounded below,
-  max(..., c * A) with c = --dual-clip, so a token whose eta grew past c cannot dominate a batch.
-- The KL anchor is exact at every action token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)),
-  from pi_ref's logits computed batch by batch: no sampling estimator.
+- Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability (down to
+  1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high).
+- Dual clip (Ye et al. 2020; not in the paper): for A < 0 the term is also bounded below, max(..., c * A)
+  with c = --dual-clip, so a token whose eta grew past c cannot dominate a batch.
+- The KL anchor is exact at every action token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)), from
+  pi_ref's logits computed batch by batch: no sampling estimator.
 - --objective awr, the paper's weaker alternative (advantage-weighted regression), replaces L_BPPO:
     L_AWR = - E[ min(exp(A_t / beta), w_max) * log pi_theta(y) ]
   which can only raise the probability of actions in the data.
-Under torchrun each process takes a share of every batch (DDP, or FSDP2 with --fsdp; docs/distributed.md).
 
     python 05_bppo.py --data runs/demo/iter_1/adv.jsonl --policy runs/demo/policy_0 \
         --ref runs/demo/policy_0 --out runs/demo/policy_1
@@ -87,9 +85,8 @@ def masked_mean(x, mask):
 
 def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip=0.0):
     """L_BPPO = -masked_mean(min(eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A)), eta = exp(logp - logp_old);
-    every argument is a per-token tensor of one shape. dual_clip = c > 1 (0: off) bounds a bad token's
-    term from below, max(..., c * A) for A < 0: else a token whose eta grew far above 1 adds eta * A
-    without limit, and one such token can dominate a whole batch."""
+    every argument is a per-token tensor of one shape. dual_clip = c > 1 (0: off) bounds a bad token's term from
+    below, max(..., c * A) for A < 0: else one token whose eta grew far above 1 can dominate a whole batch."""
     eta = torch.exp(logp - logp_old)
     surrogate = torch.minimum(eta * adv, torch.clamp(eta, 1.0 - eps_low, 1.0 + eps_high) * adv)
     if dual_clip:
@@ -104,9 +101,8 @@ def awr_loss(logp, adv, mask, beta, max_weight):
 
 
 def kl_to_ref(logits, logr):
-    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over the reply
-    tokens. logits (N, V) of pi_theta where a reply token is predicted (reply_logits); logr (N, V)
-    log pi_ref there."""
+    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over the reply tokens. logits (N, V)
+    of pi_theta where a reply token is predicted (reply_logits); logr (N, V) log pi_ref there."""
     logq = torch.log_softmax(logits.float(), dim=-1)
     return (logq.exp() * (logq - logr)).sum(-1).mean()
 
@@ -133,20 +129,15 @@ def token_advantages(batch, step_adv):
 
 
 def policy_loss(logits, ref_logits, batch, logp_old, args):
-    """L = L_BPPO (or, with --objective awr, L_AWR) + alpha * KL(pi_theta || pi_ref) on one batch ->
-    (loss, info). logits (N, V) of pi_theta at the batch's N reply tokens (reply_logits); ref_logits (N, V)
-    pi_ref's there (None when alpha = 0; log-probabilities do as well); logp_old (N,); batch["adv"] (N,).
-    log pi and the KL in chunks of rows (plumbing.by_rows): the same numbers, in less memory.
-    info: the loss; the fraction of action tokens each clip holds (clip_low: A < 0 and eta < 1 - eps_low,
-    clip_high: A > 0 and eta > 1 + eps_high); how far pi_theta has moved from pi_old (approx_kl_old,
-    the mean ratio eta); KL(pi_theta || pi_ref)."""
-    logp = by_rows(token_logprobs, logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,), in row chunks
-    adv = batch["adv"]
-    mask = torch.ones_like(adv)
-    if args.objective == "bppo":
-        loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip)
-    else:
-        loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
+    """L = L_BPPO (or, with --objective awr, L_AWR) + alpha * KL(pi_theta || pi_ref) on one batch -> (loss, info).
+    logits (N, V): pi_theta's at the batch's N reply tokens (reply_logits); ref_logits (N, V): pi_ref's (None when
+    alpha = 0; log-probabilities do as well); logp_old (N,); batch["adv"] (N,). info: the loss, the fraction of tokens
+    each clip holds (clip_low: A < 0, eta < 1 - eps_low; clip_high: A > 0, eta > 1 + eps_high), approx KL(pi_old ||
+    pi_theta), KL(pi_theta || pi_ref), the mean ratio eta. log pi and the KL by row chunks (by_rows): less memory."""
+    logp = by_rows(token_logprobs, logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,)
+    adv, mask = batch["adv"], torch.ones_like(batch["adv"])
+    loss_pi = (bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip)
+               if args.objective == "bppo" else awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight))
     kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else by_rows(
         lambda x, r: kl_to_ref(x, torch.log_softmax(r.float(), dim=-1)), logits, ref_logits, mean=True)
     loss = loss_pi + args.kl_coef * kl_ref
@@ -158,8 +149,7 @@ def policy_loss(logits, ref_logits, batch, logp_old, args):
                 "clip_high": masked_mean(((eta > 1 + args.eps_high) & (adv > 0)).float(), mask).item(),
                 # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
                 "approx_kl_old": masked_mean((eta - 1) - log_ratio, mask).item(),
-                "kl_ref": kl_ref.item(),
-                "ratio": masked_mean(eta, mask).item()}
+                "kl_ref": kl_ref.item(), "ratio": masked_mean(eta, mask).item()}
     return loss, info
 
 
@@ -179,8 +169,7 @@ def old_logprobs(policy, data, pad_id, batch_size, device, amp):
     the policy as it entered the stage: eta's denominator must not move with pi_theta) -> a list with one
     (n_j,) tensor per trajectory j (n_j: its reply tokens, in reply_logits' order), on the CPU."""
     policy.eval()
-    by_length = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"]))  # little padding
-    out = [None] * len(data)
+    by_length, out = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"])), [None] * len(data)
     for i in range(0, len(data), batch_size):
         idx = by_length[i:i + batch_size]
         b = make_batch([data[j] for j in idx], pad_id, device)
@@ -193,8 +182,7 @@ def old_logprobs(policy, data, pad_id, batch_size, device, amp):
 
 
 def prepare_bppo(args, device):
-    """--data, --policy and --ref -> (tokenizer, pi_theta (starting as pi_old), pi_ref frozen, both on the
-    device, [(episode, tokenize_episode)])."""
+    """--data, --policy, --ref -> (tokenizer, pi_theta (= pi_old at first), pi_ref frozen, [(episode, tokens)])."""
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
     tokenizer, ref_tokenizer = load_tokenizer(args.policy), load_tokenizer(args.ref)
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
@@ -217,8 +205,7 @@ def main(argv=None):
     logp_old = old_logprobs(policy, data, tokenizer.pad_token_id, args.batch_size, device, amp)
     train_policy = distribute(policy, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the policy itself
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
-    # One optimizer step's loss is the mean over the reply tokens of its batch: n_loss[j] of them in trajectory j.
-    n_loss = [len(lp) for lp in logp_old]
+    n_loss = [len(lp) for lp in logp_old]  # reply tokens: a step's loss is their mean
     rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="05_bppo", unit="step",
                disable=not is_main())
@@ -232,8 +219,7 @@ def main(argv=None):
                     logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
                     with torch.no_grad():  # (N, V) pi_ref's logits, for the KL anchor
                         ref_logits = reply_logits(ref, b) if args.kl_coef > 0 else None
-                loss, info = policy_loss(logits, ref_logits, b, torch.cat([logp_old[j] for j in ids]).to(device),
-                                         args)
+                loss, info = policy_loss(logits, ref_logits, b, torch.cat([logp_old[j] for j in ids]).to(device), args)
                 check_loss(loss, step)
                 (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)
                 infos.append((info, share))
