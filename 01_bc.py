@@ -12,9 +12,8 @@ The paper's BC objective, the negative log-likelihood of the action tokens only:
 Observations and instructions are read by the model but never trained on. `--filter success`
 keeps only the trajectories that reached the goal: rejection-sampling fine-tuning (RFT).
 
---model tiny (default) trains a byte-level BPE tokenizer on the data and builds a small Llama
-from scratch (models/tiny.py); --model DIR fine-tunes any local causal LM that has a chat template. Nothing is
-downloaded.
+--model tiny (default) trains a byte-level BPE tokenizer on the data and builds a small Llama from scratch
+(models/tiny.py); --model DIR fine-tunes any local causal LM that has a chat template. Nothing is downloaded.
 
 The run_all.sh way: the demonstrations of household's default miniature (its demonstrator's habit
 is what the later stages unlearn), and the base 00_pretrain.py built on the same settings:
@@ -88,10 +87,9 @@ def parse_args(argv=None):
 # ALGO LOGIC: the behavior-cloning loss, and what to watch while it trains.
 # ----------------------------------------------------------------------------------------
 def reply_logits(model, batch):
-    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token of
-    the batch, row-major: the order of batch["input_ids"][batch["action_step"] >= 0]. transformers'
-    logits_to_keep projects onto the vocabulary only there - most tokens are observations, and
-    with a large vocabulary (SmolLM2: 49k) the full (B, L, V) logits are a step's largest tensor."""
+    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token, in the order
+    of batch["input_ids"][batch["action_step"] >= 0]. logits_to_keep projects onto the vocabulary only there:
+    most tokens are observations, and with a large vocabulary the full (B, L, V) logits are the largest tensor."""
     keep = torch.zeros_like(batch["action_step"], dtype=torch.bool)
     keep[:, :-1] = batch["action_step"][:, 1:] >= 0  # position i predicts token i + 1
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
@@ -123,10 +121,9 @@ def reply_matches(logits, batch):
 
 
 def evaluate(model, data, pad_id, batch_size, device, amp):
-    """Validation: action-token NLL, the fraction of replies greedy decoding reproduces, and the
-    fraction of trajectories it reproduces at every turn. Watch the last: greedy decoding that
-    reproduces a demonstration at every turn replays it in the environment (same task, same
-    actions, same outcome), while the loss is dominated by easy tokens."""
+    """Validation: action-token NLL, the fraction of replies greedy decoding reproduces, and the fraction of
+    trajectories it reproduces at every turn - the one to watch: greedy decoding replays such a demonstration in
+    the environment (same actions, same outcome), while the loss is dominated by easy tokens."""
     model.eval()
     total, count, turns, replies, episodes = 0.0, 0.0, 0, 0, 0
     with torch.no_grad():
@@ -179,8 +176,7 @@ def main(argv=None):
     train_model = distribute(model, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the model itself
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                                   weight_decay=args.weight_decay)
-    # One optimizer step's loss is the mean over the reply tokens of its batch: n_loss[j] of them in trajectory j.
-    n_loss = [sum(s >= 0 for s in x["action_step"]) for x in train]
+    n_loss = [sum(s >= 0 for s in x["action_step"]) for x in train]  # reply tokens: a step's loss is their mean
     total_steps = args.epochs * math.ceil(len(train) / args.batch_size)
     rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=total_steps, desc="01_bc", unit="step", disable=not is_main())
@@ -193,8 +189,7 @@ def main(argv=None):
             for ids, share in parts(idx, n_loss, train_model, args):  # alone, no --grad-accum: (idx, 1.0)
                 b = {k: v.to(device) for k, v in collate([train[j] for j in ids], tokenizer.pad_token_id).items()}
                 with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
-                    logits = reply_logits(train_model, b)  # (N, V): only where a reply token is predicted
-                # log pi of each reply token in chunks of rows (by_rows): no fp32 (N, V) tensor for the backward
+                    logits = reply_logits(train_model, b)  # (N, V) at the reply tokens; by_rows: no fp32 (N, V)
                 loss, info = bc_loss(by_rows(token_logprobs, logits, b["input_ids"][b["action_step"] >= 0]))
                 check_loss(loss, step)
                 (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)
@@ -227,47 +222,36 @@ def main(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
-# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens,
-# and where V, Q and the loss are read. Copied byte-identical into every stage that reads
-# episodes (tests/test_stage_copies.py).
+# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens, and where V, Q
+# and the loss are read. Copied byte-identical into every stage that reads episodes (tests/test_stage_copies.py).
 # ----------------------------------------------------------------------------------------
 def episode_messages(ep):
-    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
-    assistant = step text and user = observation, alternately."""
+    """system = instruction; user = task + o_0; then assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
-        msgs.append({"role": "assistant", "content": step["text"]})
-        msgs.append({"role": "user", "content": step["obs"]})
+        msgs += [{"role": "assistant", "content": step["text"]}, {"role": "user", "content": step["obs"]}]
     return msgs
 
 
 def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
-
-    Returns a dict of lists:
+    """One trajectory -> a dict of lists (docs/design.md, 'The chat layout'):
       input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
       action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
       state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
       action_pos   (T,)   last token of turn t
-    The chat template is rendered as text for growing prefixes of the conversation, and
-    the full text is tokenized once; character offsets locate each turn."""
+    Growing prefixes of the chat are rendered as text, the full text is tokenized once: offsets locate each turn."""
     msgs = episode_messages(ep)
     control = [s for s in tokenizer.get_added_vocab() for m in msgs if s in m["content"]]
     if control:  # text data never makes a control token: it would change the chat layout silently
         die(f"episode {ep['task_id']}: its text contains the tokenizer's control token {control[0]!r}")
-
-    def render(m, gen):
-        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
-
+    render = lambda m, gen: tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
     full = render(msgs, True)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
-    action_step = [-1] * len(ids)
-    state_pos, action_pos = [], []
+    action_step, state_pos, action_pos = [-1] * len(ids), [], []
     for t in range(len(ep["steps"])):
-        k = 2 + 2 * t  # index of assistant message t
-        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        prompt, after = render(msgs[:2 + 2 * t], True), render(msgs[:3 + 2 * t], False)  # msgs[2 + 2t]: reply t
         if not (full.startswith(prompt) and full.startswith(after)):
             die("the chat template does not render a conversation as a prefix of its continuation; "
                 "this model's template is not supported")
@@ -275,36 +259,26 @@ def tokenize_episode(tokenizer, ep):
         last = bisect.bisect_left(ends, len(after))      # token that ends turn t
         state_pos.append(first - 1)
         action_pos.append(last)
-        for i in range(first, last + 1):
-            action_step[i] = t
+        action_step[first:last + 1] = [t] * (last + 1 - first)
     state_pos.append(len(ids) - 1)
     return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
 
 
 def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors.
-    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
-    padded with 0, step_mask (B, T) is 1 on real steps."""
-    B = len(tokenized)
-    L = max(len(x["input_ids"]) for x in tokenized)
-    T = max(len(x["action_pos"]) for x in tokenized)
-    batch = {
-        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros((B, L), dtype=torch.long),
-        "action_step": torch.full((B, L), -1, dtype=torch.long),
-        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
-        "action_pos": torch.zeros((B, T), dtype=torch.long),
-        "step_mask": torch.zeros((B, T), dtype=torch.float),
-    }
-    for i, x in enumerate(tokenized):
-        n, t = len(x["input_ids"]), len(x["action_pos"])
-        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
-        batch["attention_mask"][i, :n] = 1
-        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
-        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
-        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
-        batch["step_mask"][i, :t] = 1.0
-    return batch
+    """Right-pad a list of tokenize_episode() dicts into tensors (long, but step_mask float): input_ids (B, L)
+    padded with pad_id, attention_mask (B, L) 1 on real tokens, action_step (B, L) padded with -1, state_pos
+    (B, T+1) and action_pos (B, T) padded with 0, step_mask (B, T) 1 on real steps."""
+    def pad(key, value):  # (B, the longest list): each row's list, then `value`
+        out = torch.full((len(tokenized), max(len(x[key]) for x in tokenized)), value, dtype=torch.long)
+        for i, x in enumerate(tokenized):
+            out[i, :len(x[key])] = torch.tensor(x[key], dtype=torch.long)
+        return out
+
+    ids, action_pos = pad("input_ids", pad_id), pad("action_pos", 0)
+    n, t = (torch.tensor([len(x[k]) for x in tokenized])[:, None] for k in ("input_ids", "action_pos"))
+    return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1]) < n).long(),
+            "action_step": pad("action_step", -1), "state_pos": pad("state_pos", 0), "action_pos": action_pos,
+            "step_mask": (torch.arange(action_pos.shape[1]) < t).float()}
 
 
 def tokenize_all(tokenizer, episodes, max_len):

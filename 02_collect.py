@@ -4,20 +4,18 @@ Reads   --policy expert (the environment's own demonstrator) or a policy directo
 Writes  --out FILE.jsonl: one episode per line (docs/design.md, 'The episode JSONL'), every step labeled;
         FILE.json beside it: a summary (success rate, labels, speed), also printed as one line.
 
-A rollout: reset the environment on a task; at each step t the policy writes a reply a_t
-("Thought: ...\nAction: <command>"), the command after the last "Action:" steps the environment,
-and the step is recorded with o_{t+1}, r_env and done, until the environment ends the episode
-(done) or the step limit cuts it (truncated). Sampling at --temperature collects D_self (pi_{k-1}
-on train tasks); --greedy evaluates.
+A rollout (run_episode): reset the environment on a task; at each step t the policy writes a reply a_t
+("Thought: ...\nAction: <command>"), the command after the last "Action:" steps the environment, and the
+step is recorded with o_{t+1}, r_env and done, until the environment ends the episode (done) or the step
+limit cuts it (truncated). Sampling at --temperature collects D_self (pi_{k-1} on train tasks); --greedy
+evaluates. --num-envs > 1 (the default) runs the same rollouts in lockstep, faster (rollout.py).
 
-Retrospective reward labeling (the paper), from the next observation only, with precedence
-format > invalid > repeat > ok:
-    format   the reply has no parseable `Action:` line (the environment is not stepped; the agent
-             reads FORMAT_ERROR_OBS instead)
+Retrospective reward labeling (the paper), from the next observation only, precedence format > invalid > repeat > ok:
+    format   the reply has no parseable `Action:` line (the env is not stepped; the agent reads FORMAT_ERROR_OBS)
     invalid  the environment says the command did nothing ("Nothing happens.")
     repeat   o_{t+1} == o_t (the step changed nothing the agent can see)
     r_aux_t = --r-fmt / --r-inv / --r-repeat for those labels, else 0.
-The critic learns on r_t = r_env + r_aux (03), and 04's advantages use the same rewards.
+The critic learns on r_t = r_env + r_aux (03); 04's advantages take r_env alone (its docstring).
 
     KW='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'  # run_all.sh's household
     python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
@@ -27,11 +25,7 @@ The critic learns on r_t = r_env + r_aux (03), and 04's advantages use the same 
     python 02_collect.py --policy runs/demo/policy_0 --env-kwargs "$KW" --split seen --greedy \
         --out runs/demo/eval/policy_0_seen.jsonl
 
-run_episode below is the rollout of one episode, and what --num-envs 1 runs. More environments (the
-default) run the same rollouts in lockstep (rollout.py): the replies of all live episodes are
-generated in one batch (kv_cache.py), and a slot whose episode ends takes the next task at once -
-the same episodes, faster. --rerank CRITIC_DIR --candidates M (rerank.py, QLASS-style): the critic
-of 03 picks the argmax-Q of M sampled replies.
+--rerank CRITIC_DIR --candidates M (rerank.py, QLASS-style): the critic of 03 picks the argmax-Q of M sampled replies.
 
     python 02_collect.py --policy runs/demo/policy_0 --rerank runs/demo/iter_1/critic --candidates 4 \
         --env-kwargs "$KW" --split seen --out runs/demo/eval/policy_0_rerank_seen.jsonl
@@ -39,7 +33,6 @@ of 03 picks the argmax-Q of M sampled replies.
 import argparse
 import json
 import os
-import random
 import time
 from collections import Counter
 
@@ -53,7 +46,7 @@ from plumbing import (add_machine_flags, autocast, check_flags, check_memory, ch
                       is_main, kv_bytes, load_model, load_tokenizer, log_metrics, parse_env_kwargs, pick_device,
                       save_text, seed_everything, setup_distributed)
 from rerank import Reranker, add_rerank_flags, check_rerank
-from rollout import run_lockstep
+from rollout import plan_runs, run_lockstep
 
 FORMAT_ERROR_OBS = "Invalid reply. End your reply with one line: Action: <command>"
 
@@ -77,9 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding (evaluation); default samples")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for collection")
-    p.add_argument("--num-envs", type=int, default=64,
-                   help="environment slots run in lockstep, each taking the next task when its episode ends "
-                        "(the generation batch; times --candidates with --rerank)")
+    p.add_argument("--num-envs", type=int, default=64, help="environment slots run in lockstep, each taking the "
+                   "next task when its episode ends (the generation batch; times --candidates with --rerank)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="longest reply per turn, in tokens")
     p.add_argument("--r-fmt", type=float, default=-0.2, help="auxiliary reward of a 'format' step")
     p.add_argument("--r-inv", type=float, default=-0.1, help="auxiliary reward of an 'invalid' step")
@@ -117,10 +109,9 @@ def retro_label(action, prev_obs, next_obs, invalid):
 
 
 def take_step(env, text, prev_obs, aux):
-    """One step of a rollout: the action of reply `text` steps the environment (a format error does not
-    step it: the agent reads FORMAT_ERROR_OBS instead), and retro_label labels the step from the
-    observation it brought -> (the step's record {text, action, obs, r_env, label, r_aux, done}, whether
-    the environment ended the episode, whether it was won: info["won"], True when the env does not say)."""
+    """One step: the action of reply `text` steps the environment (a format error does not: the agent reads
+    FORMAT_ERROR_OBS), retro_label labels it from the observation it brought -> (the step's record {text, action,
+    obs, r_env, label, r_aux, done}, whether the episode is over, whether it was won: info["won"], else True)."""
     action = parse_action(text)
     if action is None:  # format error: the environment is not stepped
         obs, r_env, terminated, truncated, info, invalid = FORMAT_ERROR_OBS, 0.0, False, False, {}, False
@@ -134,10 +125,9 @@ def take_step(env, text, prev_obs, aux):
 
 
 def run_episode(env, task_id, policy, args, aux):
-    """The rollout of one episode (what --num-envs 1 runs): reset the environment on the task; then the
-    policy replies, the reply steps the environment and the step is labelled (take_step), until the
-    environment ends the episode or the step limit cuts it -> the episode, or None when not even its
-    first prompt fits the model's context. rollout.run_lockstep runs many of them at once."""
+    """The rollout of one episode (what --num-envs 1 runs; rollout.run_lockstep runs many at once): the policy
+    replies, take_step steps the environment and labels the step, until the environment ends the episode or the
+    step limit cuts it -> the episode, or None when not even its first prompt fits the model's context."""
     ep, won = new_episode(env, task_id, args), False
     while True:
         if policy == "expert":
@@ -201,11 +191,12 @@ class ModelPolicy:
         self.model = load_model(AutoModelForCausalLM, path).to(self.device).eval()
         self.args, self.eos_id, self.pad_id = args, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
-        # cut: replies that reached --max-new-tokens unfinished; episodes whose prompt outgrew the context
-        self.generated_tokens = self.cut_replies = self.cut_episodes = 0
 
     def start(self, n_rows):
-        self.n_rows, self.session = n_rows, None  # session: the KV cache kept across turns (kv_cache.py)
+        """A collection on n_rows rows: no KV cache yet (kv_cache.py), the counts at 0 (cut: replies that reached
+        --max-new-tokens unfinished; episodes whose prompt outgrew the context)."""
+        self.n_rows, self.session = n_rows, None
+        self.generated_tokens = self.cut_replies = self.cut_episodes = 0
 
     def prompt_ids(self, episode):
         text = self.tokenizer.apply_chat_template(episode_messages(episode), add_generation_prompt=True, tokenize=False)
@@ -213,11 +204,10 @@ class ModelPolicy:
 
     def act(self, rows, prompts):
         """One reply (a string) for each row in `rows`, given its prompt (token ids)."""
-        out = []
+        generate = generate_plain if self.args.plain_generate else generate_cached  # kv_cache.py: the same replies
         with autocast(self.device, self.amp):  # fp32, or bf16 matmuls on fp32 weights (--precision)
-            # kv_cache.py: the plain loop, or the same replies from a KV cache kept across turns (the default)
-            generate = generate_plain if self.args.plain_generate else generate_cached
             replies = generate(self, rows, prompts, next_tokens)
+        out = []
         for toks in replies:
             self.generated_tokens += len(toks)
             if toks and toks[-1] == self.eos_id:
@@ -236,37 +226,17 @@ def main(argv=None):
                 r_repeat="in [-100, 100]")
     check_rerank(args)
     if args.policy != "expert":  # every slot's KV cache (and each candidate's), one estimate before any work
-        rows = args.num_envs * (args.candidates if args.rerank else 1)
-        check_memory(kv_bytes(args.policy, rows), f"--num-envs {args.num_envs}"
-                     + (f" --candidates {args.candidates}" if args.rerank else ""))
+        flags = f"--num-envs {args.num_envs}" + (f" --candidates {args.candidates}" if args.rerank else "")
+        check_memory(kv_bytes(args.policy, args.num_envs * (args.candidates if args.rerank else 1)), flags)
     if not args.greedy:
         check_flags(args, temperature="positive")
     env_kwargs = parse_env_kwargs(args.env_kwargs)
-    if not all(0 <= w < 2**32 for w in args.env_seed):
-        die(f"--env-seed must be a seed in [0, 2**32), got {' '.join(map(str, args.env_seed))}")
-    # One run per (world, split) pair, each as a run of its own (its args, its output pair); the policy is loaded once.
-    runs = [argparse.Namespace(**{**vars(args), "env_seed": w, "split": split,
-                                  "out": args.out.replace("{world}", str(w)).replace("{split}", split)})
-            for w in args.env_seed for split in args.split]
-    if len({os.path.realpath(r.out) for r in runs}) < len(runs):  # the files named, not the strings
-        die(f"--out {args.out}: several --env-seed / --split values need {{world}} and {{split}} in the path, "
-            "naming a file of its own for each pair")
-    task_lists = []
-    for r in runs:
-        try:
-            probe = envs.make(args.env, seed=r.env_seed, **env_kwargs)
-            all_ids = probe.task_ids(r.split)
-            probe.close()
-        except (ValueError, ImportError) as e:  # an unknown env, a keyword it does not take, a bad split, a package
-            die(e)
-        if args.episodes > len(all_ids):
-            die(f"--episodes {args.episodes} exceeds the {len(all_ids)} tasks of split {r.split!r}")
-        task_lists.append(sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes else all_ids)
+    runs = plan_runs(args, env_kwargs)  # one (args, task ids) per (world, split) pair (rollout.py); one policy load
     inputs = [p for p in (args.policy, args.rerank) if p and p != "expert"]
-    for r in runs:
+    for r, _ in runs:
         check_out(r.out, "02_collect", inputs)
     if args.metrics:
-        check_out(args.metrics, "log", inputs + [r.out for r in runs])
+        check_out(args.metrics, "log", inputs + [r.out for r, _ in runs])
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
@@ -274,7 +244,7 @@ def main(argv=None):
     reranker = Reranker(args.rerank, args) if args.rerank else None  # first: a bad CRITIC_DIR fails fast
     policy = "expert" if args.policy == "expert" else ModelPolicy(args.policy, args)
     aux = {"ok": 0.0, "invalid": args.r_inv, "repeat": args.r_repeat, "format": args.r_fmt}
-    for i, (r, task_ids) in enumerate(zip(runs, task_lists)):
+    for i, (r, task_ids) in enumerate(runs):
         if i > 0:  # each pair after the first starts from --seed again
             seed_everything(args.seed)
         collect(r, task_ids, policy, aux, reranker, env_kwargs, rank, world)
@@ -287,16 +257,13 @@ def collect(args, task_ids, policy, aux, reranker, env_kwargs, rank, world):
     if world > 1:  # distributed: every rank its share of the tasks, sampled with its own random stream
         task_ids = task_ids[rank::world]
         torch.manual_seed(args.seed + rank)
-    if policy != "expert":
-        policy.generated_tokens = policy.cut_replies = policy.cut_episodes = 0
     t0, cpu0 = time.time(), time.process_time()  # CPU time: less sensitive than wall time to other load
     if args.num_envs == 1 and not reranker:  # one episode at a time: run_episode, the loop to read
         env = make_env()
         if policy != "expert":
             policy.start(1)
-        episodes = [run_episode(env, tid, policy, args, aux)
-                    for tid in tqdm(task_ids, desc=f"02_collect {args.split}", unit="ep", disable=not is_main())]
-        episodes = [ep for ep in episodes if ep is not None]
+        bar = tqdm(task_ids, desc=f"02_collect {args.split}", unit="ep", disable=not is_main())
+        episodes = [ep for ep in (run_episode(env, tid, policy, args, aux) for tid in bar) if ep is not None]
         env.close()
     else:  # the same rollouts, many at once in lockstep (rollout.py)
         episodes = run_lockstep(make_env, task_ids, policy, args, lambda env, tid: new_episode(env, tid, args),
@@ -342,21 +309,17 @@ def collect(args, task_ids, policy, aux, reranker, env_kwargs, rank, world):
 
 
 # ----------------------------------------------------------------------------------------
-# The data contract (docs/design.md, 'The chat layout'): an episode as a chat - the part of it
-# 02 uses (the prompt); copied byte-identical from the stages that read episodes
-# (tests/test_stage_copies.py).
+# The data contract (docs/design.md, 'The chat layout'): the part 02 uses, an episode as a chat (its prompt);
+# copied byte-identical from the stages that read episodes (tests/test_stage_copies.py).
 # ----------------------------------------------------------------------------------------
 def episode_messages(ep):
-    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
-    assistant = step text and user = observation, alternately."""
+    """system = instruction; user = task + o_0; then assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
-        msgs.append({"role": "assistant", "content": step["text"]})
-        msgs.append({"role": "user", "content": step["obs"]})
+        msgs += [{"role": "assistant", "content": step["text"]}, {"role": "user", "content": step["obs"]}]
     return msgs
 
 
 if __name__ == "__main__":
     main()
-

@@ -97,11 +97,9 @@ def trajectory_tensors(episodes, device):
     out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
     for i, ep in enumerate(episodes):
         n = len(ep["steps"])
-        out["r_env"][i, :n] = torch.tensor([s["r_env"] for s in ep["steps"]])
-        out["r_aux"][i, :n] = torch.tensor([s["r_aux"] for s in ep["steps"]])
-        out["done"][i, :n] = torch.tensor([float(s["done"]) for s in ep["steps"]])
-        out["done"][i, n - 1] = 1.0
-        out["mask"][i, :n] = 1.0
+        for k in ("r_env", "r_aux", "done"):
+            out[k][i, :n] = torch.tensor([float(s[k]) for s in ep["steps"]])
+        out["done"][i, n - 1] = out["mask"][i, :n] = 1.0
     return out
 
 
@@ -123,9 +121,8 @@ def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux)
     with torch.no_grad(), torch.autocast(h_action.device.type, enabled=False):
         q_target = target_q_head(h_action.detach()).squeeze(-1)  # Qbar(s_t, a_t), in fp32 like the heads
     reward = traj["r_env"] + (traj["r_aux"] if use_aux else 0.0)
-    not_done = 1.0 - traj["done"]
     loss_v = expectile_loss(q_target - v, tau, weights)
-    loss_q = weighted_mse(reward + gamma * not_done * v_next - q, weights)
+    loss_q = weighted_mse(reward + gamma * (1.0 - traj["done"]) * v_next - q, weights)
     with torch.no_grad():
         n = traj["mask"].sum().clamp(min=1)
         info = {"loss_v": loss_v.item(), "loss_q": loss_q.item(),
@@ -142,9 +139,8 @@ def polyak_update(target, source, rate):
 
 
 class Critic(torch.nn.Module):
-    """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
-    token of the generation prompt before reply t), Q(s_t, a_t) at each action position (the last
-    token of reply t) - docs/design.md, 'The chat layout'. One forward pass gives all of them."""
+    """The policy's transformer with two MLP heads, read in one forward pass (docs/design.md, 'The chat layout'):
+    V(s_t) at the last token of the generation prompt before reply t, Q(s_t, a_t) at the last token of reply t."""
 
     def __init__(self, backbone):
         super().__init__()
@@ -184,9 +180,7 @@ def main(argv=None):
     target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)  # Qbar
     train_critic = distribute(critic, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the critic itself
     optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
-    # One optimizer step's L_V and L_Q are weighted means over the steps of its batch: they average over the
-    # sum of the step weights, n_loss[j] in trajectory j.
-    n_loss = [batch_weights([ep], args.uniform_weights, "cpu").sum().item() for ep, _ in data]
+    n_loss = [batch_weights([ep], args.uniform_weights, "cpu").sum().item() for ep, _ in data]  # sum of each one's w_t
     rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="03_critic", unit="step",
                disable=not is_main())
@@ -222,8 +216,7 @@ def main(argv=None):
 
     state = full_state(critic, args.fsdp)  # --fsdp: every process helps gather the weights for rank 0; else None
     if is_main():  # rank 0 (or alone) checks and writes
-        state = critic.state_dict() if state is None else state
-        check_finite(state.values(), "the critic")
+        check_finite((critic.state_dict() if state is None else state).values(), "the critic")
         save_critic(critic, args.out, tokenizer, vars(args), state)
         summary = {"stage": "03_critic", "step": step, "loss_v": records[-1]["loss_v"], "loss_q": records[-1]["loss_q"]}
         log_metrics(args.metrics, *records, summary)
@@ -234,47 +227,36 @@ def main(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
-# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens,
-# and where V, Q and the loss are read. Copied byte-identical into every stage that reads
-# episodes (tests/test_stage_copies.py).
+# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens, and where V, Q
+# and the loss are read. Copied byte-identical into every stage that reads episodes (tests/test_stage_copies.py).
 # ----------------------------------------------------------------------------------------
 def episode_messages(ep):
-    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
-    assistant = step text and user = observation, alternately."""
+    """system = instruction; user = task + o_0; then assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
-        msgs.append({"role": "assistant", "content": step["text"]})
-        msgs.append({"role": "user", "content": step["obs"]})
+        msgs += [{"role": "assistant", "content": step["text"]}, {"role": "user", "content": step["obs"]}]
     return msgs
 
 
 def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
-
-    Returns a dict of lists:
+    """One trajectory -> a dict of lists (docs/design.md, 'The chat layout'):
       input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
       action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
       state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
       action_pos   (T,)   last token of turn t
-    The chat template is rendered as text for growing prefixes of the conversation, and
-    the full text is tokenized once; character offsets locate each turn."""
+    Growing prefixes of the chat are rendered as text, the full text is tokenized once: offsets locate each turn."""
     msgs = episode_messages(ep)
     control = [s for s in tokenizer.get_added_vocab() for m in msgs if s in m["content"]]
     if control:  # text data never makes a control token: it would change the chat layout silently
         die(f"episode {ep['task_id']}: its text contains the tokenizer's control token {control[0]!r}")
-
-    def render(m, gen):
-        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
-
+    render = lambda m, gen: tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
     full = render(msgs, True)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
-    action_step = [-1] * len(ids)
-    state_pos, action_pos = [], []
+    action_step, state_pos, action_pos = [-1] * len(ids), [], []
     for t in range(len(ep["steps"])):
-        k = 2 + 2 * t  # index of assistant message t
-        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        prompt, after = render(msgs[:2 + 2 * t], True), render(msgs[:3 + 2 * t], False)  # msgs[2 + 2t]: reply t
         if not (full.startswith(prompt) and full.startswith(after)):
             die("the chat template does not render a conversation as a prefix of its continuation; "
                 "this model's template is not supported")
@@ -282,36 +264,26 @@ def tokenize_episode(tokenizer, ep):
         last = bisect.bisect_left(ends, len(after))      # token that ends turn t
         state_pos.append(first - 1)
         action_pos.append(last)
-        for i in range(first, last + 1):
-            action_step[i] = t
+        action_step[first:last + 1] = [t] * (last + 1 - first)
     state_pos.append(len(ids) - 1)
     return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
 
 
 def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors.
-    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
-    padded with 0, step_mask (B, T) is 1 on real steps."""
-    B = len(tokenized)
-    L = max(len(x["input_ids"]) for x in tokenized)
-    T = max(len(x["action_pos"]) for x in tokenized)
-    batch = {
-        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros((B, L), dtype=torch.long),
-        "action_step": torch.full((B, L), -1, dtype=torch.long),
-        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
-        "action_pos": torch.zeros((B, T), dtype=torch.long),
-        "step_mask": torch.zeros((B, T), dtype=torch.float),
-    }
-    for i, x in enumerate(tokenized):
-        n, t = len(x["input_ids"]), len(x["action_pos"])
-        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
-        batch["attention_mask"][i, :n] = 1
-        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
-        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
-        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
-        batch["step_mask"][i, :t] = 1.0
-    return batch
+    """Right-pad a list of tokenize_episode() dicts into tensors (long, but step_mask float): input_ids (B, L)
+    padded with pad_id, attention_mask (B, L) 1 on real tokens, action_step (B, L) padded with -1, state_pos
+    (B, T+1) and action_pos (B, T) padded with 0, step_mask (B, T) 1 on real steps."""
+    def pad(key, value):  # (B, the longest list): each row's list, then `value`
+        out = torch.full((len(tokenized), max(len(x[key]) for x in tokenized)), value, dtype=torch.long)
+        for i, x in enumerate(tokenized):
+            out[i, :len(x[key])] = torch.tensor(x[key], dtype=torch.long)
+        return out
+
+    ids, action_pos = pad("input_ids", pad_id), pad("action_pos", 0)
+    n, t = (torch.tensor([len(x[k]) for x in tokenized])[:, None] for k in ("input_ids", "action_pos"))
+    return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1]) < n).long(),
+            "action_step": pad("action_step", -1), "state_pos": pad("state_pos", 0), "action_pos": action_pos,
+            "step_mask": (torch.arange(action_pos.shape[1]) < t).float()}
 
 
 def tokenize_all(tokenizer, episodes, max_len):

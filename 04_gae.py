@@ -1,27 +1,26 @@
 """Stage 04 - process rewards: GAE advantages from the critic's V.
 
 Reads   the buffer (the episode JSONL files 03 learned on) and the critic directory from 03.
-Writes  --out FILE.jsonl: the buffer with "v" (V(s_t)), "q" (Q(s_t, a_t), for show_credit.py) and
-        "adv" (A_t) on every step, and FILE.json: the diagnostics it printed and its arguments.
+Writes  --out FILE.jsonl: the buffer with "v" (V(s_t)), "q" (Q(s_t, a_t), for show_credit.py) and "adv" (A_t)
+        on every step, and FILE.json: the diagnostics it printed and its arguments.
 
-A single-step advantage Q - V is noisy over long horizons, so the paper fills the missing
-intermediate rewards with multi-step advantages (paper, Key Design 3):
+A single-step advantage Q - V is noisy over long horizons, so the paper fills the missing intermediate
+rewards with multi-step advantages (paper, Key Design 3):
 
     delta_t = r_t + gamma * (1 - done_t) * V(s_{t+1}) - V(s_t)
     A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
 
-done_t is 1 on the last step, at a true terminal or at the step limit (as in 03: the limit ends
-the task, V = 0 after it). r_t is r_env alone, as in the paper: the rule-based r_aux shapes the
-critic (03 learns Q on r_env + r_aux), not the advantage. For a critic at its fixed point
+done_t is 1 on the last step, at a true terminal or at the step limit (as in 03: the limit ends the task,
+V = 0 after it). r_t is r_env alone, as in the paper: the rule-based r_aux shapes the critic (03 learns Q
+on r_env + r_aux), not the advantage. For a critic at its fixed point
 
     r_env_t + gamma V(s_{t+1}) - V(s_t)  =  (Q(s_t, a_t) - V(s_t)) - r_aux_t
 
-so a penalised step is judged by what it did to the rest of the episode, not by its label.
---rewards critic puts r_aux into r_t as well (an ablation row); --advantage qv is the single-step
-Q - V ('w/o GAE').
+so a penalised step is judged by what it did to the rest of the episode, not by its label. --rewards
+critic puts r_aux into r_t as well (an ablation row); --advantage qv is the single-step Q - V ('w/o GAE').
 
---advantage outcome is the outcome-level baseline (the GRPO / ETO family): no critic, no GAE, every
-step of an episode gets the same credit, its return minus the buffer's mean return,
+--advantage outcome is the outcome-level baseline (the GRPO / ETO family): no critic, no GAE, every step of
+an episode gets the same credit, its return minus the buffer's mean return,
 
     A_t = R - mean(R),   R = sum_t r_env_t
 
@@ -45,8 +44,8 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_finite, check_flags, check_out, die,
-                      load_model, log_metrics, owned, pick_device, read_episodes, read_json, save_text, seed_everything)
+from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_finite, check_flags, die, load_model,
+                      log_metrics, owned, read_episodes, read_json, save_text, start)
 
 
 def parse_args(argv=None):
@@ -79,11 +78,9 @@ def gae(rewards, values, dones, gamma, lam):
     rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
     not_done = 1.0 - dones
     deltas = rewards + gamma * not_done * values[1:] - values[:-1]
-    adv = np.zeros_like(deltas)
-    running = 0.0
+    adv, running = np.zeros_like(deltas), 0.0
     for t in reversed(range(len(deltas))):
-        running = deltas[t] + gamma * lam * not_done[t] * running
-        adv[t] = running
+        adv[t] = running = deltas[t] + gamma * lam * not_done[t] * running
     return adv
 
 
@@ -119,14 +116,11 @@ def auc(scores, labels):
 
 
 def advantage_report(episodes, gamma, learned_aux):
-    """Do V and the process rewards make sense? How much of the discounted return-to-go g_t (with the
-    critic's rewards: r_env, + r_aux if it learned on them) V explains (explained variance: 1 = all,
-    0 = no better than a constant), and V, Q and g_t by data source (V far above the return is
-    optimistic: GAE then blames the last steps of failed episodes). The mean A_t by data source and
-    by label (invalid, format and repeat steps should score below ok ones, self steps below expert
-    ones), and how well V(s_t) separates the self episodes that succeed from those that fail (AUC:
-    0.5 = not at all, 1 = perfectly) at s_0..s_3 and over every state: it should rise once a mistake
-    is in the context."""
+    """Do V and the process rewards make sense? The explained variance of the discounted return-to-go g_t (on the
+    critic's rewards) by V (1 = all, 0 = no better than a constant); V, Q and g_t by source (V far above the return
+    is optimistic: GAE then blames the last steps of failed episodes); the mean A_t by source and by label (invalid,
+    format, repeat below ok; self below expert); the AUC of V(s_t) for the self episodes' success at s_0..s_3 and
+    over every state (0.5 = none, 1 = perfect): it should rise once a mistake is in the context."""
     by_source, by_label, critic = defaultdict(list), defaultdict(list), defaultdict(list)
     for ep in episodes:
         g = 0.0
@@ -152,13 +146,11 @@ def advantage_report(episodes, gamma, learned_aux):
                                           [ep["success"] for ep in own for s in ep["steps"]])}
 
 # ----------------------------------------------------------------------------------------
-# The critic of 03 (copied byte-identical from 03_critic.py): V(s_t) and Q(s_t, a_t) of every step
-# of a trajectory in one forward pass; load_critic reads the directory 03 writes.
+# The critic of 03 (copied byte-identical from 03_critic.py), and load_critic, which reads the directory 03 writes.
 # ----------------------------------------------------------------------------------------
 class Critic(torch.nn.Module):
-    """The policy's transformer with two MLP heads: V(s_t) read at each state position (the last
-    token of the generation prompt before reply t), Q(s_t, a_t) at each action position (the last
-    token of reply t) - docs/design.md, 'The chat layout'. One forward pass gives all of them."""
+    """The policy's transformer with two MLP heads, read in one forward pass (docs/design.md, 'The chat layout'):
+    V(s_t) at the last token of the generation prompt before reply t, Q(s_t, a_t) at the last token of reply t."""
 
     def __init__(self, backbone):
         super().__init__()
@@ -209,19 +201,16 @@ def critic_advantages(args, episodes, device, amp):
     data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")
-
     out_eps = [None] * len(data)  # in the buffer's order
     by_length = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"]))  # batches with little padding
     with torch.no_grad(), autocast(device, amp):  # one forward pass per batch: V at every state, Q at every action
         for i in tqdm(range(0, len(data), args.batch_size), desc="04_gae", unit="batch"):
             idx = by_length[i:i + args.batch_size]
             batch = {k: v.to(device) for k, v in collate([data[j][1] for j in idx], tokenizer.pad_token_id).items()}
-            _, v_all, q = critic(batch)  # (B, T+1), (B, T)
+            v_all, q = (x.double().numpy(force=True) for x in critic(batch)[1:])  # V (B, T+1), Q (B, T)
             for row, j in enumerate(idx):
-                ep = data[j][0]
-                n = len(ep["steps"])
-                out_eps[j] = episode_advantages(ep, v_all[row, :n + 1].double().numpy(force=True),
-                                                q[row, :n].double().numpy(force=True), gamma, args.lam,
+                n = len(data[j][0]["steps"])
+                out_eps[j] = episode_advantages(data[j][0], v_all[row, :n + 1], q[row, :n], gamma, args.lam,
                                                 args.advantage, with_aux)
     return gamma, learned_aux, with_aux, out_eps
 
@@ -233,14 +222,7 @@ def main(argv=None):
                 threads="non-negative")
     if (args.advantage == "outcome") == bool(args.critic):
         die("--critic is required, except with --advantage outcome, which uses none")
-    inputs = args.data + [args.critic] * bool(args.critic)
-    check_out(args.out, "04_gae", inputs)
-    if args.metrics:
-        check_out(args.metrics, "log", inputs + [args.out])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    seed_everything(args.seed)
-    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
+    _, device, amp = start(args, "04_gae", args.data + [args.critic] * bool(args.critic))  # --out, seed, device
     episodes = read_episodes(args.data)
     if args.advantage == "outcome":
         gamma, learned_aux, with_aux = 1.0 if args.gamma is None else args.gamma, False, False
@@ -275,47 +257,36 @@ def main(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
-# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens,
-# and where V, Q and the loss are read. Copied byte-identical into every stage that reads
-# episodes (tests/test_stage_copies.py).
+# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens, and where V, Q
+# and the loss are read. Copied byte-identical into every stage that reads episodes (tests/test_stage_copies.py).
 # ----------------------------------------------------------------------------------------
 def episode_messages(ep):
-    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
-    assistant = step text and user = observation, alternately."""
+    """system = instruction; user = task + o_0; then assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
-        msgs.append({"role": "assistant", "content": step["text"]})
-        msgs.append({"role": "user", "content": step["obs"]})
+        msgs += [{"role": "assistant", "content": step["text"]}, {"role": "user", "content": step["obs"]}]
     return msgs
 
 
 def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
-
-    Returns a dict of lists:
+    """One trajectory -> a dict of lists (docs/design.md, 'The chat layout'):
       input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
       action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
       state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
       action_pos   (T,)   last token of turn t
-    The chat template is rendered as text for growing prefixes of the conversation, and
-    the full text is tokenized once; character offsets locate each turn."""
+    Growing prefixes of the chat are rendered as text, the full text is tokenized once: offsets locate each turn."""
     msgs = episode_messages(ep)
     control = [s for s in tokenizer.get_added_vocab() for m in msgs if s in m["content"]]
     if control:  # text data never makes a control token: it would change the chat layout silently
         die(f"episode {ep['task_id']}: its text contains the tokenizer's control token {control[0]!r}")
-
-    def render(m, gen):
-        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
-
+    render = lambda m, gen: tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
     full = render(msgs, True)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
-    action_step = [-1] * len(ids)
-    state_pos, action_pos = [], []
+    action_step, state_pos, action_pos = [-1] * len(ids), [], []
     for t in range(len(ep["steps"])):
-        k = 2 + 2 * t  # index of assistant message t
-        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        prompt, after = render(msgs[:2 + 2 * t], True), render(msgs[:3 + 2 * t], False)  # msgs[2 + 2t]: reply t
         if not (full.startswith(prompt) and full.startswith(after)):
             die("the chat template does not render a conversation as a prefix of its continuation; "
                 "this model's template is not supported")
@@ -323,36 +294,26 @@ def tokenize_episode(tokenizer, ep):
         last = bisect.bisect_left(ends, len(after))      # token that ends turn t
         state_pos.append(first - 1)
         action_pos.append(last)
-        for i in range(first, last + 1):
-            action_step[i] = t
+        action_step[first:last + 1] = [t] * (last + 1 - first)
     state_pos.append(len(ids) - 1)
     return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
 
 
 def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors.
-    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
-    padded with 0, step_mask (B, T) is 1 on real steps."""
-    B = len(tokenized)
-    L = max(len(x["input_ids"]) for x in tokenized)
-    T = max(len(x["action_pos"]) for x in tokenized)
-    batch = {
-        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros((B, L), dtype=torch.long),
-        "action_step": torch.full((B, L), -1, dtype=torch.long),
-        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
-        "action_pos": torch.zeros((B, T), dtype=torch.long),
-        "step_mask": torch.zeros((B, T), dtype=torch.float),
-    }
-    for i, x in enumerate(tokenized):
-        n, t = len(x["input_ids"]), len(x["action_pos"])
-        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
-        batch["attention_mask"][i, :n] = 1
-        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
-        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
-        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
-        batch["step_mask"][i, :t] = 1.0
-    return batch
+    """Right-pad a list of tokenize_episode() dicts into tensors (long, but step_mask float): input_ids (B, L)
+    padded with pad_id, attention_mask (B, L) 1 on real tokens, action_step (B, L) padded with -1, state_pos
+    (B, T+1) and action_pos (B, T) padded with 0, step_mask (B, T) 1 on real steps."""
+    def pad(key, value):  # (B, the longest list): each row's list, then `value`
+        out = torch.full((len(tokenized), max(len(x[key]) for x in tokenized)), value, dtype=torch.long)
+        for i, x in enumerate(tokenized):
+            out[i, :len(x[key])] = torch.tensor(x[key], dtype=torch.long)
+        return out
+
+    ids, action_pos = pad("input_ids", pad_id), pad("action_pos", 0)
+    n, t = (torch.tensor([len(x[k]) for x in tokenized])[:, None] for k in ("input_ids", "action_pos"))
+    return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1]) < n).long(),
+            "action_step": pad("action_step", -1), "state_pos": pad("state_pos", 0), "action_pos": action_pos,
+            "step_mask": (torch.arange(action_pos.shape[1]) < t).float()}
 
 
 def tokenize_all(tokenizer, episodes, max_len):

@@ -1,27 +1,25 @@
 """Stage 05 - behavior-proximal policy optimization (BPPO) on the same fixed buffer.
 
-Reads   --data: the buffer with A_t on every step (04_gae.py); --policy: pi_old = pi_{k-1}, the
-        policy entering this iteration (also the starting weights); --ref: pi_ref = pi_0 (01_bc.py).
-Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json; one line per
-        epoch to --metrics.
+Reads   --data: the buffer with A_t on every step (04_gae.py); --policy: pi_old = pi_{k-1}, the policy
+        entering this iteration (also the starting weights); --ref: pi_ref = pi_0 (01_bc.py).
+Writes  --out DIR: the improved policy pi_k (save_pretrained) and DIR/args.json; one line per epoch to --metrics.
 
-The objective (paper, Key Design 4), over the action tokens y of every step a_t in the buffer,
-each carrying its step's process reward A_t from 04 (the update never leaves the data):
+The objective (paper, Key Design 4), over the action tokens y of every step a_t in the buffer, each carrying
+its step's process reward A_t from 04 (the update never leaves the data):
 
     eta = pi_theta(y) / pi_old(y)
     L_BPPO = - E[ min( eta * A_t, clip(eta, 1 - eps_low, 1 + eps_high) * A_t ) ]
     L = L_BPPO + alpha * KL(pi_theta || pi_ref)
 
-- Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability (down
-  to 1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high).
-- Dual clip (Ye et al. 2020; not in the paper): for A < 0 the term is also bounded below,
-  max(..., c * A) with c = --dual-clip, so a token whose eta grew past c cannot dominate a batch.
-- The KL anchor is exact at every action token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)),
-  from pi_ref's logits computed batch by batch: no sampling estimator.
+- Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability (down to
+  1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high).
+- Dual clip (Ye et al. 2020; not in the paper): for A < 0 the term is also bounded below, max(..., c * A)
+  with c = --dual-clip, so a token whose eta grew past c cannot dominate a batch.
+- The KL anchor is exact at every action token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)), from
+  pi_ref's logits computed batch by batch: no sampling estimator.
 - --objective awr, the paper's weaker alternative (advantage-weighted regression), replaces L_BPPO:
     L_AWR = - E[ min(exp(A_t / beta), w_max) * log pi_theta(y) ]
   which can only raise the probability of actions in the data.
-Under torchrun each process takes a share of every batch (DDP, or FSDP2 with --fsdp; docs/distributed.md).
 
     python 05_bppo.py --data runs/demo/iter_1/adv.jsonl --policy runs/demo/policy_0 \
         --ref runs/demo/policy_0 --out runs/demo/policy_1
@@ -87,9 +85,8 @@ def masked_mean(x, mask):
 
 def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip=0.0):
     """L_BPPO = -masked_mean(min(eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A)), eta = exp(logp - logp_old);
-    every argument is a per-token tensor of one shape. dual_clip = c > 1 (0: off) bounds a bad token's
-    term from below, max(..., c * A) for A < 0: else a token whose eta grew far above 1 adds eta * A
-    without limit, and one such token can dominate a whole batch."""
+    every argument is a per-token tensor of one shape. dual_clip = c > 1 (0: off) bounds a bad token's term from
+    below, max(..., c * A) for A < 0: else one token whose eta grew far above 1 can dominate a whole batch."""
     eta = torch.exp(logp - logp_old)
     surrogate = torch.minimum(eta * adv, torch.clamp(eta, 1.0 - eps_low, 1.0 + eps_high) * adv)
     if dual_clip:
@@ -104,18 +101,16 @@ def awr_loss(logp, adv, mask, beta, max_weight):
 
 
 def kl_to_ref(logits, logr):
-    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over the reply
-    tokens. logits (N, V) of pi_theta where a reply token is predicted (reply_logits); logr (N, V)
-    log pi_ref there."""
+    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over the reply tokens. logits (N, V)
+    of pi_theta where a reply token is predicted (reply_logits); logr (N, V) log pi_ref there."""
     logq = torch.log_softmax(logits.float(), dim=-1)
     return (logq.exp() * (logq - logr)).sum(-1).mean()
 
 
 def reply_logits(model, batch):
-    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token of
-    the batch, row-major: the order of batch["input_ids"][batch["action_step"] >= 0]. transformers'
-    logits_to_keep projects onto the vocabulary only there - most tokens are observations, and
-    with a large vocabulary (SmolLM2: 49k) the full (B, L, V) logits are a step's largest tensor."""
+    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token, in the order
+    of batch["input_ids"][batch["action_step"] >= 0]. logits_to_keep projects onto the vocabulary only there:
+    most tokens are observations, and with a large vocabulary the full (B, L, V) logits are the largest tensor."""
     keep = torch.zeros_like(batch["action_step"], dtype=torch.bool)
     keep[:, :-1] = batch["action_step"][:, 1:] >= 0  # position i predicts token i + 1
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
@@ -134,20 +129,15 @@ def token_advantages(batch, step_adv):
 
 
 def policy_loss(logits, ref_logits, batch, logp_old, args):
-    """L = L_BPPO (or, with --objective awr, L_AWR) + alpha * KL(pi_theta || pi_ref) on one batch ->
-    (loss, info). logits (N, V) of pi_theta at the batch's N reply tokens (reply_logits); ref_logits (N, V)
-    pi_ref's there (None when alpha = 0; log-probabilities do as well); logp_old (N,); batch["adv"] (N,).
-    log pi and the KL in chunks of rows (plumbing.by_rows): the same numbers, in less memory.
-    info: the loss; the fraction of action tokens each clip holds (clip_low: A < 0 and eta < 1 - eps_low,
-    clip_high: A > 0 and eta > 1 + eps_high); how far pi_theta has moved from pi_old (approx_kl_old,
-    the mean ratio eta); KL(pi_theta || pi_ref)."""
-    logp = by_rows(token_logprobs, logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,), in row chunks
-    adv = batch["adv"]
-    mask = torch.ones_like(adv)
-    if args.objective == "bppo":
-        loss_pi = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip)
-    else:
-        loss_pi = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
+    """L = L_BPPO (or, with --objective awr, L_AWR) + alpha * KL(pi_theta || pi_ref) on one batch -> (loss, info).
+    logits (N, V): pi_theta's at the batch's N reply tokens (reply_logits); ref_logits (N, V): pi_ref's (None when
+    alpha = 0; log-probabilities do as well); logp_old (N,); batch["adv"] (N,). info: the loss, the fraction of tokens
+    each clip holds (clip_low: A < 0, eta < 1 - eps_low; clip_high: A > 0, eta > 1 + eps_high), approx KL(pi_old ||
+    pi_theta), KL(pi_theta || pi_ref), the mean ratio eta. log pi and the KL by row chunks (by_rows): less memory."""
+    logp = by_rows(token_logprobs, logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,)
+    adv, mask = batch["adv"], torch.ones_like(batch["adv"])
+    loss_pi = (bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip)
+               if args.objective == "bppo" else awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight))
     kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else by_rows(
         lambda x, r: kl_to_ref(x, torch.log_softmax(r.float(), dim=-1)), logits, ref_logits, mean=True)
     loss = loss_pi + args.kl_coef * kl_ref
@@ -159,8 +149,7 @@ def policy_loss(logits, ref_logits, batch, logp_old, args):
                 "clip_high": masked_mean(((eta > 1 + args.eps_high) & (adv > 0)).float(), mask).item(),
                 # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
                 "approx_kl_old": masked_mean((eta - 1) - log_ratio, mask).item(),
-                "kl_ref": kl_ref.item(),
-                "ratio": masked_mean(eta, mask).item()}
+                "kl_ref": kl_ref.item(), "ratio": masked_mean(eta, mask).item()}
     return loss, info
 
 
@@ -180,8 +169,7 @@ def old_logprobs(policy, data, pad_id, batch_size, device, amp):
     the policy as it entered the stage: eta's denominator must not move with pi_theta) -> a list with one
     (n_j,) tensor per trajectory j (n_j: its reply tokens, in reply_logits' order), on the CPU."""
     policy.eval()
-    by_length = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"]))  # little padding
-    out = [None] * len(data)
+    by_length, out = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"])), [None] * len(data)
     for i in range(0, len(data), batch_size):
         idx = by_length[i:i + batch_size]
         b = make_batch([data[j] for j in idx], pad_id, device)
@@ -194,8 +182,7 @@ def old_logprobs(policy, data, pad_id, batch_size, device, amp):
 
 
 def prepare_bppo(args, device):
-    """--data, --policy and --ref -> (tokenizer, pi_theta (starting as pi_old), pi_ref frozen, both on the
-    device, [(episode, tokenize_episode)])."""
+    """--data, --policy, --ref -> (tokenizer, pi_theta (= pi_old at first), pi_ref frozen, [(episode, tokens)])."""
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
     tokenizer, ref_tokenizer = load_tokenizer(args.policy), load_tokenizer(args.ref)
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
@@ -218,8 +205,7 @@ def main(argv=None):
     logp_old = old_logprobs(policy, data, tokenizer.pad_token_id, args.batch_size, device, amp)
     train_policy = distribute(policy, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the policy itself
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
-    # One optimizer step's loss is the mean over the reply tokens of its batch: n_loss[j] of them in trajectory j.
-    n_loss = [len(lp) for lp in logp_old]
+    n_loss = [len(lp) for lp in logp_old]  # reply tokens: a step's loss is their mean
     rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="05_bppo", unit="step",
                disable=not is_main())
@@ -233,8 +219,7 @@ def main(argv=None):
                     logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
                     with torch.no_grad():  # (N, V) pi_ref's logits, for the KL anchor
                         ref_logits = reply_logits(ref, b) if args.kl_coef > 0 else None
-                loss, info = policy_loss(logits, ref_logits, b, torch.cat([logp_old[j] for j in ids]).to(device),
-                                         args)
+                loss, info = policy_loss(logits, ref_logits, b, torch.cat([logp_old[j] for j in ids]).to(device), args)
                 check_loss(loss, step)
                 (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)
                 infos.append((info, share))
@@ -265,47 +250,36 @@ def main(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
-# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens,
-# and where V, Q and the loss are read. Copied byte-identical into every stage that reads
-# episodes (tests/test_stage_copies.py).
+# The data contract (docs/design.md, 'The chat layout'): an episode as a chat, its tokens, and where V, Q
+# and the loss are read. Copied byte-identical into every stage that reads episodes (tests/test_stage_copies.py).
 # ----------------------------------------------------------------------------------------
 def episode_messages(ep):
-    """docs/design.md, 'The chat layout': system = instruction; user = task + o_0; then
-    assistant = step text and user = observation, alternately."""
+    """system = instruction; user = task + o_0; then assistant = step text and user = observation, alternately."""
     msgs = [{"role": "system", "content": ep["instruction"]},
             {"role": "user", "content": f"Your task is to: {ep['task']}\n{ep['obs0']}"}]
     for step in ep["steps"]:
-        msgs.append({"role": "assistant", "content": step["text"]})
-        msgs.append({"role": "user", "content": step["obs"]})
+        msgs += [{"role": "assistant", "content": step["text"]}, {"role": "user", "content": step["obs"]}]
     return msgs
 
 
 def tokenize_episode(tokenizer, ep):
-    """One trajectory -> token ids and where values are read (docs/design.md, 'The chat layout').
-
-    Returns a dict of lists:
+    """One trajectory -> a dict of lists (docs/design.md, 'The chat layout'):
       input_ids    (L,)   the whole chat, ending with the generation prompt after o_T
       action_step  (L,)   t for the tokens of assistant turn t (incl. its end-of-turn token), else -1
       state_pos    (T+1,) last token of the generation prompt before turn t; [T] is s_T
       action_pos   (T,)   last token of turn t
-    The chat template is rendered as text for growing prefixes of the conversation, and
-    the full text is tokenized once; character offsets locate each turn."""
+    Growing prefixes of the chat are rendered as text, the full text is tokenized once: offsets locate each turn."""
     msgs = episode_messages(ep)
     control = [s for s in tokenizer.get_added_vocab() for m in msgs if s in m["content"]]
     if control:  # text data never makes a control token: it would change the chat layout silently
         die(f"episode {ep['task_id']}: its text contains the tokenizer's control token {control[0]!r}")
-
-    def render(m, gen):
-        return tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
-
+    render = lambda m, gen: tokenizer.apply_chat_template(m, add_generation_prompt=gen, tokenize=False)
     full = render(msgs, True)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, ends = enc["input_ids"], [e for _, e in enc["offset_mapping"]]
-    action_step = [-1] * len(ids)
-    state_pos, action_pos = [], []
+    action_step, state_pos, action_pos = [-1] * len(ids), [], []
     for t in range(len(ep["steps"])):
-        k = 2 + 2 * t  # index of assistant message t
-        prompt, after = render(msgs[:k], True), render(msgs[:k + 1], False)
+        prompt, after = render(msgs[:2 + 2 * t], True), render(msgs[:3 + 2 * t], False)  # msgs[2 + 2t]: reply t
         if not (full.startswith(prompt) and full.startswith(after)):
             die("the chat template does not render a conversation as a prefix of its continuation; "
                 "this model's template is not supported")
@@ -313,36 +287,26 @@ def tokenize_episode(tokenizer, ep):
         last = bisect.bisect_left(ends, len(after))      # token that ends turn t
         state_pos.append(first - 1)
         action_pos.append(last)
-        for i in range(first, last + 1):
-            action_step[i] = t
+        action_step[first:last + 1] = [t] * (last + 1 - first)
     state_pos.append(len(ids) - 1)
     return {"input_ids": ids, "action_step": action_step, "state_pos": state_pos, "action_pos": action_pos}
 
 
 def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors.
-    input_ids/attention_mask/action_step (B, L); state_pos (B, T+1) and action_pos (B, T)
-    padded with 0, step_mask (B, T) is 1 on real steps."""
-    B = len(tokenized)
-    L = max(len(x["input_ids"]) for x in tokenized)
-    T = max(len(x["action_pos"]) for x in tokenized)
-    batch = {
-        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros((B, L), dtype=torch.long),
-        "action_step": torch.full((B, L), -1, dtype=torch.long),
-        "state_pos": torch.zeros((B, T + 1), dtype=torch.long),
-        "action_pos": torch.zeros((B, T), dtype=torch.long),
-        "step_mask": torch.zeros((B, T), dtype=torch.float),
-    }
-    for i, x in enumerate(tokenized):
-        n, t = len(x["input_ids"]), len(x["action_pos"])
-        batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
-        batch["attention_mask"][i, :n] = 1
-        batch["action_step"][i, :n] = torch.tensor(x["action_step"])
-        batch["state_pos"][i, :t + 1] = torch.tensor(x["state_pos"])
-        batch["action_pos"][i, :t] = torch.tensor(x["action_pos"])
-        batch["step_mask"][i, :t] = 1.0
-    return batch
+    """Right-pad a list of tokenize_episode() dicts into tensors (long, but step_mask float): input_ids (B, L)
+    padded with pad_id, attention_mask (B, L) 1 on real tokens, action_step (B, L) padded with -1, state_pos
+    (B, T+1) and action_pos (B, T) padded with 0, step_mask (B, T) 1 on real steps."""
+    def pad(key, value):  # (B, the longest list): each row's list, then `value`
+        out = torch.full((len(tokenized), max(len(x[key]) for x in tokenized)), value, dtype=torch.long)
+        for i, x in enumerate(tokenized):
+            out[i, :len(x[key])] = torch.tensor(x[key], dtype=torch.long)
+        return out
+
+    ids, action_pos = pad("input_ids", pad_id), pad("action_pos", 0)
+    n, t = (torch.tensor([len(x[k]) for x in tokenized])[:, None] for k in ("input_ids", "action_pos"))
+    return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1]) < n).long(),
+            "action_step": pad("action_step", -1), "state_pos": pad("state_pos", 0), "action_pos": action_pos,
+            "step_mask": (torch.arange(action_pos.shape[1]) < t).float()}
 
 
 def tokenize_all(tokenizer, episodes, max_len):

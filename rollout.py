@@ -1,16 +1,48 @@
-"""02_collect.py's rollout engine: many episodes at once, in lockstep. Skip it on a first reading:
-02's run_episode is the same rollout, one episode at a time, and tests/test_collect.py checks that
-both write the same episodes.
+"""02_collect.py's rollout engine: many episodes at once, in lockstep, and the runs that 02 rolls out (one
+per world and split, each with its tasks). Skip it on a first reading: 02's run_episode is the same rollout,
+one episode at a time, and tests/test_collect.py checks that both write the same episodes.
 
 --num-envs environment slots step together: at each step the replies of every live episode are
 generated in one batch (kv_cache.py), and a slot whose episode ends takes the next task at once, so
 every slot stays busy until the queue is empty. With --rerank (rerank.py) each slot owns --candidates
 rows of the batch, and the critic picks the reply its environment executes.
 """
+import argparse
+import os
+import random
+
 from tqdm import tqdm
 
-from plumbing import is_main
+import envs
+from plumbing import die, is_main
 from rerank import pick_candidates
+
+
+def plan_runs(args, env_kwargs):
+    """02's runs, one per (world, split) pair of --env-seed and --split, each with args of its own (its --out
+    names {world} and {split}) and its task ids (--episodes of the split drawn with --seed, sorted; 0: every
+    task, in order) -> [(args, task_ids)]. Every input is checked before any work: one error line."""
+    if not all(0 <= w < 2**32 for w in args.env_seed):
+        die(f"--env-seed must be a seed in [0, 2**32), got {' '.join(map(str, args.env_seed))}")
+    runs = [argparse.Namespace(**{**vars(args), "env_seed": w, "split": split,
+                                  "out": args.out.replace("{world}", str(w)).replace("{split}", split)})
+            for w in args.env_seed for split in args.split]
+    if len({os.path.realpath(r.out) for r in runs}) < len(runs):  # the files named, not the strings
+        die(f"--out {args.out}: several --env-seed / --split values need {{world}} and {{split}} in the path, "
+            "naming a file of its own for each pair")
+    planned = []
+    for r in runs:
+        try:
+            probe = envs.make(args.env, seed=r.env_seed, **env_kwargs)
+            all_ids = probe.task_ids(r.split)
+            probe.close()
+        except (ValueError, ImportError) as e:  # an unknown env, a keyword it does not take, a bad split, a package
+            die(e)
+        if args.episodes > len(all_ids):
+            die(f"--episodes {args.episodes} exceeds the {len(all_ids)} tasks of split {r.split!r}")
+        planned.append((r, sorted(random.Random(args.seed).sample(all_ids, args.episodes)) if args.episodes
+                        else all_ids))
+    return planned
 
 
 def run_lockstep(make_env, task_ids, policy, args, new_episode, take_step, end_episode, reranker=None):
