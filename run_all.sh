@@ -25,7 +25,8 @@
 #   PRETRAIN_ARGS, BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
 #   ALGOS=qevolve: the algorithms that evolve policy_0, each K iterations from the same BC policy and iteration-1
 #   episodes - qevolve, and the baselines rft (iterated rejection fine-tuning: 01 on expert + successful own episodes;
-#   RFT_ARGS="--epochs 2 --lr 1e-3") and outcome (05 on the episode's return - the mean: 04 --advantage outcome)
+#   RFT_ARGS="--epochs 2 --lr 1e-3") and outcome (05 on the episode's return - the mean: 04 --advantage outcome;
+#   OUTCOME_ARGS="--epochs 2", 05's flags after BPPO_ARGS). Both chosen on dev: bench/results/tuning_dev.md
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
 #   CPU_OK=0: 1 runs a real model on a machine without a GPU (else the run stops first with what it would cost)
 #
@@ -72,6 +73,7 @@ if [ "$SMOKE" = 1 ]; then
   ENV_KWARGS=${ENV_KWARGS:-'{"max_steps": 5}'} EVAL_WORLDS=${EVAL_WORLDS:-"0 1"}
   PRETRAIN_ARGS=${PRETRAIN_ARGS:-"--episodes 16 --epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}
   BC_ARGS=${BC_ARGS:-"--epochs 1"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 1"} BPPO_ARGS=${BPPO_ARGS:-"--epochs 1"}
+  OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 1"}
   COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 16 --num-envs 6"}
 fi
 
@@ -84,7 +86,7 @@ need_path BASE
 if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ]; then
   RUN=${RUN:-runs/$(basename -- "$BASE")-$ENV}
   BC_ARGS=${BC_ARGS:-"--epochs 3 --lr 5e-5 --batch-size 16"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2 --lr 1e-5 --batch-size 16"}
-  BPPO_ARGS=${BPPO_ARGS:-"--lr 2e-6 --batch-size 16"}
+  BPPO_ARGS=${BPPO_ARGS:-"--lr 2e-6 --batch-size 16"} OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 1"}  # not tuned here
   if [ "$ENV" = shop ]; then COLLECT_ARGS=${COLLECT_ARGS:-"--num-envs 128 --max-new-tokens 64"}; fi
   COLLECT_ARGS=${COLLECT_ARGS:-"--num-envs 128"}
 fi
@@ -124,6 +126,7 @@ CRITIC_ARGS=${CRITIC_ARGS:-}
 GAE_ARGS=${GAE_ARGS:-}
 BPPO_ARGS=${BPPO_ARGS:-}
 RFT_ARGS=${RFT_ARGS:-"--epochs 2 --lr 1e-3"}
+OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 2"}
 ALGOS=${ALGOS:-qevolve}
 [[ $ALGOS =~ ^[[:space:]]*(qevolve|rft|outcome)([[:space:]]+(qevolve|rft|outcome))*[[:space:]]*$ ]] \
   || bad "ALGOS must be words of: qevolve rft outcome, got '$ALGOS'"
@@ -258,8 +261,10 @@ evolve() {
           --out "$dir/policy_$k" "${COMMON[@]}" $RFT_ARGS ;;
     esac
     if [ "$algo" != rft ]; then
+      local tuned=""
+      [ "$algo" = outcome ] && tuned=$OUTCOME_ARGS
       stage "$dir/policy_$k" "${RUNS[@]}" 05_bppo.py --data "$it/adv.jsonl" --policy "$prev" --ref "$RUN/policy_0" \
-        --out "$dir/policy_$k" "${COMMON[@]}" $BPPO_ARGS
+        --out "$dir/policy_$k" "${COMMON[@]}" $BPPO_ARGS $tuned
     fi
     evaluate "$dir/policy_$k" "${tag}policy_$k"
   done
