@@ -157,7 +157,7 @@ def prepare_bc(args, device):
         model = build_tiny_model(tokenizer, args)
     else:
         tokenizer = load_tokenizer(args.model)
-        model = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.model), args), args.lora)
+        model = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.model), args), args.lora).train()
     data = [x for _, x in tokenize_all(tokenizer, episodes, model.config.max_position_embeddings)]
     if len(data) < 2:
         die("fewer than 2 trajectories fit the context; collect more demonstrations")

@@ -68,7 +68,7 @@ def main():
             peak, sec = run(a.stages, script, [*args, "--out", os.path.join(tmp, script), *common], a.threads)
             rows.append(f"| {a.label} | {script} | {B} | {a.flags or '-'} | {peak:.2f} | {sec:.0f} |")
             print(rows[-1], flush=True)
-    head = [f"Measured on {platform.machine()} with {os.cpu_count()} CPU cores (shared, nice 19) by `python "
+    head = [f"Measured on {platform.machine()} with {os.cpu_count()} CPU cores by `python "
             "bench/train_memory.py` (its docstring: one optimizer step of SmolLM2-135M, household's expert demos, "
             "fp32 on the CPU); each row's label says which code ran.", "",
             "| code | stage | batch | flags | peak RSS (GiB) | seconds (load, step, save) |",
