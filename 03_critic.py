@@ -162,7 +162,7 @@ class Critic(torch.nn.Module):
 def prepare_critic(args, device):
     """--data and --policy -> (tokenizer, the critic on the device, [(episode, tokenize_episode)])."""
     episodes, tokenizer = read_episodes(args.data), load_tokenizer(args.policy)
-    critic = Critic(grad_checkpointing(load_model(AutoModel, args.policy), args)).to(device)
+    critic = Critic(grad_checkpointing(load_model(AutoModel, args.policy), args)).to(device).train()
     data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
     if not data:
         die("no trajectory fits the model's context")
