@@ -84,3 +84,13 @@ def test_grad_checkpointing_auto_is_on_for_a_real_model_only(tiny_run):
     assert not model.is_activation_checkpointing
     plumbing.grad_checkpointing(model, argparse.Namespace(grad_checkpointing="on"))
     assert model.is_activation_checkpointing
+
+
+def test_bc_trains_in_train_mode(stages, tiny_run, tmp_path):
+    """from_pretrained returns a model in eval mode, where transformers skips gradient checkpointing: 01's
+    model must come out of prepare_bc in train mode (it did not, and one SmolLM2 step took 19 GiB)."""
+    bc = stages["01_bc"]
+    args = bc.parse_args(["--data", str(tiny_run / "expert.jsonl"), "--out", str(tmp_path / "p"),
+                          "--model", str(tiny_run / "policy_0"), "--grad-checkpointing", "on"])
+    model = bc.prepare_bc(args, torch.device("cpu"))[1]
+    assert model.is_activation_checkpointing and all(m.training for m in model.modules())
