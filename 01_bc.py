@@ -36,7 +36,7 @@ from transformers import AutoModelForCausalLM
 
 from models.tiny import build_tiny_model, train_tiny_tokenizer
 from plumbing import (add_lora, add_machine_flags, autocast, average_info, by_rows, check_finite, check_flags,
-                      check_loss, check_memory, cost, die, distribute, finish_distributed, full_state,
+                      check_loss, check_memory, cost, die, distribute, finish_distributed, fit_context, full_state,
                       grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics, lr_at,
                       model_bytes, parts, read_episodes, save_policy, start)
 
@@ -78,8 +78,6 @@ def parse_args(argv=None):
                      f"--vocab-size {args.vocab_size} --d-model {args.d_model} --n-layers {args.n_layers}")
     if args.lora and args.model == "tiny":
         die("--lora needs a pretrained --model DIR: the tiny model starts from random weights")
-    if args.lora and args.fsdp:
-        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)")
     return args
 
 
@@ -158,7 +156,8 @@ def prepare_bc(args, device):
     else:
         tokenizer = load_tokenizer(args.model)
         model = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.model), args), args.lora).train()
-    data = [x for _, x in tokenize_all(tokenizer, episodes, model.config.max_position_embeddings)]
+    pairs = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], model.config)
+    data = [x for _, x in pairs]
     if len(data) < 2:
         die("fewer than 2 trajectories fit the context; collect more demonstrations")
     random.Random(args.seed).shuffle(data)
@@ -279,15 +278,6 @@ def collate(tokenized, pad_id):
     return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1]) < n).long(),
             "action_step": pad("action_step", -1), "state_pos": pad("state_pos", 0), "action_pos": action_pos,
             "step_mask": (torch.arange(action_pos.shape[1]) < t).float()}
-
-
-def tokenize_all(tokenizer, episodes, max_len):
-    """(episode, tokenize_episode) pairs; those longer than the model's context are dropped and counted."""
-    data = [(ep, tokenize_episode(tokenizer, ep)) for ep in episodes]
-    kept = [(ep, x) for ep, x in data if len(x["input_ids"]) <= max_len]
-    if len(kept) < len(data):
-        print(f"note: dropped {len(data) - len(kept)} of {len(data)} trajectories longer than the context ({max_len})")
-    return kept
 
 
 if __name__ == "__main__":

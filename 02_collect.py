@@ -26,12 +26,8 @@ The critic learns on r_t = r_env + r_aux (03); 04's advantages take r_env alone 
         --out runs/demo/eval/policy_0_seen.jsonl
 
 --rerank CRITIC_DIR --candidates M (rerank.py, QLASS-style): the critic of 03 picks the argmax-Q of M sampled replies.
-
-    python 02_collect.py --policy runs/demo/policy_0 --rerank runs/demo/iter_1/critic --candidates 4 \
-        --env-kwargs "$KW" --split seen --out runs/demo/eval/policy_0_rerank_seen.jsonl
 """
 import argparse
-import json
 import os
 import time
 from collections import Counter
@@ -43,8 +39,8 @@ from transformers import AutoModelForCausalLM
 import envs
 from kv_cache import generate_cached, generate_plain
 from plumbing import (add_machine_flags, autocast, check_flags, check_memory, check_out, die, finish_distributed,
-                      is_main, kv_bytes, load_model, load_tokenizer, log_metrics, parse_env_kwargs, pick_device,
-                      save_text, seed_everything, setup_distributed)
+                      is_main, kv_bytes, load_model, load_tokenizer, parse_env_kwargs, pick_device, save_episodes,
+                      seed_everything, setup_distributed)
 from rerank import Reranker, add_rerank_flags, check_rerank
 from rollout import plan_runs, run_lockstep
 
@@ -294,12 +290,7 @@ def collect(args, task_ids, policy, aux, reranker, env_kwargs, rank, world):
     if cut:
         print(f"note: {cut} replies reached --max-new-tokens {args.max_new_tokens} before the "
               f"end-of-turn token and were cut (raise --max-new-tokens if the policy writes long thoughts)")
-    summary_path = args.out[:-len(".jsonl")] + ".json"
-    if os.path.exists(summary_path):  # JSONL and summary are a pair: the summary ("done") goes first, comes last
-        os.remove(summary_path)
-    save_text(args.out, "".join(json.dumps(ep) + "\n" for ep in episodes))
-    save_text(summary_path, json.dumps({**summary, "args": vars(args)}, indent=2) + "\n")
-    log_metrics(args.metrics, summary)
+    save_episodes(args.out, episodes, summary, args, args.metrics)  # and FILE.json, the summary
     lab = summary["labels"]
     rerank = f"(Q-reranked from {args.candidates} candidates per step) " if args.rerank else ""
     print(f"02_collect: {summary['policy']} on {args.env}/{args.split}: success {summary['success_rate']:.1%}, "

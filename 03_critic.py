@@ -36,8 +36,9 @@ from tqdm import tqdm
 from transformers import AutoModel
 
 from plumbing import (add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss, cost, die,
-                      distribute, finish_distributed, full_state, grad_checkpointing, is_main, length_batches,
-                      load_model, load_tokenizer, log_metrics, parts, read_episodes, save_critic, start, unsharded)
+                      distribute, finish_distributed, fit_context, full_state, grad_checkpointing, is_main,
+                      length_batches, load_model, load_tokenizer, log_metrics, parts, read_episodes, save_critic, start,
+                      unsharded)
 
 
 def parse_args(argv=None):
@@ -163,7 +164,7 @@ def prepare_critic(args, device):
     """--data and --policy -> (tokenizer, the critic on the device, [(episode, tokenize_episode)])."""
     episodes, tokenizer = read_episodes(args.data), load_tokenizer(args.policy)
     critic = Critic(grad_checkpointing(load_model(AutoModel, args.policy), args)).to(device).train()
-    data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
+    data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
     if not data:
         die("no trajectory fits the model's context")
     n_expert = sum(ep["source"] == "expert" for ep, _ in data)
@@ -284,15 +285,6 @@ def collate(tokenized, pad_id):
     return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1]) < n).long(),
             "action_step": pad("action_step", -1), "state_pos": pad("state_pos", 0), "action_pos": action_pos,
             "step_mask": (torch.arange(action_pos.shape[1]) < t).float()}
-
-
-def tokenize_all(tokenizer, episodes, max_len):
-    """(episode, tokenize_episode) pairs; those longer than the model's context are dropped and counted."""
-    data = [(ep, tokenize_episode(tokenizer, ep)) for ep in episodes]
-    kept = [(ep, x) for ep, x in data if len(x["input_ids"]) <= max_len]
-    if len(kept) < len(data):
-        print(f"note: dropped {len(data) - len(kept)} of {len(data)} trajectories longer than the context ({max_len})")
-    return kept
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ written as q = R and v = mean(R), so the file reads like a critic's (q - v = A).
 """
 import argparse
 import bisect
-import json
 import math
 import os
 from collections import defaultdict
@@ -44,8 +43,8 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_finite, check_flags, die, load_model,
-                      log_metrics, owned, read_episodes, read_json, save_text, start)
+from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_finite, check_flags, die, fit_context,
+                      load_model, owned, read_episodes, read_json, save_episodes, start)
 
 
 def parse_args(argv=None):
@@ -198,7 +197,7 @@ def critic_advantages(args, episodes, device, amp):
         die(f"{args.critic}/args.json: gamma must be a number in [0, 1], got {gamma!r}; or pass --gamma")
     learned_aux = not trained.get("no_aux", False)  # the critic learned on r_env + r_aux (03 --no-aux: r_env)
     with_aux = args.rewards == "critic" and learned_aux  # r_t of the advantage
-    data = tokenize_all(tokenizer, episodes, critic.backbone.config.max_position_embeddings)
+    data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
     if not data:
         die("no trajectory fits the model's context")
     out_eps = [None] * len(data)  # in the buffer's order
@@ -235,12 +234,7 @@ def main(argv=None):
 
     summary = {"stage": "04_gae", "advantage": args.advantage, "rewards": args.rewards, "with_aux": with_aux,
                "gamma": gamma, "lam": args.lam, **advantage_report(out_eps, gamma, learned_aux)}
-    summary_path = args.out[:-len(".jsonl")] + ".json"
-    if os.path.exists(summary_path):  # JSONL and summary are a pair: the summary ("done") goes first, comes last
-        os.remove(summary_path)
-    save_text(args.out, "".join(json.dumps(ep) + "\n" for ep in out_eps))
-    save_text(summary_path, json.dumps({**summary, "args": vars(args)}, indent=2) + "\n")
-    log_metrics(args.metrics, summary)
+    save_episodes(args.out, out_eps, summary, args, args.metrics)  # and FILE.json, the summary
     how = {"qv": "Q - V", "outcome": "R - mean(R), the outcome-level baseline (no critic)"}.get(
         args.advantage, "GAE on r_env + r_aux" if with_aux else "GAE on r_env")
     src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
@@ -314,15 +308,6 @@ def collate(tokenized, pad_id):
     return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1]) < n).long(),
             "action_step": pad("action_step", -1), "state_pos": pad("state_pos", 0), "action_pos": action_pos,
             "step_mask": (torch.arange(action_pos.shape[1]) < t).float()}
-
-
-def tokenize_all(tokenizer, episodes, max_len):
-    """(episode, tokenize_episode) pairs; those longer than the model's context are dropped and counted."""
-    data = [(ep, tokenize_episode(tokenizer, ep)) for ep in episodes]
-    kept = [(ep, x) for ep, x in data if len(x["input_ids"]) <= max_len]
-    if len(kept) < len(data):
-        print(f"note: dropped {len(data) - len(kept)} of {len(data)} trajectories longer than the context ({max_len})")
-    return kept
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from plumbing import (STEP_KEYS, add_lora, add_machine_flags, autocast, average_info, by_rows, check_finite,
-                      check_flags, check_loss, cost, die, distribute, finish_distributed, full_state,
+                      check_flags, check_loss, cost, die, distribute, finish_distributed, fit_context, full_state,
                       grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics, parts,
                       read_episodes, save_policy, start)
 
@@ -71,8 +71,6 @@ def parse_args(argv=None):
                 threads="non-negative", lora="non-negative")
     if 0 < args.dual_clip <= 1:
         die(f"--dual-clip must be 0 (off) or greater than 1, got {args.dual_clip}")
-    if args.lora and args.fsdp:
-        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)")
     return args
 
 
@@ -190,7 +188,7 @@ def prepare_bppo(args, device):
             "their next-token distributions token by token, so both must share one (pass the BC policy)")
     policy = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.policy), args), args.lora).to(device)
     ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
-    data = tokenize_all(tokenizer, episodes, policy.config.max_position_embeddings)
+    data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], policy.config)
     if not data:
         die("no trajectory fits the model's context")
     print(f"05_bppo: {len(data)} trajectories ({sum(ep['source'] == 'expert' for ep, _ in data)} expert), objective "
@@ -307,15 +305,6 @@ def collate(tokenized, pad_id):
     return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1]) < n).long(),
             "action_step": pad("action_step", -1), "state_pos": pad("state_pos", 0), "action_pos": action_pos,
             "step_mask": (torch.arange(action_pos.shape[1]) < t).float()}
-
-
-def tokenize_all(tokenizer, episodes, max_len):
-    """(episode, tokenize_episode) pairs; those longer than the model's context are dropped and counted."""
-    data = [(ep, tokenize_episode(tokenizer, ep)) for ep in episodes]
-    kept = [(ep, x) for ep, x in data if len(x["input_ids"]) <= max_len]
-    if len(kept) < len(data):
-        print(f"note: dropped {len(data) - len(kept)} of {len(data)} trajectories longer than the context ({max_len})")
-    return kept
 
 
 if __name__ == "__main__":

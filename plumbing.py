@@ -340,6 +340,18 @@ def save_text(path, text):
     write_atomic(path, write)
 
 
+def save_episodes(path, episodes, summary, args, metrics=""):
+    """An episode JSONL and its summary (path[:-6] + '.json', with the flags), each atomically, as a pair: the old
+    summary goes first and the new one comes last, so a summary says its JSONL is complete. Then the summary to
+    --metrics."""
+    summary_path = path[:-len(".jsonl")] + ".json"
+    if os.path.exists(summary_path):
+        os.remove(summary_path)
+    save_text(path, "".join(json.dumps(ep) + "\n" for ep in episodes))
+    save_text(summary_path, json.dumps({**summary, "args": vars(args)}, indent=2) + "\n")
+    log_metrics(metrics, summary)
+
+
 def open_log(path, writer, note=""):
     """A live log (bench/: a run's output while it runs, not atomic): the output rule first (new, or a log this
     project stamped), then opened for writing, the stamp its first line; a folder that cannot be made is one line."""
@@ -436,6 +448,17 @@ def read_episodes(paths, step_keys=STEP_KEYS):
     return episodes
 
 
+def fit_context(pairs, config):
+    """(episode, tokenize_episode) pairs -> those that fit the context of a model (its config); the others are
+    dropped and counted."""
+    max_len = config.max_position_embeddings
+    kept = [(ep, x) for ep, x in pairs if len(x["input_ids"]) <= max_len]
+    if len(kept) < len(pairs):
+        print(f"note: dropped {len(pairs) - len(kept)} of {len(pairs)} trajectories longer than the context "
+              f"({max_len})")
+    return kept
+
+
 def load_tokenizer(path):
     """A local tokenizer with a chat template (nothing downloaded); a broken directory is one line."""
     if not os.path.isdir(path):
@@ -521,6 +544,8 @@ def start(args, kind, inputs):
     """What every training stage does before its work -> (world, device, amp): --out (of this kind) and
     --metrics may be written (check_out), --threads, torchrun's process group (alone: world 1), the
     seed, and the device with its autocast dtype (amp: None for fp32, the CPU's default)."""
+    if getattr(args, "lora", 0) and args.fsdp:
+        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)")
     check_out(args.out, kind, inputs)
     if args.metrics:
         check_out(args.metrics, "log", inputs + [args.out])

@@ -77,7 +77,7 @@ def worker(a):
         else:
             tokenizer = bc.load_tokenizer(a.model)
             model = AutoModelForCausalLM.from_pretrained(a.model, local_files_only=True, dtype=torch.float32)
-        pairs = bc.tokenize_all(tokenizer, episodes, model.config.max_position_embeddings)
+        pairs = bc.fit_context([(ep, bc.tokenize_episode(tokenizer, ep)) for ep in episodes], model.config)
         random.Random(0).shuffle(pairs)
         need = (1 + a.steps) * a.batch_size
         pairs = (pairs * need)[:need]

@@ -44,12 +44,12 @@ def test_every_named_section_exists():
 
 
 def docstring_commands():
-    """(file, command) for each `python 0X_*.py ...` example in a stage's docstring, continuation lines joined
+    """(file, command) for each `python 0X_*.py ...` example in a stage's (or rerank.py's) docstring, lines joined
     and the shell variables the docstring sets (KW='...') put in."""
     import ast
     import shlex
     out = []
-    for f in sorted(glob.glob("0[0-5]_*.py", root_dir=ROOT)):
+    for f in sorted(glob.glob("0[0-5]_*.py", root_dir=ROOT)) + ["rerank.py"]:
         doc = ast.get_docstring(ast.parse(open(os.path.join(ROOT, f)).read()))
         text = re.sub(r"\\\n\s*", " ", doc)
         env = dict(re.findall(r"^\s*(\w+)=('[^']*')", text, re.M))
@@ -67,7 +67,7 @@ def test_every_docstring_command_parses_and_writes_outside_its_inputs(stages):
     commands = docstring_commands()
     miniature = re.search(r"^HOUSEHOLD_KWARGS='(.*)'$", open(os.path.join(ROOT, "run_all.sh")).read(), re.M)[1]
     assert {f for f, _ in commands} == {f"{s}.py" for s in ("00_pretrain", "01_bc", "02_collect", "03_critic",
-                                                            "04_gae", "05_bppo")}
+                                                            "04_gae", "05_bppo", "rerank")}
     for f, argv in commands:
         stage = stages[argv[1][:-3]]
         args = stage.parse_args(argv[2:])

@@ -19,7 +19,7 @@ def test_chunked_logprobs_and_kl_give_the_plain_loss_and_gradients(stages, tiny_
     episodes = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:3]
     for i, ep in enumerate(episodes):
         ep["steps"] = [dict(s, adv=(-1.0) ** (i + t)) for t, s in enumerate(ep["steps"])]
-    b = pp.make_batch(pp.tokenize_all(tok, episodes, 10**6), tok.pad_token_id, "cpu")
+    b = pp.make_batch([(ep, pp.tokenize_episode(tok, ep)) for ep in episodes], tok.pad_token_id, "cpu")
     args = pp.parse_args(["--data", "d", "--policy", "p", "--ref", "r", "--out", "o", "--kl-coef", "0.5"])
     load = lambda: AutoModelForCausalLM.from_pretrained(tiny_run / "policy_0", local_files_only=True)  # noqa: E731
     ref = load().eval()
