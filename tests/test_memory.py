@@ -94,3 +94,12 @@ def test_bc_trains_in_train_mode(stages, tiny_run, tmp_path):
                           "--model", str(tiny_run / "policy_0"), "--grad-checkpointing", "on"])
     model = bc.prepare_bc(args, torch.device("cpu"))[1]
     assert model.is_activation_checkpointing and all(m.training for m in model.modules())
+
+
+def test_critic_trains_in_train_mode(stages, tiny_run, tmp_path):
+    """The same for 03: the critic's backbone comes from from_pretrained, and must train in train mode."""
+    cr = stages["03_critic"]
+    args = cr.parse_args(["--data", str(tiny_run / "expert.jsonl"), "--policy", str(tiny_run / "policy_0"),
+                          "--out", str(tmp_path / "c"), "--grad-checkpointing", "on"])
+    critic = cr.prepare_critic(args, torch.device("cpu"))[1]
+    assert critic.backbone.is_activation_checkpointing and all(m.training for m in critic.modules())
