@@ -95,3 +95,12 @@ def test_the_scan_sees_what_it_looks_for(tmp_path, monkeypatch):
     (tmp_path / "a.sh").write_text('echo x > "$OUT"\necho y >&2\ncmd >/dev/null 2>&1\necho z >> log  # append\n'
                                    '# a comment > file\n[[ $a > $b ]]\nx=$((a > 1))\nwith open(p, "w") as f:\n')
     assert [n for n, _ in shell_writes("a.sh")] == [1, 4, 8]
+
+
+def test_every_table_writer_owns_its_table():
+    """A bench script that writes a table (check_out(..., "table")) is one of plumbing's table writers: else its
+    second run refuses the table its first run wrote (bench/train_memory.py and model_throughput.py did)."""
+    import plumbing
+    writers = {os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(os.path.join(ROOT, "bench"))
+               for f in fs if f.endswith(".py") and '"table")' in open(os.path.join(d, f)).read()}
+    assert writers and writers <= set(plumbing.ARTIFACTS["table"][1]), writers - set(plumbing.ARTIFACTS["table"][1])
