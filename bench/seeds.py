@@ -28,6 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import eval_worlds  # noqa: E402
+from bench.mistakes import closed_arrivals  # noqa: E402
 from plumbing import check_out, die, open_log, save_text  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
@@ -91,6 +92,12 @@ def main():
         path = os.path.join(ROOT, run, "eval", f"world{world}", f"{policy}_{split}.json")
         return json.load(open(path))["success_rate"] * 100
 
+    def habit(policy):  # household: the share of arrivals at a closed receptacle where it examines first
+        verbs = [v for r in runs for w in worlds for s in splits
+                 for line in open(os.path.join(ROOT, r["run"], "eval", f"world{w}", f"{policy}_{s}.jsonl"))
+                 if line.strip() for v, _ in closed_arrivals(json.loads(line))]
+        return f"{verbs.count('examine') / len(verbs):.2f}" if verbs else "-"
+
     mean, sd = statistics.mean, (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
     algos = os.environ.get("ALGOS", "qevolve").split()
     policies = [("policy_0", "BC (policy_0)")] + [
@@ -106,20 +113,22 @@ def main():
              f"(K={K}, {'these' if settings else 'default'} settings of run_all.sh; seeds run {how}). "
              f"Greedy success in % on {slash}; every policy is evaluated in worlds {', '.join(worlds)} "
              "(world 0 is the one the run trained in).", "",
-             "Per seed (the mean over the worlds), and mean +- std over every (seed, world) evaluation:", "",
+             "Per seed (the mean over the worlds), and mean +- std over every (seed, world) evaluation; the habit "
+             "rate (household, `bench/mistakes.py`): the share of arrivals at a closed receptacle where the policy "
+             f"examines before it opens, over every seed, world and split of {slash}:", "",
              "| policy | " + " | ".join(f"seed {r['seed']} {slash}" for r in runs)
-             + " | " + " | ".join(f"{s} mean +- std" for s in splits) + " |",
-             "|---|" + "---|" * (len(runs) + len(splits))]
+             + " | " + " | ".join(f"{s} mean +- std" for s in splits) + " | habit rate |",
+             "|---|" + "---|" * (len(runs) + len(splits) + 1)]
     done = lambda policy: all(os.path.exists(os.path.join(ROOT, r["run"], "eval", f"world{w}", f"{policy}_{s}.json"))
                               for r in runs for w in worlds for s in splits)
     for policy, name in policies:
         if not done(policy):
-            lines.append(f"| {name} | " + " | ".join(["not run"] * (len(runs) + len(splits))) + " |")
+            lines.append(f"| {name} | " + " | ".join(["not run"] * (len(runs) + len(splits) + 1)) + " |")
             continue
         cells = [" / ".join(f"{mean(rate(r['run'], policy, s, w) for w in worlds):.1f}" for s in splits) for r in runs]
         every = [[rate(r["run"], policy, s, w) for r in runs for w in worlds] for s in splits]
         spread = [f"{mean(xs):.1f} +- {sd(xs):.1f}" for xs in every]
-        lines.append(f"| {name} | " + " | ".join(cells + spread) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells + spread + [habit(policy)]) + " |")
     if K:  # K = 0: BC only, no gain to show
         lines += ["", f"Per world (the mean over the seeds), and Q-Evolve iter {K}'s gain over BC:", "",
                   f"| world | BC {slash} | Q-Evolve iter {K} {slash} | gain {slash} |", "|---|---|---|---|"]
@@ -130,12 +139,13 @@ def main():
         lines.append(f"| {w}{' (trained in)' if w == '0' else ''} | {fmt(bc)} | {fmt(last)} | "
                      f"{fmt([b - a for a, b in zip(bc, last)], '+')} |")
     lines += ["", "| seed | wall time of this call | first to last artifact of the run |", "|---|---|---|"]
-    for r in [] if args.table_only else runs:
+    for r in runs:
         note = "" if r["fresh"] else " (resumed: finished stages skipped)"
+        wall = f"{r['wall_s'] / 60:.1f} min{note}" if "wall_s" in r else "- (ran nothing)"
         first = os.path.getmtime(os.path.join(ROOT, r["run"], "data", "expert.jsonl"))
         last_eval = os.path.join(ROOT, r["run"], "eval", f"world{worlds[-1]}", f"{policies[-1][0]}_{splits[-1]}.json")
-        last = os.path.getmtime(last_eval)
-        lines.append(f"| {r['seed']} | {r['wall_s'] / 60:.1f} min{note} | {(last - first) / 60:.1f} min |")
+        span = f"{(os.path.getmtime(last_eval) - first) / 60:.1f} min" if os.path.exists(last_eval) else "not run"
+        lines.append(f"| {r['seed']} | {wall} | {span} |")
     if any(r["fresh"] for r in runs):
         lines += ["", f"Peak memory of the largest single stage process: {peak_mib:.0f} MiB."]
     text = "\n".join(lines) + "\n"
