@@ -132,12 +132,13 @@ def main():
     if K:  # K = 0: BC only, no gain to show
         lines += ["", f"Per world (the mean over the seeds), and Q-Evolve iter {K}'s gain over BC:", "",
                   f"| world | BC {slash} | Q-Evolve iter {K} {slash} | gain {slash} |", "|---|---|---|---|"]
-    for w in worlds if K and done(f"policy_{K}") else []:
-        bc = [mean(rate(r["run"], "policy_0", s, w) for r in runs) for s in splits]
-        last = [mean(rate(r["run"], f"policy_{K}", s, w) for r in runs) for s in splits]
+    for w in (worlds + [None]) if K and done(f"policy_{K}") else []:  # None: every world (the means above)
+        ws = worlds if w is None else [w]
+        bc = [mean(rate(r["run"], "policy_0", s, v) for r in runs for v in ws) for s in splits]
+        last = [mean(rate(r["run"], f"policy_{K}", s, v) for r in runs for v in ws) for s in splits]
         fmt = (lambda xs, sign="": " / ".join(f"{x:{sign}.1f}" for x in xs))
-        lines.append(f"| {w}{' (trained in)' if w == '0' else ''} | {fmt(bc)} | {fmt(last)} | "
-                     f"{fmt([b - a for a, b in zip(bc, last)], '+')} |")
+        name = "all" if w is None else f"{w}{' (trained in)' if w == '0' else ''}"
+        lines.append(f"| {name} | {fmt(bc)} | {fmt(last)} | {fmt([b - a for a, b in zip(bc, last)], '+')} |")
     lines += ["", "| seed | wall time of this call | first to last artifact of the run |", "|---|---|---|"]
     for r in runs:
         note = "" if r["fresh"] else " (resumed: finished stages skipped)"
