@@ -35,8 +35,8 @@ def test_every_named_section_exists():
              for f in glob.glob(pattern, root_dir=ROOT) if not f.startswith((".venv", "runs"))]
     for f in files:
         text = open(os.path.join(ROOT, f), errors="replace").read()
-        for page, section in re.findall(r"((?:docs/)?\w+\.md)[,:]? '([^']+)'", text):
-            path = page if page.startswith("docs/") or page == "README.md" else f"docs/{page}"
+        for page, section in re.findall(r"((?:docs/|bench/results/)?\w+\.md)[,:]? '([^']+)'", text):
+            path = page if page.startswith(("docs/", "bench/")) or page == "README.md" else f"docs/{page}"
             section = re.sub(r"\s*\n\s*#?\s*", " ", section)  # a name that wraps onto the next line
             if not os.path.exists(os.path.join(ROOT, path)) or section not in headings(path)[0]:
                 missing.append(f"{f}: {page}, '{section}'")
