@@ -436,14 +436,15 @@ def test_02_commits_the_jsonl_and_its_summary_as_a_pair(stages, tmp_path, monkey
     argv = ["--policy", "expert", "--episodes", "2", "--out", str(out), "--threads", "1"]
     stages["02_collect"].main(argv)
     assert out.with_suffix(".json").exists()
-    real_save = stages["02_collect"].save_text
+    import plumbing  # 02 writes the pair through plumbing.save_episodes
+    real_save = plumbing.save_text
 
     def killed(path, text):
         if path.endswith(".jsonl"):
             real_save(path, text)
             raise KeyboardInterrupt  # the kill, after the JSONL and before its summary
         real_save(path, text)
-    monkeypatch.setattr(stages["02_collect"], "save_text", killed)
+    monkeypatch.setattr(plumbing, "save_text", killed)
     with pytest.raises(KeyboardInterrupt):
         stages["02_collect"].main(argv[:3] + ["3"] + argv[4:])
     assert not out.with_suffix(".json").exists()
