@@ -229,7 +229,8 @@ def main(argv=None):
             epoch_infos.append(info)
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
-        records.append({"stage": "05_bppo", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
+        records.append({"stage": "05_bppo", "out": args.out, "epoch": epoch + 1, "step": step,
+                        "elapsed_s": time.time() - t0,
                         **{k: sum(i[k] for i in epoch_infos) / len(epoch_infos) for k in epoch_infos[0]},
                         **cost(n_tok, time.time() - t0, device)})
         r = records[-1]

@@ -35,14 +35,15 @@ names, got '$ENVS'"
 
 if [ "$DRY" = 1 ]; then
   SEEDS=${SEEDS:-"0 1"}
-  chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 K="${K:-1}" ALGOS="qevolve rft outcome" RFT_ARGS="--epochs 1"
+  chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 K="${K:-1}" RFT_ARGS="--epochs 1"
          BC_ARGS="--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400")
   report="$LAB/gpu_lab.md"
 else
   SEEDS=${SEEDS:-"0 1 2"}
   [ -e "$SMOLLM2_DIR" ] || $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
-  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" K="${K:-2}" ALGOS="qevolve rft outcome" EVAL_WORLDS="0 1"
-         N_EXPERT="${N_EXPERT:-400}" N_SELF="${N_SELF:-128}" N_EVAL="${N_EVAL:-100}" THREADS="${THREADS:-4}"
+  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" K="${K:-2}" EVAL_WORLDS="0 1"
+         PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
+         N_EXPERT="${N_EXPERT:-400}" N_SELF="${N_SELF:-128}" N_EVAL="${N_EVAL:-100}" THREADS="${THREADS:-2}"
          BC_ARGS="${BC_ARGS:-"--epochs 2 --lr 5e-5 --batch-size 16"}"
          CRITIC_ARGS="${CRITIC_ARGS:-"--epochs 1 --lr 1e-5 --batch-size 16"}"
          BPPO_ARGS="${BPPO_ARGS:-"--epochs 1 --lr 2e-6 --batch-size 16"}"
@@ -53,20 +54,34 @@ fi
 # Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
 # written atomically when its command ends (plumbing.py save): checked before anything runs.
 logs=("$LAB/tests.log")
-for env in $ENVS; do for seed in $SEEDS; do logs+=("$LAB/$env-s$seed.log" "$LAB/$env-s$seed.seconds"); done; done
+for env in $ENVS; do for seed in $SEEDS; do
+  logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.log "$LAB/$env-s$seed.seconds")
+done; done
 $PYTHON plumbing.py check run_log "${logs[@]}"
 $PYTHON plumbing.py check table "$report"
 save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
 
 pids=()
 start=$(date +%s)
+# lab ALGO ENV SEED: run_all.sh for one algorithm, stopped at DEADLINE seconds after the lab's start
+lab() {
+  local left=""
+  if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - start) )); [ "$left" -gt 0 ] || return 124; fi
+  ${left:+timeout "$left"} "${chain[@]}" ALGOS="$1" ENV="$2" SEED="$3" RUN="$LAB/$2-s$3" PYTHON="$PYTHON" \
+    bash run_all.sh 2>&1 | save "$LAB/$2-s$3.$1.log"
+}
+# Per run: Q-Evolve first (BC, its evaluation, iteration 1's episodes); once those episodes exist the two baselines
+# start beside it from the same policy_0 and episodes (run_all.sh skips what exists), so the three run at once.
 for env in $ENVS; do
   for seed in $SEEDS; do
-    run="$env-s$seed"
-    ( t0=$(date +%s) rc=0
-      ${DEADLINE:+timeout "$DEADLINE"} "${chain[@]}" ENV="$env" SEED="$seed" RUN="$LAB/$run" PYTHON="$PYTHON" \
-        bash run_all.sh 2>&1 | save "$LAB/$run.log" || rc=$?
-      echo $(( $(date +%s) - t0 )) | save "$LAB/$run.seconds"
+    ( t0=$(date +%s) rc=0 others=()
+      lab qevolve "$env" "$seed" & q=$!
+      until [ -e "$LAB/$env-s$seed/iter_1/self.json" ] || ! kill -0 "$q" 2>/dev/null; do sleep 1; done
+      if [ -e "$LAB/$env-s$seed/iter_1/self.json" ]; then
+        for algo in rft outcome; do lab "$algo" "$env" "$seed" & others+=($!); done
+      fi
+      for pid in "$q" "${others[@]}"; do wait "$pid" || rc=$?; done
+      echo $(( $(date +%s) - t0 )) | save "$LAB/$env-s$seed.seconds"
       exit "$rc" ) &
     pids+=($!)
   done

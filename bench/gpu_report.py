@@ -115,7 +115,7 @@ def main(argv=None):
         evals = [evaluations(os.path.join(args.lab, r)) for r in env_runs]
         keys = set.intersection(*(set(e) for e in evals))  # what every seed evaluated
         splits = sorted({s for _, s in keys}, key=lambda s: (s != "seen", s))
-        walls = [open(os.path.join(args.lab, f"{r}.seconds")).read().strip()
+        walls = [open(os.path.join(args.lab, f"{r}.seconds")).read().split()[-1]  # after the writer's stamp line
                  for r in env_runs if os.path.exists(os.path.join(args.lab, f"{r}.seconds"))]
         lines += ["", f"## {env}: seeds {', '.join(seeds)}", "",
                   f"Each cell: the mean over the evaluation worlds, then mean ± std over the {len(seeds)} seeds. "
@@ -157,7 +157,7 @@ def main(argv=None):
         for run, rs in zip(env_runs, records):
             if not os.path.isdir(os.path.join(args.lab, run, "policy_1")):
                 continue  # stopped before (DEADLINE)
-            bppo = launches(rs, "05_bppo")[0]
+            bppo = next(r for r in launches(rs, "05_bppo") if r["out"].endswith(f"{run}/policy_1"))  # Q-Evolve's
             a, b = (load_file(os.path.join(args.lab, run, p, "model.safetensors")) for p in ("policy_0", "policy_1"))
             diff = [(a[k] != b[k]) for k in a]
             lines.append(f"| {run} | {bppo['kl_ref']:.2e} | {bppo['approx_kl_old']:.2e} | "
