@@ -7,6 +7,7 @@ saves a diverged update (check_finite). The torchrun helpers at the bottom are a
 `python` run (docs/distributed.md).
 """
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -367,10 +368,16 @@ def open_log(path, writer, note=""):
 
 
 def log_metrics(path, *records):
-    """Append records to --metrics (if given), atomically: a full disk leaves the file as it was."""
+    """Append records to --metrics (if given), atomically: a full disk leaves the file as it was. Stages that run
+    at once on one run (bench/gpu_lab.sh) take turns: each holds a lock on the folder from read to write."""
     if path:
-        old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
-        save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
+        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)  # released when closed
+            old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+            save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
+        finally:
+            os.close(folder)
 
 
 EPISODE_KEYS = {"env": str, "task_id": str, "instruction": str, "task": str, "obs0": str, "steps": list,

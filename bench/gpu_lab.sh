@@ -93,8 +93,10 @@ fi
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # by id: never a monitor started beside them
 echo "gpu_lab: the runs took $(( $(date +%s) - start )) s"
-command="bash bench/gpu_lab.sh"
-[ "$DRY" = 1 ] && command="DRY=1 $command"
+command="bash bench/gpu_lab.sh"  # with the settings it was given, for the report's first line
+for v in TESTS DEADLINE N_EVAL N_SELF N_EXPERT K SEEDS ENVS DRY; do
+  if printenv "$v" >/dev/null; then val=${!v}; [[ $val == *' '* ]] && val="'$val'"; command="$v=$val $command"; fi
+done
 $PYTHON bench/gpu_report.py --lab "$LAB" --out "$report" --command "$command"
 if [ "$failed" = 1 ]; then echo "gpu_lab: a run or a test failed (logs in $LAB)" >&2; fi
 exit "$failed"

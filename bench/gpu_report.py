@@ -128,8 +128,8 @@ def main(argv=None):
             cells = [f"{spread([100 * e[(pol, s)][0] for e in evals], '{:.1f}')}% | "
                      f"{spread([e[(pol, s)][1] for e in evals], '{:.3f}')}" for s in splits]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines += ["", "| stage | launches per run | loop seconds per run | tokens/s | peak memory (GB; CPU: RSS) "
-                  "| TFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| stage | launches per run (02: one per world and split) | loop seconds per run | tokens/s "
+                  "| peak memory (GB; CPU: RSS) | TFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
         records = [[json.loads(line) for line in open(os.path.join(args.lab, r, "metrics.jsonl"))] for r in env_runs]
         n = body_params(os.path.join(args.lab, env_runs[0], "policy_0"))
         for stage in ("01_bc", "03_critic", "05_bppo"):

@@ -1,5 +1,7 @@
 """bench/gpu_lab.sh's dry run: the lab's script, end to end on a CPU (a one-layer tiny model, SMOKE's budgets,
 two seeds, BC then Q-Evolve and both baselines, --precision bf16), so that it runs at once when a GPU is lent."""
+import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -11,6 +13,8 @@ from conftest import ROOT
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from gpu_report import spread  # noqa: E402
 from gpu_report import test_summary as summary_of  # noqa: E402  (not collected as a test under this name)
+
+from plumbing import log_metrics  # noqa: E402
 
 
 def test_the_report_counts_each_test_once(tmp_path):
@@ -27,6 +31,24 @@ def test_the_report_counts_each_test_once(tmp_path):
     assert spread([1.0, 2.0, 3.0], "{:.1f}") == "2.0 ± 1.0" and spread([0.5], "{:.2f}") == "0.50"
 
 
+def _log_many(path, who):
+    for i in range(40):
+        log_metrics(path, {"who": who, "i": i})
+
+
+def test_stages_running_at_once_lose_no_metrics(tmp_path):
+    """The lab runs Q-Evolve and both baselines of one run at once, all appending to its metrics.jsonl: four
+    writers, 40 records each, every record kept (read, add, write back would lose some without the lock)."""
+    path = str(tmp_path / "metrics.jsonl")
+    writers = [multiprocessing.get_context("fork").Process(target=_log_many, args=(path, w)) for w in range(4)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    records = [json.loads(line) for line in open(path)]
+    assert sorted((r["who"], r["i"]) for r in records) == [(w, i) for w in range(4) for i in range(40)]
+
+
 @pytest.mark.slow
 def test_gpu_lab_dry_run_writes_its_report(tmp_path):
     env = {**os.environ, "DRY": "1", "LAB": str(tmp_path), "OMP_NUM_THREADS": "1",
@@ -35,7 +57,7 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
     logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("*.log"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
     report = (tmp_path / "gpu_lab.md").read_text()
-    assert report.startswith("Measured ") and "`DRY=1 bash bench/gpu_lab.sh`" in report
+    assert report.startswith("Measured ") and f"`DRY=1 TESTS={env['TESTS']} bash bench/gpu_lab.sh`" in report
     assert "**Tests**" in report and "1 passed, 0 failed" in report and "## household: seeds 0, 1" in report
     for policy in ("policy_0 (BC)", "policy_1 (Q-Evolve iter 1)", "rft_policy_1 (iterated RFT iter 1)",
                    "outcome_policy_1 (outcome-level PG iter 1)"):
