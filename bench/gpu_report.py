@@ -2,11 +2,11 @@
 
 Reads   LAB/<env>-s<seed>/ (run_all.sh runs: metrics.jsonl, eval/world*/<policy>_<split>.json, policy_0, policy_1),
         LAB/<env>-s<seed>.seconds (a run's wall-clock) and LAB/tests.log (pytest -v, when the lab ran the tests)
-Writes  --out: the device; per environment, each policy's success and average reward on every split, the mean
-        over the evaluation worlds, then mean +- std over the seeds (std: n - 1); per stage its launches, loop
+Writes  --out: the device; per environment and evaluation world, each policy's success and average reward on
+        every split, mean +- std over the seeds that finished it (std: n - 1); per stage its launches, loop
         seconds (start-up excluded), tokens/s, peak memory and model FLOP utilisation, collection's generated
         tokens/s; how far 05 moved the policy; the tests' outcome. A run stopped early (gpu_lab.sh's DEADLINE)
-        counts with what it finished: a policy's row needs its evaluations from every seed.
+        counts with what it finished: a cell shows how many seeds it holds when fewer than all.
 
 How FLOPs are counted: a token through a training step costs 6 N (forward 2 N, backward 4 N), N the
 parameters outside the input embedding (a tied output head counted at every token, attention's
@@ -71,15 +71,36 @@ def policy_order(name):
 
 
 def evaluations(run):
-    """{(policy, split): (success, avg reward)}, each the mean over the run's evaluation worlds."""
-    found = {}
-    for world in sorted(os.listdir(os.path.join(run, "eval")) if os.path.isdir(os.path.join(run, "eval")) else []):
-        for f in os.listdir(os.path.join(run, "eval", world)):
+    """{(policy, world, split): (success, avg reward)} of every evaluation the run finished."""
+    found, root = {}, os.path.join(run, "eval")
+    for world in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        for f in os.listdir(os.path.join(root, world)):
             m = re.fullmatch(r"(\w*?policy_\d+)_(\w+)\.json", f)
             if m:
-                s = json.load(open(os.path.join(run, "eval", world, f)))
-                found.setdefault(m.groups(), []).append((s["success_rate"], s["avg_reward"]))
-    return {k: tuple(statistics.mean(x) for x in zip(*v)) for k, v in found.items()}
+                s = json.load(open(os.path.join(root, world, f)))
+                found[m.group(1), world, m.group(2)] = s["success_rate"], s["avg_reward"]
+    return found
+
+
+def policy_tables(evals, n_seeds):
+    """Markdown lines: one table per evaluation world, each policy's success and average reward on each split,
+    mean +- std over the seeds that finished that evaluation (fewer than all: their count in brackets)."""
+    lines = []
+    for world in sorted({w for e in evals for _, w, _ in e}, key=lambda w: int(w.removeprefix("world"))):
+        splits = sorted({s for e in evals for _, w, s in e if w == world}, key=lambda s: (s != "seen", s))
+        lines += ["", f"{world}:", "", "| policy | " + " | ".join(f"{s} success | {s} avg reward" for s in splits)
+                  + " |", "|---|" + "---|---|" * len(splits)]
+        for pol in sorted({p for e in evals for p, w, _ in e if w == world}, key=policy_order):
+            tag, k = re.fullmatch(r"(\w*?)policy_(\d+)", pol).groups()
+            cells = []
+            for s in splits:
+                done = [e[pol, world, s] for e in evals if (pol, world, s) in e]
+                n = f" ({len(done)} of {n_seeds} seeds)" if len(done) < n_seeds else ""
+                cells.append(f"{spread([100 * d[0] for d in done], '{:.1f}')}%{n} | "
+                             f"{spread([d[1] for d in done], '{:.3f}')}" if done else "- | -")
+            label = "policy_0 (BC)" if k == "0" else f"{pol} ({NAMES[tag]} iter {k})"
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def launches(records, stage):
@@ -113,21 +134,11 @@ def main(argv=None):
     for env, env_runs in by_env.items():
         seeds = [r.rsplit("-s", 1)[1] for r in env_runs]
         evals = [evaluations(os.path.join(args.lab, r)) for r in env_runs]
-        keys = set.intersection(*(set(e) for e in evals))  # what every seed evaluated
-        splits = sorted({s for _, s in keys}, key=lambda s: (s != "seen", s))
         walls = [open(os.path.join(args.lab, f"{r}.seconds")).read().split()[-1]  # after the writer's stamp line
                  for r in env_runs if os.path.exists(os.path.join(args.lab, f"{r}.seconds"))]
         lines += ["", f"## {env}: seeds {', '.join(seeds)}", "",
-                  f"Each cell: the mean over the evaluation worlds, then mean ± std over the {len(seeds)} seeds. "
-                  f"Each run's wall-clock: {', '.join(walls) or '-'} s.", "",
-                  "| policy | " + " | ".join(f"{s} success | {s} avg reward" for s in splits) + " |",
-                  "|---|" + "---|---|" * len(splits)]
-        for pol in sorted({k for k, _ in keys}, key=policy_order):
-            tag, k = re.fullmatch(r"(\w*?)policy_(\d+)", pol).groups()
-            label = "policy_0 (BC)" if k == "0" else f"{pol} ({NAMES[tag]} iter {k})"
-            cells = [f"{spread([100 * e[(pol, s)][0] for e in evals], '{:.1f}')}% | "
-                     f"{spread([e[(pol, s)][1] for e in evals], '{:.3f}')}" for s in splits]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+                  f"Each cell: mean ± std over the seeds. Each run's wall-clock: {', '.join(walls) or '-'} s."]
+        lines += policy_tables(evals, len(seeds))
         lines += ["", "| stage | launches per run (02: one per world and split) | loop seconds per run | tokens/s "
                   "| peak memory (GB; CPU: RSS) | TFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
         records = [[json.loads(line) for line in open(os.path.join(args.lab, r, "metrics.jsonl"))] for r in env_runs]

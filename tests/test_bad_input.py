@@ -767,6 +767,8 @@ def test_cause_5_one_line_where_a_traceback_was(tmp_path, capfd, monkeypatch):
     ("bench/stage_times.py", ["--run", "{d}/a b", "--out", "{d}/t.md"], {}, "no spaces"),
     ("bench/plot_learning.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.png"], {},
      "not a PNG written by this project"),
+    ("bench/decode_step.py", ["--model", "{d}/run0", "--random"], {}, "no config.json there"),
+    ("bench/decode_step.py", ["--model", "models/smollm2-135m", "--batch", "0"], {}, "must be at least 1"),
 ])
 def test_cause_5_scripts_outside_the_stages_say_one_line(script, args, env, message, tmp_path, in_process,
                                                          monkeypatch):

@@ -1,0 +1,54 @@
+"""How long one decode step of a model takes, alone: no 02, no chat template, no environments. Against 02's own
+seconds per step (bench/results/collect_profile.md) it says how much of collection is the model's forward.
+
+A model with random weights of a directory's config (--random: SmolLM2's shape with no weights at hand), a
+prompt of --context random tokens for each of --batch rows, then --steps greedy decode steps with the KV cache,
+each ending in one device-to-host copy of the new tokens (as 02's decode loop does); the first 5 are warm-up.
+On a GPU under bf16 autocast (02's --precision auto), fp32 weights.
+
+    python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from plumbing import die  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Time one decode step of a causal LM at several batch sizes.")
+    p.add_argument("--model", required=True, help="a Hugging Face model directory (its config alone with --random)")
+    p.add_argument("--random", action="store_true", help="random weights of the model's config (no weights read)")
+    p.add_argument("--batch", type=int, nargs="+", default=[16, 128], help="rows decoded at once")
+    p.add_argument("--context", type=int, default=400, help="tokens already in each row's cache")
+    p.add_argument("--steps", type=int, default=20, help="decode steps timed (after 5 of warm-up)")
+    args = p.parse_args(argv)
+    if min(args.batch) < 1 or args.context < 1 or args.steps < 1:
+        die("--batch, --context and --steps must be at least 1")
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        die(f"--model {args.model}: no config.json there (a Hugging Face model directory)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = (AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model)) if args.random
+             else AutoModelForCausalLM.from_pretrained(args.model)).to(device).eval()
+    for batch in args.batch:
+        ids = torch.randint(0, 1000, (batch, args.context), device=device)
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            cache = DynamicCache()
+            tok = model(ids, cache=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+            for i in range(5 + args.steps):
+                if i == 5:
+                    t0 = time.time()
+                tok = model(tok, cache=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+                tok.tolist()  # the one host copy per step
+        print(f"decode step, batch {batch}, context {args.context}: {(time.time() - t0) / args.steps * 1000:.1f} ms "
+              f"({device})")
+
+
+if __name__ == "__main__":
+    main()
