@@ -2,16 +2,17 @@
 # The real-model lab (issue 60; docs/real_model.md, 'The lab'): one command of at most 8 minutes on one GPU.
 #   1. SmolLM2 converted once (SMOLLM2_DIR=models/smollm2-135m; from the installed wheel, or SMOLLM2_GGUF=<file>)
 #   2. for each env of ENVS and each seed of SEEDS, all side by side on the one GPU: run_all.sh with BASE=smollm2,
-#      BC then ALGOS="qevolve rft outcome" (Q-Evolve and the credit issue's baselines, iterated RFT and the
-#      outcome-level PG) for K=2 iterations from the same BC policy, every policy evaluated greedily on seen and
-#      unseen in worlds 0 and 1 (N_EVAL tasks each); run LAB/<env>-s<seed>, its log and wall-clock beside it
-#   3. bench/gpu_report.py: per policy mean +- std over the seeds on every split, per-stage seconds, tokens/s,
-#      peak memory and MFU -> bench/results/gpu_lab.md
+#      BC, then Q-Evolve and the credit issue's baselines (iterated RFT, the outcome-level PG) for K=2 iterations
+#      from the same BC policy, each algorithm its own run_all.sh (ALGOS=qevolve, rft, outcome) once Q-Evolve's
+#      has collected iteration 1's episodes, every policy evaluated greedily on seen and unseen in worlds 0 and 1
+#      (N_EVAL tasks each); run LAB/<env>-s<seed>, its logs (<algo>.log) and wall-clock beside it
+#   3. bench/gpu_report.py: per policy and world mean +- std over the seeds on every split, per-stage seconds,
+#      tokens/s, peak memory and MFU -> bench/results/gpu_lab.md
 # The lab's budgets (a variable you set still wins): 400 demonstrations, BC 2 epochs at lr 5e-5; per iteration 128
 # self episodes (one lockstep batch of 128 slots), the critic 1 epoch at 1e-5, BPPO 1 epoch at 2e-6, RFT 1 epoch at
 # 2e-5; batches of 16 trajectories; 100 greedy tasks per (world, split). Memory per run: gradient checkpointing and
 # the chunked log-probabilities (--grad-checkpointing auto, plumbing.by_rows), so three seeds share an 80 GB GPU.
-# docs/real_model.md, 'The lab', has the budget arithmetic. Settings: LAB=runs/gpu_lab, SEEDS="0 1 2",
+# docs/real_model.md, 'The lab', has the budget arithmetic; 'The lab on one H100' its first run. Settings: LAB=runs/gpu_lab, SEEDS="0 1 2",
 # ENVS=household ("household shop" where it fits: about twice the time), TESTS= (pytest's arguments, e.g.
 # "--slow -n 8 tests": the suite beside the runs, -v into LAB/tests.log), PYTHON=python (else python3),
 # DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it).
