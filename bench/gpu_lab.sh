@@ -12,9 +12,10 @@
 # self episodes (one lockstep batch of 128 slots), the critic 1 epoch at 1e-5, BPPO 1 epoch at 2e-6, RFT 1 epoch at
 # 2e-5; batches of 16 trajectories; 100 greedy tasks per (world, split). Memory per run: gradient checkpointing and
 # the chunked log-probabilities (--grad-checkpointing auto, plumbing.by_rows), so three seeds share an 80 GB GPU.
-# docs/real_model.md, 'The lab', has the budget arithmetic; 'The lab on one H100' its first run. Settings: LAB=runs/gpu_lab, SEEDS="0 1 2",
-# ENVS=household ("household shop" where it fits: about twice the time), TESTS= (pytest's arguments, e.g.
-# "--slow -n 8 tests": the suite beside the runs, -v into LAB/tests.log), PYTHON=python (else python3),
+# docs/real_model.md, 'The lab', has the budget arithmetic; 'The lab on one H100' its first run.
+# Settings: LAB=runs/gpu_lab, SEEDS="0 1 2", ENVS=household ("household shop" where it fits: about twice the
+# time), TESTS= (pytest's arguments, e.g. "--slow -n 8 tests": the suite beside the runs, -v into LAB/tests.log),
+# PYTHON=python (else python3),
 # DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it).
 # DRY=1 runs the same path on a CPU: a one-layer tiny model from scratch, SMOKE's toy budgets, two seeds, K=1 and
 # --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
