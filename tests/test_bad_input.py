@@ -621,10 +621,10 @@ def test_cause_1_the_results_table_keeps_the_rule(tmp_path, in_process):
 def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
     """The GPU script wrote LAB/<env>.log over what was there, and ENVS='..' wrote outside LAB."""
     (tmp_path / "lab").mkdir()
-    (tmp_path / "lab/household-s0.log").write_text("my own log\n")
+    (tmp_path / "lab/household-s0.qevolve.log").write_text("my own log\n")
     env = {**os.environ, "LAB": str(tmp_path / "lab"), "DRY": "1", "TESTS": "", "PYTHON": sys.executable}
     for envs, message in (("../outside", "ENVS must be environment names"),
-                          ("household", "household-s0.log exists and is not a run log")):
+                          ("household", "household-s0.qevolve.log exists and is not a run log")):
         before = snapshot(tmp_path)
         proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env={**env, "ENVS": envs}, capture_output=True,
                               text=True)

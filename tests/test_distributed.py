@@ -48,7 +48,7 @@ def assert_same_metrics(path_a, path_b):
     for ra, rb in zip(rows_a, rows_b):
         assert ra.keys() == rb.keys()
         for k in ra:
-            if k not in ("elapsed_s", "tokens_per_s", "peak_mem_gb"):  # timings and memory differ
+            if k not in ("elapsed_s", "tokens_per_s", "peak_mem_gb", "out"):  # timings, memory and --out differ
                 assert ra[k] == (rb[k] if isinstance(rb[k], str) else pytest.approx(rb[k], rel=1e-4, abs=1e-6)), k
 
 
