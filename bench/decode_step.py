@@ -4,7 +4,8 @@ seconds per step (bench/results/collect_profile.md) it says how much of collecti
 A model with random weights of a directory's config (--random: SmolLM2's shape with no weights at hand), a
 prompt of --context random tokens for each of --batch rows, then --steps greedy decode steps with the KV cache,
 each ending in one device-to-host copy of the new tokens (as 02's decode loop does); the first 5 are warm-up.
-On a GPU under bf16 autocast (02's --precision auto), fp32 weights.
+Device, precision and loading as 02's (plumbing.pick_device / autocast / load_model): fp32 weights, bf16 autocast
+on a GPU that has bf16.
 
     python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128
 """
@@ -17,7 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from plumbing import die  # noqa: E402
+from plumbing import autocast, die, load_model, pick_device  # noqa: E402
 
 
 def main(argv=None):
@@ -32,13 +33,13 @@ def main(argv=None):
         die("--batch, --context and --steps must be at least 1")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         die(f"--model {args.model}: no config.json there (a Hugging Face model directory)")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device, amp = pick_device("auto")
     torch.manual_seed(0)
     model = (AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model)) if args.random
-             else AutoModelForCausalLM.from_pretrained(args.model)).to(device).eval()
+             else load_model(AutoModelForCausalLM, args.model)).to(device).eval()
     for batch in args.batch:
         ids = torch.randint(0, 1000, (batch, args.context), device=device)
-        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+        with torch.no_grad(), autocast(device, amp):
             cache = DynamicCache()
             tok = model(ids, cache=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
             for i in range(5 + args.steps):
@@ -47,7 +48,7 @@ def main(argv=None):
                 tok = model(tok, cache=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
                 tok.tolist()  # the one host copy per step
         print(f"decode step, batch {batch}, context {args.context}: {(time.time() - t0) / args.steps * 1000:.1f} ms "
-              f"({device})")
+              f"({device.type}, {amp or 'fp32'})")
 
 
 if __name__ == "__main__":
