@@ -76,6 +76,10 @@ def parse_args(argv=None):
     p.add_argument("--plain-generate", action="store_true",
                    help="generate with the plain loop (kv_cache.generate_plain: every prompt read in full each turn) "
                         "instead of the KV cache kept across turns; the same replies up to float rounding, slower")
+    p.add_argument("--compile", action="store_true",
+                   help="decode steps through torch.compile, on a GPU with CUDA graphs (mode reduce-overhead: a "
+                        "step's ~400 kernel launches replayed at once); each cache width (a multiple of 256) compiles "
+                        "once, 10-60 s. The replies of the eager model up to float rounding")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the summary to this JSONL file")
     return p.parse_args(argv)
@@ -131,7 +135,8 @@ def run_episode(env, task_id, policy, args, aux):
         else:
             prompt = policy.prompt_ids(ep)  # the chat so far (episode_messages) and the generation prompt
             if len(prompt) > policy.max_prompt:  # it would overflow the model's context: the episode is cut here
-                policy.cut_episodes, won = policy.cut_episodes + 1, False
+                policy.counts[0]["cut_episodes"] += 1
+                won = False
                 break
             text = policy.act([0], [prompt])[0]
         step, over, won = take_step(env, text, ep["steps"][-1]["obs"] if ep["steps"] else ep["obs0"], aux)
@@ -185,14 +190,23 @@ class ModelPolicy:
         self.tokenizer = load_tokenizer(path)
         self.device, self.amp = pick_device(args.precision)
         self.model = load_model(AutoModelForCausalLM, path).to(self.device).eval()
+        self.step = self.model if not args.compile else torch.compile(  # one token per row (kv_cache.Session.feed)
+            self.model, mode="reduce-overhead" if self.device.type == "cuda" else None, fullgraph=True, dynamic=False)
         self.args, self.eos_id, self.pad_id = args, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
 
     def start(self, n_rows):
-        """A collection on n_rows rows: no KV cache yet (kv_cache.py), the counts at 0 (cut: replies that reached
-        --max-new-tokens unfinished; episodes whose prompt outgrew the context)."""
+        """A collection on n_rows rows: no KV cache yet (kv_cache.py), each row's counts at 0: generated_tokens,
+        cut_replies (replies that reached --max-new-tokens unfinished), cut_episodes (prompt outgrew the context)."""
         self.n_rows, self.session = n_rows, None
-        self.generated_tokens = self.cut_replies = self.cut_episodes = 0
+        self.counts = [Counter() for _ in range(n_rows)]
+
+    def take_counts(self, rows):
+        """The counts of `rows` since they were last taken (then 0 again): an episode's, taken when it ends."""
+        out = sum((self.counts[r] for r in rows), Counter())
+        for r in rows:
+            self.counts[r] = Counter()
+        return out
 
     def prompt_ids(self, episode):
         text = self.tokenizer.apply_chat_template(episode_messages(episode), add_generation_prompt=True, tokenize=False)
@@ -204,12 +218,12 @@ class ModelPolicy:
         with autocast(self.device, self.amp):  # fp32, or bf16 matmuls on fp32 weights (--precision)
             replies = generate(self, rows, prompts, next_tokens)
         out = []
-        for toks in replies:
-            self.generated_tokens += len(toks)
+        for r, toks in zip(rows, replies):
+            self.counts[r]["generated_tokens"] += len(toks)
             if toks and toks[-1] == self.eos_id:
                 toks = toks[:-1]
             else:
-                self.cut_replies += 1
+                self.counts[r]["cut_replies"] += 1
             out.append(self.tokenizer.decode(toks, skip_special_tokens=True).strip())
         return out
 
@@ -240,63 +254,68 @@ def main(argv=None):
     reranker = Reranker(args.rerank, args) if args.rerank else None  # first: a bad CRITIC_DIR fails fast
     policy = "expert" if args.policy == "expert" else ModelPolicy(args.policy, args)
     aux = {"ok": 0.0, "invalid": args.r_inv, "repeat": args.r_repeat, "format": args.r_fmt}
-    for i, (r, task_ids) in enumerate(runs):
-        if i > 0:  # each pair after the first starts from --seed again
-            seed_everything(args.seed)
-        collect(r, task_ids, policy, aux, reranker, env_kwargs, rank, world)
+    make_env = lambda r: envs.make(r.env, seed=r.env_seed, **env_kwargs)
+    if world > 1:  # distributed: every rank its share of each run's tasks, sampled with its own random stream
+        runs = [(r, task_ids[rank::world]) for r, task_ids in runs]
+        torch.manual_seed(args.seed + rank)
+    t0, cpu0 = time.time(), time.process_time()  # CPU time: less sensitive than wall time to other load
+    if args.num_envs == 1 and not reranker:  # one episode at a time, run after run: run_episode, the loop to read
+        done = [one_by_one(make_env(r), task_ids, policy, r, aux) for r, task_ids in runs]
+    else:  # the same rollouts, every run's at once on --num-envs slots in lockstep (rollout.py)
+        done = run_lockstep(make_env, runs, policy, new_episode,
+                            lambda env, text, prev: take_step(env, text, prev, aux), end_episode, reranker)
+    timing = {"wall_s": round(time.time() - t0, 2), "cpu_s": round(time.process_time() - cpu0, 2),
+              "runs_in_batch": len(runs)}  # the launch's: its runs share one batch
+    for (r, _), (episodes, counts) in zip(runs, done):
+        summarize(r, episodes, counts, timing, rank, world)
     finish_distributed()
 
 
-def collect(args, task_ids, policy, aux, reranker, env_kwargs, rank, world):
-    """One (world, split): its episodes -> args.out (JSONL) and its summary (.json), one record to --metrics."""
-    make_env = lambda: envs.make(args.env, seed=args.env_seed, **env_kwargs)
-    if world > 1:  # distributed: every rank its share of the tasks, sampled with its own random stream
-        task_ids = task_ids[rank::world]
-        torch.manual_seed(args.seed + rank)
-    t0, cpu0 = time.time(), time.process_time()  # CPU time: less sensitive than wall time to other load
-    if args.num_envs == 1 and not reranker:  # one episode at a time: run_episode, the loop to read
-        env = make_env()
-        if policy != "expert":
-            policy.start(1)
-        bar = tqdm(task_ids, desc=f"02_collect {args.split}", unit="ep", disable=not is_main())
-        episodes = [ep for ep in (run_episode(env, tid, policy, args, aux) for tid in bar) if ep is not None]
-        env.close()
-    else:  # the same rollouts, many at once in lockstep (rollout.py)
-        episodes = run_lockstep(make_env, task_ids, policy, args, lambda env, tid: new_episode(env, tid, args),
-                                lambda env, text, prev: take_step(env, text, prev, aux), end_episode, reranker)
+def one_by_one(env, task_ids, policy, args, aux):
+    """One run's episodes, one at a time (run_episode) -> (its episodes, its counts)."""
+    if policy != "expert":
+        policy.start(1)
+    bar = tqdm(task_ids, desc=f"02_collect {args.split}", unit="ep", disable=not is_main())
+    episodes = [ep for ep in (run_episode(env, tid, policy, args, aux) for tid in bar) if ep is not None]
+    env.close()
+    return episodes, Counter() if policy == "expert" else policy.take_counts([0])
+
+
+def summarize(args, episodes, counts, timing, rank, world):
+    """One (world, split): its episodes -> args.out (JSONL) and its summary (.json), one record to --metrics.
+    wall_s and cpu_s are the launch's, whose runs_in_batch runs were rolled out together."""
     env_steps = sum(s["label"] != "format" for ep in episodes for s in ep["steps"])  # a format error steps nothing
-    generated, cut = (0, 0) if policy == "expert" else (policy.generated_tokens, policy.cut_replies)
-    if policy != "expert" and policy.cut_episodes:
-        print(f"note: {policy.cut_episodes} episodes were cut because their next prompt exceeded the model's context")
     if world > 1:  # distributed: rank 0 gathers every rank's episodes and sums the counts; the others are done
         gathered = [None] * world if rank == 0 else None
-        torch.distributed.gather_object((episodes, [env_steps, generated, cut]), gathered, dst=0)
+        torch.distributed.gather_object((episodes, counts, env_steps), gathered, dst=0)
         if rank != 0:
             return
-        episodes = [ep for eps, _ in gathered for ep in eps]
-        env_steps, generated, cut = (sum(c) for c in zip(*(counts for _, counts in gathered)))
+        episodes = [ep for eps, _, _ in gathered for ep in eps]
+        counts, env_steps = sum((c for _, c, _ in gathered), Counter()), sum(n for _, _, n in gathered)
     episodes.sort(key=lambda ep: ep["task_id"])
     if not episodes:
         die("no episode was recorded: not even the first prompt fits the model's context")
-    wall, n, labels = time.time() - t0, len(episodes), Counter(s["label"] for ep in episodes for s in ep["steps"])
+    n, labels = len(episodes), Counter(s["label"] for ep in episodes for s in ep["steps"])
+    if counts["cut_episodes"]:
+        print(f"note: {counts['cut_episodes']} episodes were cut because their next prompt exceeded the model's context")
     summary = {"stage": "02_collect", "policy": policy_name(args), "env": args.env, "split": args.split,
                "greedy": args.greedy, "candidates": args.candidates if args.rerank else 1, "episodes": n,
                "success_rate": sum(ep["success"] for ep in episodes) / n,
                "avg_reward": sum(ep["reward"] for ep in episodes) / n,
                "avg_steps": sum(len(ep["steps"]) for ep in episodes) / n,
                "labels": {k: labels.get(k, 0) for k in ("ok", "invalid", "repeat", "format")},
-               "env_steps": env_steps, "generated_tokens": generated, "wall_s": round(wall, 2),
-               "cpu_s": round(time.process_time() - cpu0, 2), "episodes_per_s": round(n / max(wall, 1e-9), 2)}
-    if cut:
-        print(f"note: {cut} replies reached --max-new-tokens {args.max_new_tokens} before the "
+               "env_steps": env_steps, "generated_tokens": counts["generated_tokens"], **timing}
+    if counts["cut_replies"]:
+        print(f"note: {counts['cut_replies']} replies reached --max-new-tokens {args.max_new_tokens} before the "
               f"end-of-turn token and were cut (raise --max-new-tokens if the policy writes long thoughts)")
     save_episodes(args.out, episodes, summary, args, args.metrics)  # and FILE.json, the summary
     lab = summary["labels"]
     rerank = f"(Q-reranked from {args.candidates} candidates per step) " if args.rerank else ""
-    print(f"02_collect: {summary['policy']} on {args.env}/{args.split}: success {summary['success_rate']:.1%}, "
-          f"avg reward {summary['avg_reward']:.3f}, avg steps {summary['avg_steps']:.1f}, labels ok {lab['ok']} "
-          f"invalid {lab['invalid']} repeat {lab['repeat']} format {lab['format']}, {n} episodes "
-          f"{rerank}in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f} ep/s) -> {args.out}")
+    batch = f" of {timing['runs_in_batch']} runs in one batch" if timing["runs_in_batch"] > 1 else ""
+    print(f"02_collect: {summary['policy']} on {args.env}/{args.split} (world {args.env_seed}): success "
+          f"{summary['success_rate']:.1%}, avg reward {summary['avg_reward']:.3f}, avg steps {summary['avg_steps']:.1f}, "
+          f"labels ok {lab['ok']} invalid {lab['invalid']} repeat {lab['repeat']} format {lab['format']}, {n} episodes "
+          f"{rerank}in {summary['wall_s']:.1f}s{batch} -> {args.out}")
 
 
 # ----------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 CACHE_ROOM = 64  # free KV-cache columns beyond one turn's need
+COMPILED_WIDTH = 256  # with 02 --compile, cache widths are multiples of this (each width compiles once)
 
 
 @torch.no_grad()
@@ -45,7 +46,7 @@ def generate_cached(policy, rows, prompts, next_tokens):
     """generate_plain's replies through policy.session, a Session over all n_rows rows of the batch."""
     p, max_new = policy, policy.args.max_new_tokens
     if p.session is None:  # the first turn: a cache that fits the prompts and one turn
-        p.session = Session(p.model, p.n_rows, max(len(x) for x in prompts) + max_new + CACHE_ROOM, p.pad_id)
+        p.session = Session(p.model, p.n_rows, max(len(x) for x in prompts) + max_new + CACHE_ROOM, p.pad_id, p.step)
     s, prompt_of = p.session, dict(zip(rows, prompts))
     # The tokens each row must feed to see its prompt. A row without a prompt (its slot has no
     # episode left) hides everything, so the copies below can drop it.
@@ -68,7 +69,7 @@ def generate_cached(policy, rows, prompts, next_tokens):
         going = [j for j, r in enumerate(slot) if r in live]
         if not going:
             break
-        if len(going) <= len(slot) // 2:
+        if len(going) <= len(slot) // 2 and p.step is p.model:  # (a compiled step keeps its shapes: all rows)
             # Most rows have ended their reply, but every row of s is computed at every step: go on
             # with a copy that holds only the rows still writing. Their last tokens never reach
             # p.session; at the next turn, sync finds them missing and feeds them with the observation.
@@ -84,8 +85,10 @@ class Session:
     rest of the old episode (sync). When pads and hidden columns fill the cache, the visible
     columns are copied into a smaller one (compacted): attention reads every column at every step."""
 
-    def __init__(self, model, n_rows, max_cols, pad_id):
-        self.model, self.pad_id, self.max_cols = model, pad_id, max_cols
+    def __init__(self, model, n_rows, max_cols, pad_id, step):
+        if step is not model:  # a compiled step (02 --compile) compiles once per cache width: widths in steps of 256
+            max_cols = -(-max_cols // COMPILED_WIDTH) * COMPILED_WIDTH
+        self.model, self.step, self.pad_id, self.max_cols = model, step, pad_id, max_cols
         self.cache = StaticCache(config=model.config, max_cache_len=max_cols)
         self.mask = torch.zeros((n_rows, max_cols), dtype=torch.long, device=model.device)
         self.width = 0                                # columns used so far
@@ -94,9 +97,10 @@ class Session:
 
     def sync(self, r, prompt):
         """Tokens row r must feed so that it sees `prompt`: the part after the longest common
-        prefix with what it already sees (the rest is hidden)."""
+        prefix with what it already sees (the rest is hidden), and at least the prompt's last token,
+        whose logits the reply starts from (a new episode may begin as the row's last one did)."""
         n = 0
-        while n < min(len(prompt), len(self.ids[r])) and prompt[n] == self.ids[r][n]:
+        while n < min(len(prompt) - 1, len(self.ids[r])) and prompt[n] == self.ids[r][n]:
             n += 1
         self.mask[r, self.cols[r][n:]] = 0
         self.cols[r], self.ids[r] = self.cols[r][:n], self.ids[r][:n]
@@ -118,9 +122,10 @@ class Session:
                 self.ids[r] += toks
         dev = self.model.device
         self.mask[:, self.width:self.width + W] = seen.to(dev)  # one copy to the device for all rows
-        out = self.model(input_ids=chunk.to(dev), attention_mask=self.mask, position_ids=pos.to(dev), cache=self.cache)
+        forward = self.step if W == 1 else self.model  # decode steps through the compiled step, if any
+        out = forward(input_ids=chunk.to(dev), attention_mask=self.mask, position_ids=pos.to(dev), cache=self.cache)
         self.width += W
-        return out.logits[:, -1].float()
+        return out.logits[:, -1].to(torch.float32, copy=True)  # a copy: a CUDA graph's next replay overwrites out
 
     def compacted(self, room, rows=None):
         """A new Session holding only what the given rows (default: all) see, right-aligned (stale
@@ -129,7 +134,7 @@ class Session:
         tokens before it, none of which change."""
         rows = list(range(len(self.ids))) if rows is None else rows
         B, n = len(rows), max(len(self.cols[r]) for r in rows)
-        new = Session(self.model, B, n + room, self.pad_id)
+        new = Session(self.model, B, n + room, self.pad_id, self.step)
         src = torch.zeros((B, n), dtype=torch.long)  # the old column of each new column (0 under pads)
         for j, r in enumerate(rows):
             k = len(self.cols[r])

@@ -10,6 +10,7 @@ rows of the batch, and the critic picks the reply its environment executes.
 import argparse
 import os
 import random
+from collections import Counter
 
 from tqdm import tqdm
 
@@ -45,49 +46,68 @@ def plan_runs(args, env_kwargs):
     return planned
 
 
-def run_lockstep(make_env, task_ids, policy, args, new_episode, take_step, end_episode, reranker=None):
-    """Every task once, on --num-envs slots -> the finished episodes. The stage's own functions do the
-    rest: new_episode(env, task_id) resets an environment on a task -> the episode so far;
-    take_step(env, text, prev_obs) -> (the step's record, the episode is over, it was won);
-    end_episode(episode, won) -> the episode completed, or None (not even its first prompt fit).
-    Slot i owns rows i*m .. i*m+m-1 of the generation batch (m candidates with --rerank, else 1)."""
-    m = reranker.m if reranker else 1
-    slots = [make_env() for _ in range(min(args.num_envs, len(task_ids)))]
-    queue = list(reversed(task_ids))  # queue.pop() hands out the tasks in order
-    live, finished = {}, []  # live: slot -> its episode so far
-    bar = tqdm(total=len(task_ids), desc=f"02_collect {args.split}", unit="ep", disable=not is_main())
-    for i in range(len(slots)):
-        live[i] = new_episode(slots[i], queue.pop())
+def run_lockstep(make_env, runs, policy, new_episode, take_step, end_episode, reranker=None):
+    """Every task of every run once, on --num-envs slots shared by the runs -> per run, its finished episodes
+    and its counts (generated tokens, replies cut at --max-new-tokens, episodes cut by the context). One batch
+    for all of a launch's (world, split) runs: a slot that ends an episode takes the next task of any run, so
+    the batch stays full until the last queue is empty. runs: [(args, task_ids)] (plan_runs). The stage's own
+    functions do the rest: make_env(args) -> an environment of args' world; new_episode(env, task_id, args)
+    resets it on a task -> the episode so far; take_step(env, text, prev_obs) -> (the step's record, the
+    episode is over, it was won); end_episode(episode, won) -> the episode completed, or None (not even its
+    first prompt fit). Slot i owns rows i*m .. i*m+m-1 of the generation batch (m candidates with --rerank)."""
+    args, m = runs[0][0], reranker.m if reranker else 1
+    queue = [(k, tid) for k, (_, task_ids) in enumerate(runs) for tid in task_ids][::-1]  # pop(): in order
+    n_slots, run_of, env_of = min(args.num_envs, len(queue)), {}, {}  # slot -> its run; -> (world, environment)
+    live, done = {}, [([], Counter()) for _ in runs]  # live: slot -> its episode so far; done: per run
+    bar = tqdm(total=len(queue), desc="02_collect " + " ".join(dict.fromkeys(r.split for r, _ in runs)), unit="ep",
+               disable=not is_main())
+
+    def start(i):  # slot i takes the next task, in an environment of the task's world
+        k, tid = queue.pop()
+        r = runs[k][0]
+        if env_of.get(i, (r.env_seed,))[0] != r.env_seed:
+            env_of.pop(i)[1].close()
+        if i not in env_of:
+            env_of[i] = (r.env_seed, make_env(r))
+        run_of[i], live[i] = k, new_episode(env_of[i][1], tid, r)
+
+    for i in range(n_slots):
+        start(i)
     if policy != "expert":
-        policy.start(len(slots) * m)
+        policy.start(n_slots * m)
     while live:
         rows, outcome = sorted(live), {}  # slot -> won (True / False), for each episode that ends at this step
         if policy == "expert":
-            replies = [slots[i].expert_text() for i in rows]
+            replies = [env_of[i][1].expert_text() for i in rows]
         else:
             prompts = {i: policy.prompt_ids(live[i]) for i in rows}
             # An episode whose next prompt would overflow the model's context ends here (cut).
             outcome = {i: False for i in rows if len(prompts[i]) > policy.max_prompt}
-            policy.cut_episodes, rows = policy.cut_episodes + len(outcome), [i for i in rows if i not in outcome]
+            for i in outcome:
+                policy.counts[i * m]["cut_episodes"] += 1
+            rows = [i for i in rows if i not in outcome]
             replies = policy.act([i * m + j for i in rows for j in range(m)],
                                  [prompts[i] for i in rows for _ in range(m)]) if rows else []
             if reranker and rows:  # each environment executes its argmax-Q candidate
                 q = reranker.q_values([live[i] for i in rows for _ in range(m)], replies)
                 replies = [replies[k * m + j] for k, j in enumerate(pick_candidates(q, m))]
         for i, text in zip(rows, replies):
-            ep = live[i]
-            step, over, won = take_step(slots[i], text, ep["steps"][-1]["obs"] if ep["steps"] else ep["obs0"])
+            ep, env = live[i], env_of[i][1]
+            step, over, won = take_step(env, text, ep["steps"][-1]["obs"] if ep["steps"] else ep["obs0"])
             ep["steps"].append(step)
-            if over or len(ep["steps"]) >= slots[i].max_steps:  # format errors count toward the limit
+            if over or len(ep["steps"]) >= env.max_steps:  # format errors count toward the limit
                 outcome[i] = won
         for i in sorted(outcome):
+            episodes, counts = done[run_of[i]]
+            if policy != "expert":  # what the slot's rows counted for this episode
+                counts.update(policy.take_counts(range(i * m, i * m + m)))
             ep = end_episode(live.pop(i), outcome[i])
             if queue:  # refill: the slot starts the next task
-                live[i] = new_episode(slots[i], queue.pop())
+                start(i)
             if ep is not None:
-                finished.append(ep)
+                episodes.append(ep)
                 bar.update(1)
     bar.close()
-    for env in slots:
+    for _, env in env_of.values():
         env.close()
-    return finished
+    return done

@@ -2,12 +2,13 @@
 seconds per step (bench/results/collect_profile.md) it says how much of collection is the model's forward.
 
 A model with random weights of a directory's config (--random: SmolLM2's shape with no weights at hand), a
-prompt of --context random tokens for each of --batch rows, then --steps greedy decode steps with the KV cache,
-each ending in one device-to-host copy of the new tokens (as 02's decode loop does); the first 5 are warm-up.
+prompt of --context random tokens for each of --batch rows, then --steps greedy decode steps with a static KV cache
+(02's), each ending in one device-to-host copy of the new tokens (as 02's decode loop does); the first 5 are
+warm-up. --compile also times the step compiled as 02 --compile compiles it (CUDA graphs on a GPU).
 Device, precision and loading as 02's (plumbing.pick_device / autocast / load_model): fp32 weights, bf16 autocast
 on a GPU that has bf16.
 
-    python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128
+    python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128 --compile
 """
 import argparse
 import os
@@ -15,7 +16,7 @@ import sys
 import time
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from plumbing import autocast, die, load_model, pick_device  # noqa: E402
@@ -28,6 +29,8 @@ def main(argv=None):
     p.add_argument("--batch", type=int, nargs="+", default=[16, 128], help="rows decoded at once")
     p.add_argument("--context", type=int, default=400, help="tokens already in each row's cache")
     p.add_argument("--steps", type=int, default=20, help="decode steps timed (after 5 of warm-up)")
+    p.add_argument("--compile", action="store_true", help="also time the step compiled as 02 --compile compiles it "
+                   "(torch.compile; CUDA graphs on a GPU)")
     args = p.parse_args(argv)
     if min(args.batch) < 1 or args.context < 1 or args.steps < 1:
         die("--batch, --context and --steps must be at least 1")
@@ -37,18 +40,29 @@ def main(argv=None):
     torch.manual_seed(0)
     model = (AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model)) if args.random
              else load_model(AutoModelForCausalLM, args.model)).to(device).eval()
+    steps = {"eager": model}
+    if args.compile:  # as 02 --compile: CUDA graphs on a GPU
+        steps["compiled"] = torch.compile(model, mode="reduce-overhead" if device.type == "cuda" else None,
+                                          fullgraph=True, dynamic=False)
     for batch in args.batch:
-        ids = torch.randint(0, 1000, (batch, args.context), device=device)
-        with torch.no_grad(), autocast(device, amp):
-            cache = DynamicCache()
-            tok = model(ids, cache=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-            for i in range(5 + args.steps):
-                if i == 5:
-                    t0 = time.time()
-                tok = model(tok, cache=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-                tok.tolist()  # the one host copy per step
-        print(f"decode step, batch {batch}, context {args.context}: {(time.time() - t0) / args.steps * 1000:.1f} ms "
-              f"({device.type}, {amp or 'fp32'})")
+        for name, step in steps.items():
+            width = -(-(args.context + 5 + args.steps) // 256) * 256  # 02's cache: static, widths in steps of 256
+            cache = StaticCache(config=model.config, max_cache_len=width)
+            mask = torch.zeros((batch, width), dtype=torch.long, device=device)
+            mask[:, :args.context] = 1
+            with torch.no_grad(), autocast(device, amp):
+                ids = torch.randint(0, 1000, (batch, args.context), device=device)
+                tok = model(ids, attention_mask=mask, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+                for i in range(5 + args.steps):  # 5 of warm-up (and of compiling)
+                    if i == 5:
+                        t0 = time.time()
+                    mask[:, args.context + i] = 1
+                    pos = torch.full((batch, 1), args.context + i, device=device)
+                    tok = step(input_ids=tok, attention_mask=mask, position_ids=pos, cache=cache).logits[:, -1].argmax(
+                        -1, keepdim=True)
+                    tok.tolist()  # the one host copy per step
+            print(f"decode step, batch {batch}, context {args.context}, {name}: "
+                  f"{(time.time() - t0) / args.steps * 1000:.1f} ms ({device.type}, {amp or 'fp32'})")
 
 
 if __name__ == "__main__":

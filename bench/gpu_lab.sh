@@ -16,7 +16,8 @@
 # Settings: LAB=runs/gpu_lab, SEEDS="0 1 2", ENVS=household ("household shop" where it fits: about twice the
 # time), TESTS= (pytest's arguments, e.g. "--slow -n 8 tests": the suite beside the runs, -v into LAB/tests.log),
 # PYTHON=python (else python3),
-# DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it).
+# DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it),
+# COMPILE=1 (below: 02's decode steps as CUDA graphs; 0: eager).
 # DRY=1 runs the same path on a CPU: a one-layer tiny model from scratch, SMOKE's toy budgets, two seeds, K=1 and
 # --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
 #
@@ -55,7 +56,7 @@ fi
 
 # Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
 # written atomically when its command ends (plumbing.py save): checked before anything runs.
-logs=("$LAB/tests.log")
+logs=("$LAB/tests.log" "$LAB/decode_step.log")
 for env in $ENVS; do for seed in $SEEDS; do
   logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.log "$LAB/$env-s$seed.seconds")
 done; done
@@ -63,14 +64,29 @@ $PYTHON plumbing.py check run_log "${logs[@]}"
 $PYTHON plumbing.py check table "$report"
 save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
 
-pids=()
+pids=() compiled=0
 start=$(date +%s)
+# 02's decode steps compiled (02 --compile: CUDA graphs) once bench/decode_step.py has compiled and timed them on
+# random weights of SmolLM2's shape, eager and compiled at 128 rows (LAB/decode_step.log, the report's first lines);
+# if that fails, 02 runs eager. COMPILE=0 skips it (DRY: 0, a CPU gains nothing from it).
+if [ "${COMPILE:-$((1 - DRY))}" = 1 ]; then
+  if timeout 240 $PYTHON bench/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --compile 2>&1 \
+       | save "$LAB/decode_step.log"; then
+    compiled=1
+  else
+    echo "gpu_lab: the compiled decode step failed ($LAB/decode_step.log): 02 runs eager" >&2
+  fi
+fi
 # lab ALGO ENV SEED: run_all.sh for one algorithm, stopped at DEADLINE seconds after the lab's start
 lab() {
   local left=""
   if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - start) )); [ "$left" -gt 0 ] || return 124; fi
-  ${left:+timeout "$left"} "${chain[@]}" ALGOS="$1" ENV="$2" SEED="$3" RUN="$LAB/$2-s$3" PYTHON="$PYTHON" \
-    bash run_all.sh 2>&1 | save "$LAB/$2-s$3.$1.log"
+  local collect=()  # run_all.sh's real-model COLLECT_ARGS, and --compile
+  if [ "$compiled" = 1 ] && [ -z "${COLLECT_ARGS:-}" ]; then
+    collect=(COLLECT_ARGS="--num-envs 128 --compile$([ "$2" != shop ] || echo " --max-new-tokens 64")")
+  fi
+  ${left:+timeout "$left"} "${chain[@]}" "${collect[@]}" ALGOS="$1" ENV="$2" SEED="$3" RUN="$LAB/$2-s$3" \
+    PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$LAB/$2-s$3.$1.log"
 }
 # Per run: Q-Evolve first (BC, its evaluation, iteration 1's episodes); once those episodes exist the two baselines
 # start beside it from the same policy_0 and episodes (run_all.sh skips what exists), so the three run at once.
@@ -96,7 +112,7 @@ failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # by id: never a monitor started beside them
 echo "gpu_lab: the runs took $(( $(date +%s) - start )) s"
 command="bash bench/gpu_lab.sh"  # with the settings it was given, for the report's first line
-for v in TESTS DEADLINE N_EVAL N_SELF N_EXPERT K SEEDS ENVS DRY; do
+for v in TESTS DEADLINE N_EVAL N_SELF N_EXPERT K SEEDS ENVS COMPILE DRY; do
   if printenv "$v" >/dev/null; then val=${!v}; [[ $val == *' '* ]] && val="'$val'"; command="$v=$val $command"; fi
 done
 $PYTHON bench/gpu_report.py --lab "$LAB" --out "$report" --command "$command"

@@ -128,6 +128,12 @@ def main(argv=None):
              "# The real-model lab", "", "bench/gpu_lab.sh says what it runs and its budgets; bench/gpu_report.py how "
              f"it counts. Peak for utilisation: {f'{peak:g} TFLOP/s (bf16, dense)' if peak else 'unknown (no MFU)'}.",
              "", f"**Tests** (`{args.lab}/tests.log`): {test_summary(os.path.join(args.lab, 'tests.log'))}"]
+    step_log = os.path.join(args.lab, "decode_step.log")  # the compiled decode step's check, where it ran
+    if os.path.isfile(step_log):
+        timed = [line.strip() for line in open(step_log) if line.startswith("decode step")]
+        lines += ["", f"**One decode step** (`{step_log}`, random weights; 02 ran " +
+                  ("compiled" if len(timed) == 2 else "eager: the compiled step failed") + "): " +
+                  ("; ".join(timed) or "no timing")]
     by_env = {}
     for run in runs:
         by_env.setdefault(run.rsplit("-s", 1)[0], []).append(run)
@@ -157,10 +163,11 @@ def main(argv=None):
             cs = [[r for r in rs if r["stage"] == "02_collect" and r["policy"] != "expert" and r["greedy"] == greedy]
                   for rs in records]
             if any(cs):
-                tokens, wall = (sum(r[k] for c in cs for r in c) for k in ("generated_tokens", "wall_s"))
+                walls = [sum(r["wall_s"] / r.get("runs_in_batch", 1) for r in c) for c in cs]  # a batch's wall once
+                tokens = sum(r["generated_tokens"] for c in cs for r in c)
                 lines.append(f"| 02_collect, {what} | {statistics.mean(len(c) for c in cs):g} | "
-                             f"{spread([sum(r['wall_s'] for r in c) for c in cs], '{:.0f}')} | "
-                             f"{tokens / max(wall, 1e-9):,.0f} generated | - | - | - |")
+                             f"{spread(walls, '{:.0f}')} | "
+                             f"{tokens / max(sum(walls), 1e-9):,.0f} generated | - | - | - |")
         lines += ["", "How far Q-Evolve's first 05 (BPPO) moved the policy:", "",
                   "| run | 05: KL(pi_1 \\|\\| pi_ref) per token | 05: approx KL(pi_old \\|\\| pi_1) "
                   "| tensors of policy_1 that differ from policy_0 | their elements that differ | saved dtype |",

@@ -114,14 +114,8 @@ def main():
             loop, rate = epochs[ends[k] - 1]["elapsed_s"], epochs[ends[k] - 1]["tokens_per_s"]
             flops = rate * FLOPS_PER_N[stage] * n_body / 1e9
             seen[stage] = k + 1
-        elif stage == "02_collect":  # this launch's (world, split) pairs: one record each
-            words = command.split()
-            n_pairs = 1
-            for flag in ("--env-seed", "--split"):
-                if flag in words:
-                    rest = words[words.index(flag) + 1:]
-                    n_pairs *= next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))
-            loop, seen[stage] = sum(r["wall_s"] for r in mine[k:k + n_pairs]), k + n_pairs
+        elif stage == "02_collect":  # this launch's (world, split) pairs: one record each, the launch's wall_s
+            loop, seen[stage] = mine[k]["wall_s"], k + mine[k].get("runs_in_batch", 1)
         what = stage + (" " + command.split("--policy ")[1].split()[0].split("/")[-1] if "--policy " in command else "")
         rows.append(f"| {what} | {wall:.1f} | {cpu:.1f} | {'-' if loop is None else f'{loop:.1f}'} | "
                     f"{'-' if loop is None else f'{wall - loop:.1f}'} | {'-' if rate is None else f'{rate:,.0f}'} | "

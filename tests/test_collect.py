@@ -169,6 +169,28 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
     # Each prompt goes on with its reply: tokens that only the copy holding the rows still writing read.
     both([0, 1, 2], [p + r + end for p, r in zip(prompts, replies)])
     assert None in subsets and any(rows is not None and len(rows) < 3 for rows in subsets)
+    # Rows 0 and 1 start episodes that begin as their last ones did: they have read all of these prompts already.
+    both([0, 1, 2], [prompt(3, 1), prompt(0, 1), prompt(2, 4)])
+
+
+def test_the_compiled_decode_step_writes_the_eager_episodes(stages, in_process, tiny_run, tmp_path):
+    """02 --compile (torch.compile; CUDA graphs on a GPU): decode steps through the compiled model, on every row
+    and at cache widths in steps of 256 - the same greedy episodes as the eager model, with random weights of a
+    wide init (replies that differ from row to row). On a CPU this is the path a GPU takes, less the graphs."""
+    path = tmp_path / "random_policy"
+    shutil.copytree(tiny_run / "policy_0", path)
+    config = AutoConfig.from_pretrained(path)
+    config.initializer_range = 0.5
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    common = ["--policy", path, "--split", "seen", "--episodes", 6, "--num-envs", 3, "--greedy", "--max-new-tokens",
+              8, "--env-kwargs", '{"max_steps": 3}', "--threads", 1, "--precision", "fp32"]
+    torch._dynamo.reset()
+    outs = [in_process(stages["02_collect"], *common, *flags, "--out", tmp_path / f"{name}.jsonl") and
+            (tmp_path / f"{name}.jsonl").read_text() for name, flags in (("eager", []), ("compiled", ["--compile"]))]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the compiled step did run
+    torch._dynamo.reset()
+    assert outs[0] == outs[1] and len({len(ep["steps"][0]["text"]) for ep in map(json.loads, outs[0].splitlines())}) > 1
 
 
 @pytest.mark.parametrize("stage,args,message", [
@@ -223,24 +245,24 @@ def test_every_flag_has_help(stages, monkeypatch):
             assert a.help and len(a.help) > 8, f"{parser.prog} {a.option_strings[0]} has no help"
 
 
-def test_one_process_runs_every_world_and_split_as_runs_of_their_own(stages, in_process, tiny_run, tmp_path):
-    """--env-seed 0 1 --split seen unseen: the policy loaded once, and each (world, split) pair written as a
-    run of its own writes it - the same sampled episodes (each pair starts from --seed), the same summary
-    but for its timings."""
+def test_one_batch_runs_every_world_and_split_as_runs_of_their_own(stages, in_process, tiny_run, tmp_path):
+    """--env-seed 0 1 --split seen unseen: the policy loaded once, the four (world, split) runs' tasks in one
+    lockstep batch (slots take the next task of any run, in another world's environment), and each run written
+    as a run of its own writes it - the same greedy episodes, the same summary but for the launch's timings."""
     common = ["--policy", tiny_run / "policy_0", "--episodes", 3, "--num-envs", 2, "--max-new-tokens", 12,
-              "--env-kwargs", '{"max_steps": 3}', "--seed", 3, "--threads", 1]
+              "--env-kwargs", '{"max_steps": 3}', "--greedy", "--threads", 1, "--precision", "fp32"]
     run_stage("02_collect", *common, "--env-seed", 0, 1, "--split", "seen", "unseen",
               "--out", tmp_path / "w{world}_{split}.jsonl")
     assert len(list(tmp_path.glob("w*_*.jsonl"))) == 4
-    timing = ("wall_s", "cpu_s", "episodes_per_s")
-    # the last pair, after three others in the same process, against a run of its own
-    alone = tmp_path / "alone.jsonl"
-    in_process(stages["02_collect"], *common, "--env-seed", 1, "--split", "unseen", "--out", alone)
-    pair = tmp_path / "w1_unseen.jsonl"
-    assert pair.read_text() == alone.read_text()
-    a, b = (json.loads(p.with_suffix(".json").read_text()) for p in (pair, alone))
-    assert {k: v for k, v in a.items() if k not in timing + ("args",)} == \
-           {k: v for k, v in b.items() if k not in timing + ("args",)}
-    assert {**a["args"], "out": ""} == {**b["args"], "out": ""} and a["args"]["env_seed"] == 1
+    timing = ("wall_s", "cpu_s", "runs_in_batch", "args")
+    for world, split in ((0, "seen"), (1, "unseen")):
+        alone = tmp_path / f"alone{world}{split}.jsonl"
+        in_process(stages["02_collect"], *common, "--env-seed", world, "--split", split, "--out", alone)
+        pair = tmp_path / f"w{world}_{split}.jsonl"
+        assert pair.read_text() == alone.read_text()
+        a, b = (json.loads(p.with_suffix(".json").read_text()) for p in (pair, alone))
+        assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
+        assert (a["runs_in_batch"], b["runs_in_batch"]) == (4, 1) and a["generated_tokens"] > 0
+        assert {**a["args"], "out": ""} == {**b["args"], "out": ""} and a["args"]["env_seed"] == world
     proc = in_process(stages["02_collect"], *common, "--env-seed", 0, 1, "--out", tmp_path / "x.jsonl", check=False)
     assert proc.returncode == 2 and "need {world} and {split} in the path" in proc.stderr
