@@ -8,7 +8,8 @@ A rollout (run_episode): reset the environment on a task; at each step t the pol
 ("Thought: ...\nAction: <command>"), the command after the last "Action:" steps the environment, and the
 step is recorded with o_{t+1}, r_env and done, until the environment ends the episode (done) or the step
 limit cuts it (truncated). Sampling at --temperature collects D_self (pi_{k-1} on train tasks); --greedy
-evaluates. --num-envs > 1 (the default) runs the same rollouts in lockstep, faster (rollout.py).
+evaluates. --num-envs > 1 (the default) runs the same rollouts in lockstep, faster (rollout.py); several
+--env-seed / --split values are runs of their own (one output each) that share the lockstep batch.
 
 Retrospective reward labeling (the paper), from the next observation only, precedence format > invalid > repeat > ok:
     format   the reply has no parseable `Action:` line (the env is not stepped; the agent reads FORMAT_ERROR_OBS)
@@ -78,7 +79,7 @@ def parse_args(argv=None):
                         "instead of the KV cache kept across turns; the same replies up to float rounding, slower")
     p.add_argument("--compile", action="store_true",
                    help="decode steps through torch.compile, on a GPU with CUDA graphs (mode reduce-overhead: a "
-                        "step's ~400 kernel launches replayed at once); each cache width (a multiple of 256) compiles "
+                        "step's hundreds of kernel launches replayed at once); each cache width (a multiple of 256) compiles "
                         "once, 10-60 s. The replies of the eager model up to float rounding")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the summary to this JSONL file")

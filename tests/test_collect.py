@@ -98,6 +98,18 @@ def test_the_plain_rollout_and_the_lockstep_engine_write_the_same_episodes(stage
     assert outs[0] == outs[1] and len(outs[0][0].splitlines()) == 7
 
 
+def random_policy(tiny_run, tmp_path):
+    """The tiny policy with random weights of a wide init: the one-epoch policy repeats one token, these give
+    replies that differ from row to row (and clear margins between the top two logits)."""
+    path = tmp_path / "random_policy"
+    shutil.copytree(tiny_run / "policy_0", path)
+    config = AutoConfig.from_pretrained(path)
+    config.initializer_range = 0.5
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
 def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages, monkeypatch, tmp_path):
     """The KV cache kept across turns (generate_cached, the default) against the plain loop that
     re-reads every prompt (kv_cache.generate_plain): the same replies, and the same logits (up to
@@ -108,14 +120,7 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
     c = stages["02_collect"]
     # Both paths on the CPU in fp32 (on a GPU, and under bf16 autocast, the two kernels round differently).
     monkeypatch.setattr(c, "pick_device", lambda precision: (torch.device("cpu"), None))
-    # The one-epoch tiny policy repeats one token; random weights with a wide init give replies
-    # that differ from row to row (and clear margins between the top two logits).
-    path = tmp_path / "random_policy"
-    shutil.copytree(tiny_run / "policy_0", path)
-    config = AutoConfig.from_pretrained(path)
-    config.initializer_range = 0.5
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    path = random_policy(tiny_run, tmp_path)
     eps = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:4]
     seen = []  # per next_tokens call: {batch row: the logits its next token is drawn from}
     real_next_tokens = c.next_tokens
@@ -177,12 +182,7 @@ def test_the_compiled_decode_step_writes_the_eager_episodes(stages, in_process, 
     """02 --compile (torch.compile; CUDA graphs on a GPU): decode steps through the compiled model, on every row
     and at cache widths in steps of 256 - the same greedy episodes as the eager model, with random weights of a
     wide init (replies that differ from row to row). On a CPU this is the path a GPU takes, less the graphs."""
-    path = tmp_path / "random_policy"
-    shutil.copytree(tiny_run / "policy_0", path)
-    config = AutoConfig.from_pretrained(path)
-    config.initializer_range = 0.5
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    path = random_policy(tiny_run, tmp_path)
     common = ["--policy", path, "--split", "seen", "--episodes", 6, "--num-envs", 3, "--greedy", "--max-new-tokens",
               8, "--env-kwargs", '{"max_steps": 3}', "--threads", 1, "--precision", "fp32"]
     torch._dynamo.reset()
