@@ -72,3 +72,11 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
         n_diff, n_all = cells[3].split(" of ")
         assert n_diff == n_all and cells[5] == "torch.float32" and float(cells[1]) > 0
         assert '"precision": "bf16"' in (tmp_path / f"household-s{seed}" / "policy_1" / "args.json").read_text()
+    # on the GPU the lab first times the compiled decode step (COMPILE=1; a DRY run skips it): the report quotes it
+    steps = ["decode step, batch 128, context 400, eager: 70.1 ms (cuda, bf16)",
+             "decode step, batch 128, context 400, compiled: 4.2 ms (cuda, bf16)"]
+    for lines, said in ((steps, "02 ran compiled): " + "; ".join(steps)), (steps[:1], "the compiled step failed")):
+        (tmp_path / "decode_step.log").write_text("\n".join(["a stamp line", *lines, "Traceback ..."]) + "\n")
+        subprocess.run([sys.executable, "bench/gpu_report.py", "--lab", tmp_path, "--out", tmp_path / "gpu_lab.md"],
+                       cwd=ROOT, check=True, capture_output=True)
+        assert said in (tmp_path / "gpu_lab.md").read_text()
