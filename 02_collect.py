@@ -79,8 +79,8 @@ def parse_args(argv=None):
                         "instead of the KV cache kept across turns; the same replies up to float rounding, slower")
     p.add_argument("--compile", action="store_true",
                    help="decode steps through torch.compile, on a GPU with CUDA graphs (mode reduce-overhead: a "
-                        "step's hundreds of kernel launches replayed at once); each cache width (a multiple of 256) compiles "
-                        "once, 10-60 s. The replies of the eager model up to float rounding")
+                        "step's hundreds of kernel launches replayed at once); each cache width (a multiple of 256) "
+                        "compiles once, 10-60 s. The replies of the eager model up to float rounding")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the summary to this JSONL file")
     return p.parse_args(argv)
@@ -298,7 +298,8 @@ def summarize(args, episodes, counts, timing, rank, world):
         die("no episode was recorded: not even the first prompt fits the model's context")
     n, labels = len(episodes), Counter(s["label"] for ep in episodes for s in ep["steps"])
     if counts["cut_episodes"]:
-        print(f"note: {counts['cut_episodes']} episodes were cut because their next prompt exceeded the model's context")
+        print(f"note: {counts['cut_episodes']} episodes were cut because their next prompt exceeded the model's "
+              "context")
     summary = {"stage": "02_collect", "policy": policy_name(args), "env": args.env, "split": args.split,
                "greedy": args.greedy, "candidates": args.candidates if args.rerank else 1, "episodes": n,
                "success_rate": sum(ep["success"] for ep in episodes) / n,
@@ -314,8 +315,9 @@ def summarize(args, episodes, counts, timing, rank, world):
     rerank = f"(Q-reranked from {args.candidates} candidates per step) " if args.rerank else ""
     batch = f" of {timing['runs_in_batch']} runs in one batch" if timing["runs_in_batch"] > 1 else ""
     print(f"02_collect: {summary['policy']} on {args.env}/{args.split} (world {args.env_seed}): success "
-          f"{summary['success_rate']:.1%}, avg reward {summary['avg_reward']:.3f}, avg steps {summary['avg_steps']:.1f}, "
-          f"labels ok {lab['ok']} invalid {lab['invalid']} repeat {lab['repeat']} format {lab['format']}, {n} episodes "
+          f"{summary['success_rate']:.1%}, avg reward {summary['avg_reward']:.3f}, "
+          f"avg steps {summary['avg_steps']:.1f}, labels ok {lab['ok']} invalid {lab['invalid']} "
+          f"repeat {lab['repeat']} format {lab['format']}, {n} episodes "
           f"{rerank}in {summary['wall_s']:.1f}s{batch} -> {args.out}")
 
 

@@ -4,8 +4,8 @@ one episode at a time, and tests/test_collect.py checks that both write the same
 
 --num-envs environment slots step together: at each step the replies of every live episode are
 generated in one batch (kv_cache.py), and a slot whose episode ends takes the next task at once (of any
-of the launch's runs), so every slot stays busy until the queue is empty. With --rerank (rerank.py) each slot owns --candidates
-rows of the batch, and the critic picks the reply its environment executes.
+of the launch's runs), so every slot stays busy until the queue is empty. With --rerank (rerank.py) each
+slot owns --candidates rows of the batch, and the critic picks the reply its environment executes.
 """
 import argparse
 import os

@@ -37,7 +37,8 @@ def main():
                 f"{args.batch}, plain loop": collect(args, args.batch, f"{d}/plain.jsonl", "--plain-generate"),
                 f"{args.batch}, cached": collect(args, args.batch, f"{d}/cached.jsonl")}
     for name, (s, _) in runs.items():
-        print(f"{name:>16}: {s['episodes'] / s['wall_s']:.2f} episodes/s, {s['wall_s']:.1f}s, success {s['success_rate']:.1%}, "
+        print(f"{name:>16}: {s['episodes'] / s['wall_s']:.2f} episodes/s, {s['wall_s']:.1f}s, "
+              f"success {s['success_rate']:.1%}, "
               f"{s['env_steps']} env steps, {s['generated_tokens']} generated tokens, {s['cpu_s']:.1f} CPU s")
     (one, _), (plain, plain_eps), (cached, cached_eps) = runs.values()
     print(f"cached vs one at a time: {one['cpu_s'] / cached['cpu_s']:.1f}x, cached vs plain loop: "
