@@ -67,15 +67,16 @@ save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
 pids=() compiled=0
 start=$(date +%s)
 # 02's decode steps compiled (02 --compile: CUDA graphs) once bench/decode_step.py has compiled and timed them on
-# random weights of SmolLM2's shape, eager and compiled at 128 rows (LAB/decode_step.log, the report's first lines);
-# if that fails, 02 runs eager. COMPILE=0 skips it (DRY: 0, a CPU gains nothing from it).
+# random weights of SmolLM2's shape, eager and compiled at 128 rows (LAB/decode_step.log, the report's first lines),
+# and the compiled step was the faster; else 02 runs eager. COMPILE=0 skips it (DRY: 0, a CPU gains nothing from it).
 if [ "${COMPILE:-$((1 - DRY))}" = 1 ]; then
   if timeout 240 $PYTHON bench/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --compile 2>&1 \
        | save "$LAB/decode_step.log"; then
-    compiled=1
-  else
-    echo "gpu_lab: the compiled decode step failed ($LAB/decode_step.log): 02 runs eager" >&2
+    ms() { grep -o "$1: [0-9.]*" "$LAB/decode_step.log" | cut -d' ' -f2; }
+    if awk "BEGIN { exit !($(ms compiled) < $(ms eager)) }"; then compiled=1; fi
   fi
+  [ "$compiled" = 1 ] || echo "gpu_lab: the compiled decode step failed or was not faster ($LAB/decode_step.log): \
+02 runs eager" >&2
 fi
 # lab ALGO ENV SEED: run_all.sh for one algorithm, stopped at DEADLINE seconds after the lab's start
 lab() {

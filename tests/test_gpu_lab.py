@@ -75,7 +75,9 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
     # on the GPU the lab first times the compiled decode step (COMPILE=1; a DRY run skips it): the report quotes it
     steps = ["decode step, batch 128, context 400, eager: 70.1 ms (cuda, bf16)",
              "decode step, batch 128, context 400, compiled: 4.2 ms (cuda, bf16)"]
-    for lines, said in ((steps, "02 ran compiled): " + "; ".join(steps)), (steps[:1], "the compiled step failed")):
+    slower = steps[1].replace("4.2", "80.5")
+    for lines, said in ((steps, "02 ran compiled): " + "; ".join(steps)), (steps[:1], "the compiled step failed"),
+                        ([steps[0], slower], "the compiled step was not faster")):
         (tmp_path / "decode_step.log").write_text("\n".join(["a stamp line", *lines, "Traceback ..."]) + "\n")
         subprocess.run([sys.executable, "bench/gpu_report.py", "--lab", tmp_path, "--out", tmp_path / "gpu_lab.md"],
                        cwd=ROOT, check=True, capture_output=True)
