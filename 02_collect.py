@@ -38,7 +38,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 import envs
-from kv_cache import generate_cached, generate_plain
+from kv_cache import compile_step, generate_cached, generate_plain
 from plumbing import (add_machine_flags, autocast, check_flags, check_memory, check_out, die, finish_distributed,
                       is_main, kv_bytes, load_model, load_tokenizer, parse_env_kwargs, pick_device, save_episodes,
                       seed_everything, setup_distributed)
@@ -191,8 +191,7 @@ class ModelPolicy:
         self.tokenizer = load_tokenizer(path)
         self.device, self.amp = pick_device(args.precision)
         self.model = load_model(AutoModelForCausalLM, path).to(self.device).eval()
-        self.step = self.model if not args.compile else torch.compile(  # one token per row (kv_cache.Session.feed)
-            self.model, mode="reduce-overhead" if self.device.type == "cuda" else None, fullgraph=True, dynamic=False)
+        self.step = compile_step(self.model) if args.compile else self.model  # decode steps (kv_cache.Session.feed)
         self.args, self.eos_id, self.pad_id = args, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
 

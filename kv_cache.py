@@ -5,7 +5,7 @@ to float rounding) from one KV cache kept across turns and episodes: each turn f
 tokens - the last reply's end, the observation, or a refilled slot's new task. It is 02's default
 (--plain-generate takes the plain loop; bench/collect_speed.py measures both), so its arithmetic is
 the one every seeded run reproduces bit for bit. tests/test_collect.py checks that both write the
-same replies. Both take 02's ModelPolicy (model, n_rows, eos_id, pad_id, args) and next_tokens, 02's
+same replies. Both take 02's ModelPolicy (model, step, n_rows, eos_id, pad_id, args) and next_tokens, 02's
 choice of each row's next token (greedy or sampled).
 """
 import torch
@@ -13,6 +13,13 @@ from transformers import DynamicCache, StaticCache
 
 CACHE_ROOM = 64  # free KV-cache columns beyond one turn's need
 COMPILED_WIDTH = 256  # with 02 --compile, cache widths are multiples of this (each width compiles once)
+
+
+def compile_step(model):
+    """The model's decode step (one token a row) for 02 --compile: torch.compile with static shapes, and on a GPU
+    its CUDA graphs (mode reduce-overhead: a step's hundreds of kernel launches replayed at once)."""
+    return torch.compile(model, mode="reduce-overhead" if model.device.type == "cuda" else None, fullgraph=True,
+                         dynamic=False)
 
 
 @torch.no_grad()

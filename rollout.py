@@ -65,7 +65,7 @@ def run_lockstep(make_env, runs, policy, new_episode, take_step, end_episode, re
     def start(i):  # slot i takes the next task, in an environment of the task's world
         k, tid = queue.pop()
         r = runs[k][0]
-        if env_of.get(i, (r.env_seed,))[0] != r.env_seed:
+        if i in env_of and env_of[i][0] != r.env_seed:  # its environment is another world's
             env_of.pop(i)[1].close()
         if i not in env_of:
             env_of[i] = (r.env_seed, make_env(r))

@@ -19,6 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from kv_cache import COMPILED_WIDTH, compile_step  # noqa: E402
 from plumbing import autocast, die, load_model, pick_device  # noqa: E402
 
 
@@ -42,11 +43,10 @@ def main(argv=None):
              else load_model(AutoModelForCausalLM, args.model)).to(device).eval()
     steps = {"eager": model}
     if args.compile:  # as 02 --compile: CUDA graphs on a GPU
-        steps["compiled"] = torch.compile(model, mode="reduce-overhead" if device.type == "cuda" else None,
-                                          fullgraph=True, dynamic=False)
+        steps["compiled"] = compile_step(model)
     for batch in args.batch:
         for name, step in steps.items():
-            width = -(-(args.context + 5 + args.steps) // 256) * 256  # 02's cache: static, widths in steps of 256
+            width = -(-(args.context + 5 + args.steps) // COMPILED_WIDTH) * COMPILED_WIDTH  # 02's static cache
             cache = StaticCache(config=model.config, max_cache_len=width)
             mask = torch.zeros((batch, width), dtype=torch.long, device=device)
             mask[:, :args.context] = 1
