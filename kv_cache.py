@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 CACHE_ROOM = 64  # free KV-cache columns beyond one turn's need
-COMPILED_WIDTH = 256  # with 02 --compile, cache widths are multiples of this (each width compiles once)
+COMPILED_WIDTH = 1024  # with 02 --compile, cache widths are multiples of this (each width compiles once)
 
 
 def compile_step(model):
@@ -92,11 +92,11 @@ class Session:
     rest of the old episode (sync). When pads and hidden columns fill the cache, the visible
     columns are copied into a smaller one (compacted): attention reads every column at every step."""
 
-    def __init__(self, model, n_rows, max_cols, pad_id, step):
-        if step is not model:  # a compiled step (02 --compile) compiles once per cache width: widths in steps of 256
+    def __init__(self, model, n_rows, max_cols, pad_id, step, cache=None):
+        if step is not model:  # a compiled step (02 --compile) compiles once per cache width: widths in steps of 1024
             max_cols = -(-max_cols // COMPILED_WIDTH) * COMPILED_WIDTH
         self.model, self.step, self.pad_id, self.max_cols = model, step, pad_id, max_cols
-        self.cache = StaticCache(config=model.config, max_cache_len=max_cols)
+        self.cache = StaticCache(config=model.config, max_cache_len=max_cols) if cache is None else cache
         self.mask = torch.zeros((n_rows, max_cols), dtype=torch.long, device=model.device)
         self.width = 0                                # columns used so far
         self.ids = [[] for _ in range(n_rows)]        # visible tokens of each row
@@ -141,7 +141,11 @@ class Session:
         tokens before it, none of which change."""
         rows = list(range(len(self.ids))) if rows is None else rows
         B, n = len(rows), max(len(self.cols[r]) for r in rows)
-        new = Session(self.model, B, n + room, self.pad_id, self.step)
+        # A compiled step keeps its width (a new one would compile again) and, where the rows fit, its cache: the
+        # columns are rewritten in place, so its CUDA graphs still point at the cache they recorded.
+        in_place = self.step is not self.model and n + room <= self.max_cols
+        width = max(n + room, self.max_cols) if self.step is not self.model else n + room
+        new = Session(self.model, B, width, self.pad_id, self.step, self.cache if in_place else None)
         src = torch.zeros((B, n), dtype=torch.long)  # the old column of each new column (0 under pads)
         for j, r in enumerate(rows):
             k = len(self.cols[r])
@@ -150,7 +154,10 @@ class Session:
             new.cols[j], new.ids[j] = list(range(n - k, n)), list(self.ids[r])
         src, keep = src.to(self.model.device), torch.tensor(rows, device=self.model.device)[:, None]
         for i, layer in enumerate(self.cache.layers):  # keys, values: (B, heads, columns, head_dim)
-            # [rows, :, columns] -> (B, n, heads, head_dim); transpose back to the cache's layout
-            new.cache.update(layer.keys[keep, :, src].transpose(1, 2), layer.values[keep, :, src].transpose(1, 2), i)
+            # [rows, :, columns] -> (B, n, heads, head_dim) (a copy); transpose back to the cache's layout
+            keys, values = layer.keys[keep, :, src].transpose(1, 2), layer.values[keep, :, src].transpose(1, 2)
+            if in_place:
+                layer.reset()  # written again from column 0
+            new.cache.update(keys, values, i)
         new.width = n
         return new

@@ -82,15 +82,22 @@ def evaluations(run):
     return found
 
 
-def policy_tables(evals, n_seeds):
+def trained(run):
+    """The policies a run trained (policy_<k>, rft/policy_<k>, outcome/policy_<k>), by their evaluations' names."""
+    return {tag + d for tag in NAMES if os.path.isdir(os.path.join(run, tag[:-1]))
+            for d in os.listdir(os.path.join(run, tag[:-1])) if re.fullmatch(r"policy_\d+", d)}
+
+
+def policy_tables(evals, n_seeds, policies=()):
     """Markdown lines: one table per evaluation world, each policy's success and average reward on each split,
-    mean +- std over the seeds that finished that evaluation (fewer than all: their count in brackets)."""
+    mean +- std over the seeds that finished that evaluation (fewer than all: their count in brackets). Policies
+    also lists those trained: one that no seed evaluated (stopped by DEADLINE) has a row of '-'."""
     lines = []
     for world in sorted({w for e in evals for _, w, _ in e}, key=lambda w: int(w.removeprefix("world"))):
         splits = sorted({s for e in evals for _, w, s in e if w == world}, key=lambda s: (s != "seen", s))
         lines += ["", f"{world}:", "", "| policy | " + " | ".join(f"{s} success | {s} avg reward" for s in splits)
                   + " |", "|---|" + "---|---|" * len(splits)]
-        for pol in sorted({p for e in evals for p, w, _ in e if w == world}, key=policy_order):
+        for pol in sorted({p for e in evals for p, w, _ in e if w == world} | set(policies), key=policy_order):
             tag, k = re.fullmatch(r"(\w*?)policy_(\d+)", pol).groups()
             cells = []
             for s in splits:
@@ -146,7 +153,7 @@ def main(argv=None):
                  for r in env_runs if os.path.exists(os.path.join(args.lab, f"{r}.seconds"))]
         lines += ["", f"## {env}: seeds {', '.join(seeds)}", "",
                   f"Each cell: mean ± std over the seeds. Each run's wall-clock: {', '.join(walls) or '-'} s."]
-        lines += policy_tables(evals, len(seeds))
+        lines += policy_tables(evals, len(seeds), {p for r in env_runs for p in trained(os.path.join(args.lab, r))})
         lines += ["", "| stage | launches per run (02: one per world and split) | loop seconds per run | tokens/s "
                   "| peak memory (GB; CPU: RSS) | TFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
         records = [[json.loads(line) for line in open(os.path.join(args.lab, r, "metrics.jsonl"))] for r in env_runs]

@@ -178,18 +178,31 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
     both([0, 1, 2], [prompt(3, 1), prompt(0, 1), prompt(2, 4)])
 
 
-def test_the_compiled_decode_step_writes_the_eager_episodes(stages, in_process, tiny_run, tmp_path):
+def test_the_compiled_decode_step_writes_the_eager_episodes(stages, in_process, tiny_run, tmp_path, monkeypatch):
     """02 --compile (torch.compile; CUDA graphs on a GPU): decode steps through the compiled model, on every row
-    and at cache widths in steps of 256 - the same greedy episodes as the eager model, with random weights of a
-    wide init (replies that differ from row to row). On a CPU this is the path a GPU takes, less the graphs."""
+    and at cache widths in steps of COMPILED_WIDTH (128 here, so that the cache fills: it is compacted into a wider
+    one, then in place) - the same greedy episodes as the eager model, with random weights of a wide init (replies
+    that differ from row to row). On a CPU this is the path a GPU takes, less the graphs."""
     path = random_policy(tiny_run, tmp_path)
+    monkeypatch.setattr(kv_cache, "COMPILED_WIDTH", 128)
+    in_place, real_compacted = [], kv_cache.Session.compacted  # per compaction: into the same cache?
+
+    def compacted(self, room, rows=None):
+        new = real_compacted(self, room, rows)
+        in_place.append(new.cache is self.cache)
+        return new
+    monkeypatch.setattr(kv_cache.Session, "compacted", compacted)
     common = ["--policy", path, "--split", "seen", "--episodes", 6, "--num-envs", 3, "--greedy", "--max-new-tokens",
               8, "--env-kwargs", '{"max_steps": 3}', "--threads", 1, "--precision", "fp32"]
-    torch._dynamo.reset()
-    outs = [in_process(stages["02_collect"], *common, *flags, "--out", tmp_path / f"{name}.jsonl") and
-            (tmp_path / f"{name}.jsonl").read_text() for name, flags in (("eager", []), ("compiled", ["--compile"]))]
+    outs = []
+    for name, flags in (("eager", []), ("compiled", ["--compile"])):
+        torch._dynamo.reset()
+        in_place.clear()
+        in_process(stages["02_collect"], *common, *flags, "--out", tmp_path / f"{name}.jsonl")
+        outs.append((tmp_path / f"{name}.jsonl").read_text())
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the compiled step did run
     torch._dynamo.reset()
+    assert True in in_place and False in in_place  # compacted in place, and into a wider cache
     assert outs[0] == outs[1] and len({len(ep["steps"][0]["text"]) for ep in map(json.loads, outs[0].splitlines())}) > 1
 
 
