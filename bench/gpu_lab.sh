@@ -12,7 +12,7 @@
 # self episodes (one lockstep batch of 128 slots), the critic 1 epoch at 1e-5, BPPO 1 epoch at 2e-6, RFT 1 epoch at
 # 2e-5; batches of 16 trajectories; 100 greedy tasks per (world, split). Memory per run: gradient checkpointing and
 # the chunked log-probabilities (--grad-checkpointing auto, plumbing.by_rows), so three seeds share an 80 GB GPU.
-# docs/real_model.md, 'The lab', has the budget arithmetic; 'The lab on one H100' its first run.
+# docs/real_model.md, 'The lab', has the budget arithmetic; 'The lab on one H200' and '... H100' its runs.
 # Settings: LAB=runs/gpu_lab, SEEDS="0 1 2", ENVS=household ("household shop" where it fits: about twice the
 # time), TESTS= (pytest's arguments, e.g. "--slow -n 8 tests": the suite beside the runs, -v into LAB/tests.log),
 # PYTHON=python (else python3),
