@@ -4,8 +4,9 @@
 #   2. for each env of ENVS and each seed of SEEDS, all side by side on the one GPU: run_all.sh with BASE=smollm2,
 #      BC, then Q-Evolve and the credit issue's baselines (iterated RFT, the outcome-level PG) for K=2 iterations
 #      from the same BC policy, each algorithm its own run_all.sh (ALGOS=qevolve, rft, outcome) once Q-Evolve's
-#      has collected iteration 1's episodes, every policy evaluated greedily on seen and unseen in worlds 0 and 1
-#      (N_EVAL tasks each); run LAB/<env>-s<seed>, its logs (<algo>.log) and wall-clock beside it
+#      has collected iteration 1's episodes, iteration by iteration, every policy evaluated greedily on seen and
+#      unseen in worlds 0 and 1 (N_EVAL tasks each); run LAB/<env>-s<seed>, its logs (<algo>.it<k>.log) and
+#      wall-clock beside it
 #   3. bench/gpu_report.py: per policy and world mean +- std over the seeds on every split, per-stage seconds,
 #      tokens/s, peak memory and MFU -> bench/results/gpu_lab.md
 # The lab's budgets (a variable you set still wins): 400 demonstrations, BC 2 epochs at lr 5e-5; per iteration 128
@@ -36,15 +37,19 @@ case $LAB in ''|-*|'~'*|*'$'*|*'`'*) bad "LAB must be a plain path (no leading -
 [[ $ENVS =~ ^[[:space:]]*[A-Za-z0-9_]+([[:space:]]+[A-Za-z0-9_]+)*[[:space:]]*$ ]] || bad "ENVS must be environment \
 names, got '$ENVS'"
 
+[[ $DRY =~ ^[01]$ ]] || bad "DRY must be 0 or 1, got '$DRY'"
+K=${K:-$((2 - DRY))}  # iterations: 2, a dry run 1
+[[ $K =~ ^[1-9][0-9]{0,2}$ ]] || bad "K must be an iteration count from 1 to 999, got '$K'"
+
 if [ "$DRY" = 1 ]; then
   SEEDS=${SEEDS:-"0 1"}
-  chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 K="${K:-1}" RFT_ARGS="--epochs 1"
+  chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 RFT_ARGS="--epochs 1"
          BC_ARGS="--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400")
   report="$LAB/gpu_lab.md"
 else
   SEEDS=${SEEDS:-"0 1 2"}
   [ -e "$SMOLLM2_DIR" ] || $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
-  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" K="${K:-2}" EVAL_WORLDS="0 1"
+  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" EVAL_WORLDS="0 1"
          PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
          N_EXPERT="${N_EXPERT:-400}" N_SELF="${N_SELF:-128}" N_EVAL="${N_EVAL:-100}" THREADS="${THREADS:-2}"
          BC_ARGS="${BC_ARGS:-"--epochs 2 --lr 5e-5 --batch-size 16"}"
@@ -57,9 +62,9 @@ fi
 # Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
 # written atomically when its command ends (plumbing.py save): checked before anything runs.
 logs=("$LAB/tests.log" "$LAB/decode_step.log")
-for env in $ENVS; do for seed in $SEEDS; do
-  logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.log "$LAB/$env-s$seed.seconds")
-done; done
+for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
+  logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k.log)
+done; logs+=("$LAB/$env-s$seed.seconds"); done; done
 $PYTHON plumbing.py check run_log "${logs[@]}"
 $PYTHON plumbing.py check table "$report"
 save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
@@ -78,7 +83,8 @@ if [ "${COMPILE:-$((1 - DRY))}" = 1 ]; then
   [ "$compiled" = 1 ] || echo "gpu_lab: the compiled decode step failed or was not faster ($LAB/decode_step.log): \
 02 runs eager" >&2
 fi
-# lab ALGO ENV SEED: run_all.sh for one algorithm, stopped at DEADLINE seconds after the lab's start
+# lab ALGO ENV SEED K: run_all.sh for one algorithm up to iteration K (resuming), stopped at DEADLINE seconds after
+# the lab's start
 lab() {
   local left=""
   if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - start) )); [ "$left" -gt 0 ] || return 124; fi
@@ -86,20 +92,26 @@ lab() {
   if [ "$compiled" = 1 ] && [ -z "${COLLECT_ARGS:-}" ]; then
     collect=(COLLECT_ARGS="--num-envs 128 --compile$([ "$2" != shop ] || echo " --max-new-tokens 64")")
   fi
-  ${left:+timeout "$left"} "${chain[@]}" "${collect[@]}" ALGOS="$1" ENV="$2" SEED="$3" RUN="$LAB/$2-s$3" \
-    PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$LAB/$2-s$3.$1.log"
+  ${left:+timeout "$left"} "${chain[@]}" "${collect[@]}" ALGOS="$1" ENV="$2" SEED="$3" K="$4" RUN="$LAB/$2-s$3" \
+    PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$LAB/$2-s$3.$1.it$4.log"
 }
-# Per run: Q-Evolve first (BC, its evaluation, iteration 1's episodes); once those episodes exist the two baselines
-# start beside it from the same policy_0 and episodes (run_all.sh skips what exists), so the three run at once.
+# Per run, iteration by iteration, so that all three algorithms finish iteration k (its evaluation included) before
+# any starts k + 1 (a baseline's iteration is shorter than Q-Evolve's). Iteration 1: Q-Evolve first (BC, its
+# evaluation, iteration 1's episodes); once those episodes exist the two baselines start beside it from the same
+# policy_0 and episodes (run_all.sh skips what exists). Later iterations: the three at once.
 for env in $ENVS; do
   for seed in $SEEDS; do
-    ( t0=$(date +%s) rc=0 others=()
-      lab qevolve "$env" "$seed" & q=$!
-      until [ -e "$LAB/$env-s$seed/iter_1/self.json" ] || ! kill -0 "$q" 2>/dev/null; do sleep 1; done
-      if [ -e "$LAB/$env-s$seed/iter_1/self.json" ]; then
-        for algo in rft outcome; do lab "$algo" "$env" "$seed" & others+=($!); done
-      fi
-      for pid in "$q" "${others[@]}"; do wait "$pid" || rc=$?; done
+    ( t0=$(date +%s) rc=0
+      for k in $(seq 1 "$K"); do
+        others=()
+        lab qevolve "$env" "$seed" "$k" & q=$!
+        until [ -e "$LAB/$env-s$seed/iter_1/self.json" ] || ! kill -0 "$q" 2>/dev/null; do sleep 1; done
+        if [ -e "$LAB/$env-s$seed/iter_1/self.json" ]; then
+          for algo in rft outcome; do lab "$algo" "$env" "$seed" "$k" & others+=($!); done
+        fi
+        for pid in "$q" "${others[@]}"; do wait "$pid" || rc=$?; done
+        [ "$rc" = 0 ] || break
+      done
       echo $(( $(date +%s) - t0 )) | save "$LAB/$env-s$seed.seconds"
       exit "$rc" ) &
     pids+=($!)

@@ -619,14 +619,18 @@ def test_cause_1_the_results_table_keeps_the_rule(tmp_path, in_process):
 
 
 def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
-    """The GPU script wrote LAB/<env>.log over what was there, and ENVS='..' wrote outside LAB."""
+    """The GPU script wrote LAB/<env>.log over what was there, and ENVS='..' wrote outside LAB; a DRY or K that is
+    not a number is refused before bash's arithmetic could run what it holds."""
     (tmp_path / "lab").mkdir()
-    (tmp_path / "lab/household-s0.qevolve.log").write_text("my own log\n")
-    env = {**os.environ, "LAB": str(tmp_path / "lab"), "DRY": "1", "TESTS": "", "PYTHON": sys.executable}
-    for envs, message in (("../outside", "ENVS must be environment names"),
-                          ("household", "household-s0.qevolve.log exists and is not a run log")):
+    (tmp_path / "lab/household-s0.qevolve.it1.log").write_text("my own log\n")
+    env = {**os.environ, "LAB": str(tmp_path / "lab"), "DRY": "1", "TESTS": "", "PYTHON": sys.executable,
+           "ENVS": "household"}
+    for bad, message in (({"ENVS": "../outside"}, "ENVS must be environment names"),
+                         ({}, "household-s0.qevolve.it1.log exists and is not a run log"),
+                         ({"DRY": f"a[$(touch {tmp_path}/pwned)]"}, "DRY must be 0 or 1"),
+                         ({"K": "0"}, "K must be an iteration")):
         before = snapshot(tmp_path)
-        proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env={**env, "ENVS": envs}, capture_output=True,
+        proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env={**env, **bad}, capture_output=True,
                               text=True)
         assert one_line(proc) and message in proc.stderr, proc.stderr
         assert snapshot(tmp_path) == before

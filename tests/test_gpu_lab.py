@@ -51,20 +51,25 @@ def test_stages_running_at_once_lose_no_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_lab_dry_run_writes_its_report(tmp_path):
-    env = {**os.environ, "DRY": "1", "LAB": str(tmp_path), "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "DRY": "1", "K": "2", "LAB": str(tmp_path), "OMP_NUM_THREADS": "1",
            "TESTS": "tests/test_precision.py::test_pick_device_on_cpu"}
     proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("*.log"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
     report = (tmp_path / "gpu_lab.md").read_text()
-    assert report.startswith("Measured ") and f"`DRY=1 TESTS={env['TESTS']} bash bench/gpu_lab.sh`" in report
+    assert report.startswith("Measured ") and f"`DRY=1 K=2 TESTS={env['TESTS']} bash bench/gpu_lab.sh`" in report
     assert "**Tests**" in report and "1 passed, 0 failed" in report and "## household: seeds 0, 1" in report
     for policy in ("policy_0 (BC)", "policy_1 (Q-Evolve iter 1)", "rft_policy_1 (iterated RFT iter 1)",
-                   "outcome_policy_1 (outcome-level PG iter 1)"):
+                   "outcome_policy_1 (outcome-level PG iter 1)", "policy_2 (Q-Evolve iter 2)",
+                   "rft_policy_2 (iterated RFT iter 2)", "outcome_policy_2 (outcome-level PG iter 2)"):
         row = next(line for line in report.splitlines() if line.startswith(f"| {policy} |"))
         assert row.count("±") == 4, row  # success and reward on seen and unseen, mean ± std over the 2 seeds
-    for stage in ("01_bc | 2 |", "03_critic | 1 |", "05_bppo | 2 |", "02_collect, greedy (evaluation)"):
-        assert f"| {stage}" in report, stage  # 01: BC and RFT; 05: Q-Evolve and the outcome-level PG
+    for stage in ("01_bc | 3 |", "03_critic | 2 |", "05_bppo | 4 |", "02_collect, greedy (evaluation)"):
+        assert f"| {stage}" in report, stage  # 01: BC and RFT's two; 05: Q-Evolve's and the outcome-level PG's
+    for seed in (0, 1):  # iteration by iteration: no algorithm's iteration 2 began before every iteration 1 ended
+        run = tmp_path / f"household-s{seed}"
+        last_1 = max(f.stat().st_mtime for f in run.glob("eval/world*/*policy_1_*.json"))
+        assert min(f.stat().st_mtime for f in run.glob("**/iter_2/*")) >= last_1
     # the dry run trained under bf16 autocast, saved fp32, and 05 moved every tensor of the policy
     for seed in (0, 1):
         moved = next(line for line in report.splitlines() if line.startswith(f"| household-s{seed} | "))
