@@ -135,7 +135,7 @@ def run_episode(env, task_id, policy, args, aux):
         if policy == "expert":
             text = env.expert_text()
         else:
-            prompt = policy.prompt_ids(ep)  # the chat so far (episode_messages) and the generation prompt
+            prompt = policy.prompt_ids([ep])[0]  # the chat so far (episode_messages) and the generation prompt
             if len(prompt) > policy.max_prompt:  # it would overflow the model's context: the episode is cut here
                 policy.counts[0]["cut_episodes"] += 1
                 won = False
@@ -209,9 +209,11 @@ class ModelPolicy:
             self.counts[r] = Counter()
         return out
 
-    def prompt_ids(self, episode):
-        text = self.tokenizer.apply_chat_template(episode_messages(episode), add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def prompt_ids(self, episodes):
+        """Each episode's prompt as token ids (one tokenizer call for all: a call's overhead is most of a row's)."""
+        texts = [self.tokenizer.apply_chat_template(episode_messages(ep), add_generation_prompt=True, tokenize=False)
+                 for ep in episodes]
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
     def act(self, rows, prompts):
         """One reply (a string) for each row in `rows`, given its prompt (token ids)."""

@@ -106,27 +106,24 @@ class Session:
         """Tokens row r must feed so that it sees `prompt`: the part after the longest common
         prefix with what it already sees (the rest is hidden), and at least the prompt's last token,
         whose logits the reply starts from (a new episode may begin as the row's last one did)."""
-        n = 0
-        while n < min(len(prompt) - 1, len(self.ids[r])) and prompt[n] == self.ids[r][n]:
-            n += 1
-        self.mask[r, self.cols[r][n:]] = 0
-        self.cols[r], self.ids[r] = self.cols[r][:n], self.ids[r][:n]
+        ids, m = self.ids[r], max(0, min(len(prompt) - 1, len(self.ids[r])))
+        n = m if prompt[:m] == ids[:m] else next(i for i in range(m) if prompt[i] != ids[i])
+        if n < len(ids):  # hide the rest
+            self.mask[r, self.cols[r][n:]] = 0
+            self.cols[r], self.ids[r] = self.cols[r][:n], ids[:n]
         return prompt[n:]
 
     def feed(self, new):
-        """new: a token list per row (empty for idle rows) -> next-token logits (B, V)."""
-        B, W = len(new), max(1, max(len(t) for t in new))
-        chunk = torch.full((B, W), self.pad_id, dtype=torch.long)
-        pos = torch.zeros((B, W), dtype=torch.long)
-        seen = torch.zeros((B, W), dtype=torch.long)  # the mask of the W new columns
-        for r, toks in enumerate(new):  # left-pad each row's chunk so its last token is in the last column
-            if toks:
-                n = len(toks)
-                chunk[r, W - n:] = torch.tensor(toks)
-                pos[r, W - n:] = torch.arange(len(self.ids[r]), len(self.ids[r]) + n)
-                seen[r, W - n:] = 1
-                self.cols[r] += range(self.width + W - n, self.width + W)
-                self.ids[r] += toks
+        """new: a token list per row (empty for idle rows) -> next-token logits (B, V). Each row's tokens are
+        left-padded into W new columns, so that its last token is in the last one."""
+        W = max(1, max(len(t) for t in new))
+        pads = [W - len(t) for t in new]
+        chunk = torch.tensor([[self.pad_id] * p + t for p, t in zip(pads, new)])
+        pos = torch.tensor([[0] * p + list(range(len(ids), len(ids) + W - p)) for p, ids in zip(pads, self.ids)])
+        seen = torch.tensor([[0] * p + [1] * (W - p) for p in pads])  # the mask of the W new columns
+        for r, (p, toks) in enumerate(zip(pads, new)):
+            self.cols[r] += range(self.width + p, self.width + W)
+            self.ids[r] += toks
         dev = self.model.device
         self.mask[:, self.width:self.width + W] = seen.to(dev)  # one copy to the device for all rows
         forward = self.step if W == 1 else self.model  # decode steps through the compiled step, if any

@@ -80,7 +80,7 @@ def run_lockstep(make_env, runs, policy, new_episode, take_step, end_episode, re
         if policy == "expert":
             replies = [env_of[i][1].expert_text() for i in rows]
         else:
-            prompts = {i: policy.prompt_ids(live[i]) for i in rows}
+            prompts = dict(zip(rows, policy.prompt_ids([live[i] for i in rows])))
             # An episode whose next prompt would overflow the model's context ends here (cut).
             outcome = {i: False for i in rows if len(prompts[i]) > policy.max_prompt}
             for i in outcome:

@@ -139,7 +139,7 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
                         lambda self, room, rows=None: subsets.append(rows) or real_compacted(self, room, rows))
 
     def prompt(k, t):  # episode k after its first t steps
-        return cached.prompt_ids(dict(eps[k], steps=eps[k]["steps"][:t]))
+        return cached.prompt_ids([dict(eps[k], steps=eps[k]["steps"][:t])])[0]
 
     def both(rows, prompts):
         """Both paths on one turn -> the replies as token ids; checks that they agree."""
