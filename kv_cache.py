@@ -143,12 +143,11 @@ class Session:
         in_place = self.step is not self.model and n + room <= self.max_cols
         width = max(n + room, self.max_cols) if self.step is not self.model else n + room
         new = Session(self.model, B, width, self.pad_id, self.step, self.cache if in_place else None)
-        src = torch.zeros((B, n), dtype=torch.long)  # the old column of each new column (0 under pads)
-        for j, r in enumerate(rows):
-            k = len(self.cols[r])
-            src[j, n - k:] = torch.tensor(self.cols[r], dtype=torch.long)
-            new.mask[j, n - k:n] = 1
-            new.cols[j], new.ids[j] = list(range(n - k, n)), list(self.ids[r])
+        pads = [n - len(self.cols[r]) for r in rows]
+        src = torch.tensor([[0] * p + self.cols[r] for p, r in zip(pads, rows)])  # each new column's old one (0: pad)
+        new.mask[:, :n] = torch.tensor([[0] * p + [1] * (n - p) for p in pads])
+        for j, (p, r) in enumerate(zip(pads, rows)):
+            new.cols[j], new.ids[j] = list(range(p, n)), list(self.ids[r])
         src, keep = src.to(self.model.device), torch.tensor(rows, device=self.model.device)[:, None]
         for i, layer in enumerate(self.cache.layers):  # keys, values: (B, heads, columns, head_dim)
             # [rows, :, columns] -> (B, n, heads, head_dim) (a copy); transpose back to the cache's layout
