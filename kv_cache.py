@@ -140,8 +140,9 @@ class Session:
         B, n = len(rows), max(len(self.cols[r]) for r in rows)
         # A compiled step keeps its width (a new one would compile again) and, where the rows fit, its cache: the
         # columns are rewritten in place, so its CUDA graphs still point at the cache they recorded.
-        in_place = self.step is not self.model and n + room <= self.max_cols
-        width = max(n + room, self.max_cols) if self.step is not self.model else n + room
+        compiled = self.step is not self.model
+        in_place = compiled and n + room <= self.max_cols
+        width = max(n + room, self.max_cols) if compiled else n + room
         new = Session(self.model, B, width, self.pad_id, self.step, self.cache if in_place else None)
         pads = [n - len(self.cols[r]) for r in rows]
         src = torch.tensor([[0] * p + self.cols[r] for p, r in zip(pads, rows)])  # each new column's old one (0: pad)
