@@ -33,7 +33,7 @@
 #   Integers are decimal (no leading zero); paths are plain (no leading - or ~, no $ or backquote). A bad setting
 #   is one error line and exit 2 before anything runs; Ctrl-C stops the run, and the same command resumes it.
 #
-#   bash run_all.sh                      # the default run (22 min on 2 quiet CPU cores with the base cached: README)
+#   bash run_all.sh                      # the default run (23 min on 2 quiet CPU cores with the base cached: README)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
 #   SMOKE=1 bash run_all.sh              # a one-minute check of the whole chain (runs/smoke)
 #   BASE=smollm2 bash run_all.sh         # the real model on a GPU (runs/smollm2-household)
