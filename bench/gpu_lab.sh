@@ -18,7 +18,7 @@
 # time), TESTS= (pytest's arguments, e.g. "--slow -n 8 tests": the suite beside the runs, -v into LAB/tests.log),
 # PYTHON=python (else python3),
 # DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it),
-# COMPILE=1 (below: 02's decode steps as CUDA graphs; 0: eager).
+# COMPILE=1 (below: 02's decode steps as CUDA graphs; 0: eager), MPS=1 (below: the GPU shared through NVIDIA's MPS).
 # DRY=1 runs the same path on a CPU: a one-layer tiny model from scratch, SMOKE's toy budgets, two seeds, K=1 and
 # --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
 #
@@ -40,6 +40,9 @@ names, got '$ENVS'"
 [[ $DRY =~ ^[01]$ ]] || bad "DRY must be 0 or 1, got '$DRY'"
 K=${K:-$((2 - DRY))}  # iterations: 2, a dry run 1
 [[ $K =~ ^[1-9][0-9]{0,2}$ ]] || bad "K must be an iteration count from 1 to 999, got '$K'"
+COMPILE=${COMPILE:-$((1 - DRY))} MPS=${MPS:-$((1 - DRY))}  # below; a CPU gains nothing from either
+[[ $COMPILE =~ ^[01]$ ]] || bad "COMPILE must be 0 or 1, got '$COMPILE'"
+[[ $MPS =~ ^[01]$ ]] || bad "MPS must be 0 or 1, got '$MPS'"
 
 if [ "$DRY" = 1 ]; then
   SEEDS=${SEEDS:-"0 1"}
@@ -61,7 +64,7 @@ fi
 
 # Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
 # written atomically when its command ends (plumbing.py save): checked before anything runs.
-logs=("$LAB/tests.log" "$LAB/decode_step.log")
+logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log")
 for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
   logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k.log)
 done; logs+=("$LAB/$env-s$seed.seconds"); done; done
@@ -71,10 +74,34 @@ save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
 
 pids=() compiled=0
 start=$(date +%s)
+# MPS=1: NVIDIA's multi-process service for the lab's processes, so that their small kernels run on the GPU at once
+# instead of taking turns (time-slicing). The daemon's pipes and log in a fresh /tmp folder, for this lab alone (a CUDA
+# program that cannot reach it runs as without it); it is stopped when the lab ends. The lab runs without MPS where
+# nvidia-cuda-mps-control is missing or no MPS server served a first CUDA program: LAB/mps.log says which, the report
+# quotes it.
+mps="off (MPS=0)"
+if [ "$MPS" = 1 ]; then
+  mps="off: no nvidia-cuda-mps-control"
+  if command -v nvidia-cuda-mps-control >/dev/null; then
+    CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/gpu_lab_mps.XXXXXX)
+    export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY
+    mps="off: nvidia-cuda-mps-control -d failed"
+    if nvidia-cuda-mps-control -d; then
+      trap 'echo quit | nvidia-cuda-mps-control' EXIT
+      trap 'exit 130' INT TERM  # the EXIT trap then stops the daemon
+      timeout 120 $PYTHON -c "import torch; torch.cuda.is_available() and torch.zeros(1, device='cuda')" || true
+      server=$(echo get_server_list | nvidia-cuda-mps-control) || server=""
+      mps="off: no MPS server served a CUDA program"
+      if [ -n "$server" ]; then mps="on (server $server)"; else echo quit | nvidia-cuda-mps-control; trap - EXIT; fi
+    fi
+    [[ $mps == on* ]] || unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+fi
+echo "MPS: $mps" | save "$LAB/mps.log"
 # 02's decode steps compiled (02 --compile: CUDA graphs) once bench/decode_step.py has compiled and timed them on
 # random weights of SmolLM2's shape, eager and compiled at 128 rows (LAB/decode_step.log, the report's first lines),
-# and the compiled step was the faster; else 02 runs eager. COMPILE=0 skips it (DRY: 0, a CPU gains nothing from it).
-if [ "${COMPILE:-$((1 - DRY))}" = 1 ]; then
+# and the compiled step was the faster; else 02 runs eager. COMPILE=0 skips it.
+if [ "$COMPILE" = 1 ]; then
   if timeout 240 $PYTHON bench/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --compile 2>&1 \
        | save "$LAB/decode_step.log"; then
     ms() { grep -o "$1: [0-9.]*" "$LAB/decode_step.log" | cut -d' ' -f2; }
@@ -125,7 +152,7 @@ failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # by id: never a monitor started beside them
 echo "gpu_lab: the runs took $(( $(date +%s) - start )) s"
 command="bash bench/gpu_lab.sh"  # with the settings it was given, for the report's first line
-for v in TESTS DEADLINE N_EVAL N_SELF N_EXPERT K SEEDS ENVS COMPILE DRY; do
+for v in TESTS DEADLINE N_EVAL N_SELF N_EXPERT K SEEDS ENVS COMPILE MPS DRY; do
   if printenv "$v" >/dev/null; then val=${!v}; [[ $val == *' '* ]] && val="'$val'"; command="$v=$val $command"; fi
 done
 $PYTHON bench/gpu_report.py --lab "$LAB" --out "$report" --command "$command"

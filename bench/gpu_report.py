@@ -1,7 +1,8 @@
 """The report of bench/gpu_lab.sh: what the lab measured, as one markdown page.
 
 Reads   LAB/<env>-s<seed>/ (run_all.sh runs: metrics.jsonl, eval/world*/<policy>_<split>.json, policy_0, policy_1),
-        LAB/<env>-s<seed>.seconds (a run's wall-clock) and LAB/tests.log (pytest -v, when the lab ran the tests)
+        LAB/<env>-s<seed>.seconds (a run's wall-clock), LAB/tests.log (pytest -v, when the lab ran the tests),
+        LAB/decode_step.log and LAB/mps.log (whether 02 ran compiled, and the GPU was shared through MPS)
 Writes  --out: the device; per environment and evaluation world, each policy's success and average reward on
         every split, mean +- std over the seeds that finished it (std: n - 1); per stage its launches, loop
         seconds (start-up excluded), tokens/s, peak memory and model FLOP utilisation, collection's generated
@@ -143,6 +144,10 @@ def main(argv=None):
                else "eager: the compiled step was not faster")
         lines += ["", f"**One decode step** (`{step_log}`, random weights; 02 ran {ran}): " +
                   ("; ".join(timed) or "no timing")]
+    mps_log = os.path.join(args.lab, "mps.log")  # whether the processes shared the GPU through NVIDIA's MPS
+    if os.path.isfile(mps_log):
+        said = [line.strip()[5:] for line in open(mps_log) if line.startswith("MPS: ")]
+        lines += ["", f"**NVIDIA's MPS** (`{mps_log}`): {said[-1] if said else '-'}"]
     by_env = {}
     for run in runs:
         by_env.setdefault(run.rsplit("-s", 1)[0], []).append(run)

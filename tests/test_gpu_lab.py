@@ -51,13 +51,25 @@ def test_stages_running_at_once_lose_no_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_lab_dry_run_writes_its_report(tmp_path):
-    env = {**os.environ, "DRY": "1", "K": "2", "LAB": str(tmp_path), "OMP_NUM_THREADS": "1",
-           "TESTS": "tests/test_precision.py::test_pick_device_on_cpu"}
+    # MPS=1 with a stand-in for NVIDIA's MPS control program (no GPU here): it logs each call and names a server
+    stub = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    stub.parent.mkdir()
+    stub.write_text('#!/bin/sh\nif [ "$1" = -d ]; then echo "-d $CUDA_MPS_PIPE_DIRECTORY" >> "$MPS_LOG"; exit 0; fi\n'
+                    'read -r cmd; echo "$cmd" >> "$MPS_LOG"; [ "$cmd" != get_server_list ] || echo 4242\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "DRY": "1", "K": "2", "LAB": str(tmp_path / "lab"), "OMP_NUM_THREADS": "1", "MPS": "1",
+           "TESTS": "tests/test_precision.py::test_pick_device_on_cpu", "MPS_LOG": str(tmp_path / "mps_calls"),
+           "PATH": f"{stub.parent}:{os.environ['PATH']}"}
     proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    tmp_path = tmp_path / "lab"
     logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("*.log"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
     report = (tmp_path / "gpu_lab.md").read_text()
-    assert report.startswith("Measured ") and f"`DRY=1 K=2 TESTS={env['TESTS']} bash bench/gpu_lab.sh`" in report
+    assert report.startswith("Measured ") and f"`DRY=1 MPS=1 K=2 TESTS={env['TESTS']} bash bench/gpu_lab.sh`" in report
+    # the daemon started with the lab's own pipe folder, asked for its server after a CUDA program, stopped at the end
+    calls = open(env["MPS_LOG"]).read().splitlines()
+    assert [c.split()[0] for c in calls] == ["-d", "get_server_list", "quit"] and "/gpu_lab_mps." in calls[0], calls
+    assert f"**NVIDIA's MPS** (`{tmp_path}/mps.log`): on (server 4242)" in report
     assert "**Tests**" in report and "1 passed, 0 failed" in report and "## household: seeds 0, 1" in report
     for policy in ("policy_0 (BC)", "policy_1 (Q-Evolve iter 1)", "rft_policy_1 (iterated RFT iter 1)",
                    "outcome_policy_1 (outcome-level PG iter 1)", "policy_2 (Q-Evolve iter 2)",
