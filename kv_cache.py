@@ -36,7 +36,7 @@ def generate_plain(policy, rows, prompts, next_tokens):
     cache, replies, live = DynamicCache(config=p.model.config), [[] for _ in prompts], set(range(B))
     for _ in range(p.args.max_new_tokens):
         logits = p.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                         cache=cache).logits[:, -1].float()
+                         cache=cache, logits_to_keep=1).logits[:, -1].float()
         ids = next_tokens(logits, rows, p.n_rows, p.args)[:, None].cpu()  # (B, 1): what each row reads next
         for i in sorted(live):
             replies[i].append(int(ids[i]))
@@ -127,7 +127,8 @@ class Session:
         dev = self.model.device
         self.mask[:, self.width:self.width + W] = seen.to(dev)  # one copy to the device for all rows
         forward = self.step if W == 1 else self.model  # decode steps through the compiled step, if any
-        out = forward(input_ids=chunk.to(dev), attention_mask=self.mask, position_ids=pos.to(dev), cache=self.cache)
+        out = forward(input_ids=chunk.to(dev), attention_mask=self.mask, position_ids=pos.to(dev), cache=self.cache,
+                      logits_to_keep=1)  # the vocabulary projection at the last column only: all a row's next token needs
         self.width += W
         return out.logits[:, -1].to(torch.float32, copy=True)  # a copy: a CUDA graph's next replay overwrites out
 
