@@ -14,7 +14,8 @@
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"),
 #   EVAL_WORLDS: the world seeds every policy is evaluated in (household: "0 1 2 3" - training uses world 0,
 #   the others are worlds the run never saw; other envs: "0"), KEEP_OLD=0 (1: the buffer keeps every
-#   iteration's self data), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
+#   iteration's self data), EVAL=1 (0: train only, no evaluation and no results table; a later run with EVAL=1
+#   evaluates what exists), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
 #   PRECISION=auto (01-05's --precision: bf16 autocast on a GPU; bf16 takes that arithmetic on a CPU too)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
@@ -113,6 +114,7 @@ N_SELF=${N_SELF:-300}
 N_EVAL=${N_EVAL:-0}
 EVAL_SPLITS=${EVAL_SPLITS:-"seen unseen"}
 KEEP_OLD=${KEEP_OLD:-0}
+EVAL=${EVAL:-1}
 THREADS=${THREADS:-2}
 PRECISION=${PRECISION:-auto}
 PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
@@ -132,7 +134,7 @@ ALGOS=${ALGOS:-qevolve}
   || bad "ALGOS must be words of: qevolve rft outcome, got '$ALGOS'"
 CPU_OK=${CPU_OK:-0}
 need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC
-need_bool KEEP_OLD CPU_OK
+need_bool KEEP_OLD EVAL CPU_OK
 [ "$SEED" -le 4294966 ] && [ "$K" -le 999 ] || bad "SEED must be at most 4294966 and K at most 999 (self-collection's \
 seed is SEED * 1000 + k, below 2**32), got SEED=$SEED K=$K"
 need_path RUN BASE_CACHE SMOLLM2_DIR
@@ -182,6 +184,7 @@ if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON plumbing.py torchrun --standalone --np
 # process (one model load), for the worlds and splits that miss a result.
 evaluate() {
   local worlds=() splits=() world split
+  [ "$EVAL" = 1 ] || return 0
   for world in $EVAL_WORLDS; do
     for split in $EVAL_SPLITS; do
       if [ ! -e "$RUN/eval/world$world/$2_$split.json" ]; then
@@ -272,5 +275,7 @@ evolve() {
 for algo in $ALGOS; do evolve "$algo"; done
 
 # ---- the results table (plumbing.py: the output rule and an atomic write, as every file of the project)
-quiet $PYTHON plumbing.py results "$RUN" "$K" "$EVAL_WORLDS" "$ALGOS" $EVAL_SPLITS
-echo "Results: $RUN/results.md   (metrics: $METRICS)"
+if [ "$EVAL" = 1 ]; then
+  quiet $PYTHON plumbing.py results "$RUN" "$K" "$EVAL_WORLDS" "$ALGOS" $EVAL_SPLITS
+  echo "Results: $RUN/results.md   (metrics: $METRICS)"
+fi

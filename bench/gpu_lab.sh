@@ -5,8 +5,8 @@
 #      BC, then Q-Evolve and the credit issue's baselines (iterated RFT, the outcome-level PG) for K=2 iterations
 #      from the same BC policy, each algorithm its own run_all.sh (ALGOS=qevolve, rft, outcome) once Q-Evolve's
 #      has collected iteration 1's episodes, iteration by iteration, every policy evaluated greedily on seen and
-#      unseen in worlds 0 and 1 (N_EVAL tasks each); run LAB/<env>-s<seed>, its logs (<algo>.it<k>.log) and
-#      wall-clock beside it
+#      unseen in worlds 0 and 1 (N_EVAL tasks each) beside the next iteration's training; run LAB/<env>-s<seed>, its
+#      logs (<algo>.it<k>.log, evaluations <algo>.it<k>.eval.log) and wall-clock beside it
 #   3. bench/gpu_report.py: per policy and world mean +- std over the seeds on every split, per-stage seconds,
 #      tokens/s, peak memory and MFU -> bench/results/gpu_lab.md
 # The lab's budgets (a variable you set still wins): 400 demonstrations, BC 2 epochs at lr 5e-5; per iteration 128
@@ -66,8 +66,8 @@ fi
 # written atomically when its command ends (plumbing.py save): checked before anything runs.
 logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log")
 for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
-  logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k.log)
-done; logs+=("$LAB/$env-s$seed.seconds"); done; done
+  logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log)
+done; logs+=("$LAB/$env-s$seed.qevolve.it0.eval.log" "$LAB/$env-s$seed.seconds"); done; done
 $PYTHON plumbing.py check run_log "${logs[@]}"
 $PYTHON plumbing.py check table "$report"
 save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
@@ -110,35 +110,45 @@ if [ "$COMPILE" = 1 ]; then
   [ "$compiled" = 1 ] || echo "gpu_lab: the compiled decode step failed or was not faster ($LAB/decode_step.log): \
 02 runs eager" >&2
 fi
-# lab ALGO ENV SEED K: run_all.sh for one algorithm up to iteration K (resuming), stopped at DEADLINE seconds after
-# the lab's start
+# lab ALGO ENV SEED K EVAL: run_all.sh for one algorithm up to iteration K, resuming (run_all.sh skips what exists):
+# EVAL=0 its training alone, EVAL=1 the evaluations of what it has trained; stopped at DEADLINE seconds after the
+# lab's start. Its log: LAB/<env>-s<seed>.<algo>.it<K>.log, or .it<K>.eval.log
 lab() {
-  local left=""
+  local left="" log=$LAB/$2-s$3.$1.it$4
+  [ "$5" = 0 ] || log+=.eval
   if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - start) )); [ "$left" -gt 0 ] || return 124; fi
   local collect=()  # run_all.sh's real-model COLLECT_ARGS, and --compile
   if [ "$compiled" = 1 ] && [ -z "${COLLECT_ARGS:-}" ]; then
     collect=(COLLECT_ARGS="--num-envs 128 --compile$([ "$2" != shop ] || echo " --max-new-tokens 64")")
   fi
-  ${left:+timeout "$left"} "${chain[@]}" "${collect[@]}" ALGOS="$1" ENV="$2" SEED="$3" K="$4" RUN="$LAB/$2-s$3" \
-    PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$LAB/$2-s$3.$1.it$4.log"
+  ${left:+timeout "$left"} "${chain[@]}" "${collect[@]}" ALGOS="$1" ENV="$2" SEED="$3" K="$4" EVAL="$5" \
+    RUN="$LAB/$2-s$3" PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$log.log"
 }
-# Per run, iteration by iteration, so that all three algorithms finish iteration k (its evaluation included) before
-# any starts k + 1 (a baseline's iteration is shorter than Q-Evolve's). Iteration 1: Q-Evolve first (BC, its
-# evaluation, iteration 1's episodes); once those episodes exist the two baselines start beside it from the same
-# policy_0 and episodes (run_all.sh skips what exists). Later iterations: the three at once.
+# Per run, iteration by iteration: all three algorithms finish iteration k's training before any starts k + 1 (a
+# baseline's iteration is shorter than Q-Evolve's), so that DEADLINE stops them at the same iteration. Iteration 1:
+# Q-Evolve first (BC, iteration 1's episodes); once those episodes exist the two baselines start beside it from the
+# same policy_0 and episodes. Later iterations: the three at once. The evaluations run beside the training, off its
+# path: BC's once policy_0 exists; iteration k's three at once, when iteration k's training and the evaluations
+# before them are done.
 for env in $ENVS; do
   for seed in $SEEDS; do
-    ( t0=$(date +%s) rc=0
+    ( t0=$(date +%s) rc=0 evals=() run=$LAB/$env-s$seed
       for k in $(seq 1 "$K"); do
-        others=()
-        lab qevolve "$env" "$seed" "$k" & q=$!
-        until [ -e "$LAB/$env-s$seed/iter_1/self.json" ] || ! kill -0 "$q" 2>/dev/null; do sleep 1; done
-        if [ -e "$LAB/$env-s$seed/iter_1/self.json" ]; then
-          for algo in rft outcome; do lab "$algo" "$env" "$seed" "$k" & others+=($!); done
+        lab qevolve "$env" "$seed" "$k" 0 & trains=($!)
+        if [ "$k" = 1 ]; then
+          until [ -e "$run/policy_0" ] || ! kill -0 "${trains[0]}" 2>/dev/null; do sleep 1; done
+          if [ -e "$run/policy_0" ]; then lab qevolve "$env" "$seed" 0 1 & evals=($!); fi
         fi
-        for pid in "$q" "${others[@]}"; do wait "$pid" || rc=$?; done
+        until [ -e "$run/iter_1/self.json" ] || ! kill -0 "${trains[0]}" 2>/dev/null; do sleep 1; done
+        if [ -e "$run/iter_1/self.json" ]; then
+          for algo in rft outcome; do lab "$algo" "$env" "$seed" "$k" 0 & trains+=($!); done
+        fi
+        for pid in "${trains[@]}" "${evals[@]}"; do wait "$pid" || rc=$?; done
         [ "$rc" = 0 ] || break
+        evals=()
+        for algo in qevolve rft outcome; do lab "$algo" "$env" "$seed" "$k" 1 & evals+=($!); done
       done
+      for pid in "${evals[@]}"; do wait "$pid" || rc=$?; done
       echo $(( $(date +%s) - t0 )) | save "$LAB/$env-s$seed.seconds"
       exit "$rc" ) &
     pids+=($!)

@@ -11,8 +11,9 @@ from conftest import ROOT
 
 # SMOKE=1 sets these budgets' defaults in run_all.sh (the README's one-minute run); a value set
 # in the caller's shell would win, so the test clears them.
-SMOKE_VARS = ["RUN", "K", "N_EXPERT", "N_SELF", "N_EVAL", "THREADS", "ENV", "ENV_KWARGS", "EVAL_SPLITS", "EVAL_WORLDS",
-              "BASE", "KEEP_OLD", "PRETRAIN_ARGS", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS"]
+SMOKE_VARS = ["RUN", "K", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL", "THREADS", "ENV", "ENV_KWARGS", "EVAL_SPLITS",
+              "EVAL_WORLDS", "BASE", "KEEP_OLD", "PRETRAIN_ARGS", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS",
+              "BPPO_ARGS"]
 
 
 def run_all(run_dir, python=sys.executable, **settings):
@@ -176,7 +177,7 @@ def test_a_real_model_gets_one_gpus_budgets(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["SEED", "K", "N_EXPERT", "N_SELF", "N_EVAL", "THREADS", "NPROC", "KEEP_OLD", "SMOKE",
-                                  "EVAL_WORLDS", "ENV"])
+                                  "EVAL", "EVAL_WORLDS", "ENV"])
 def test_a_setting_carrying_shell_code_is_refused_before_anything_runs(name, tmp_path):
     """Issue 52: bash evaluates $(...) inside $((...)): SEED='K[$(touch FILE)0]' ran the command. Every setting
     that reaches arithmetic or a command is checked first: one error line, exit 2, no command run, nothing made."""

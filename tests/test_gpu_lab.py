@@ -80,8 +80,16 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
         assert f"| {stage}" in report, stage  # 01: BC and RFT's two; 05: Q-Evolve's and the outcome-level PG's
     for seed in (0, 1):  # iteration by iteration: no algorithm's iteration 2 began before every iteration 1 ended
         run = tmp_path / f"household-s{seed}"
-        last_1 = max(f.stat().st_mtime for f in run.glob("eval/world*/*policy_1_*.json"))
-        assert min(f.stat().st_mtime for f in run.glob("**/iter_2/*")) >= last_1
+        mtimes = lambda pattern: [f.stat().st_mtime for f in run.glob(pattern)]
+        assert min(mtimes("**/iter_2/*")) >= max(mtimes("**/policy_1/*"))
+        assert min(mtimes("eval/world*/*policy_2_*.json")) >= max(mtimes("eval/world*/*policy_1_*.json"))
+        # the evaluations ran off the training's path, each policy's in its own launch: the training logs hold no
+        # evaluation, and an evaluation log no training
+        for log in tmp_path.glob(f"household-s{seed}.*.log"):
+            commands = [line for line in log.read_text().splitlines() if line.startswith("== python")]
+            evaluations = [c for c in commands if "--greedy" in c]
+            assert evaluations == commands if log.name.endswith(".eval.log") else not evaluations, (log, commands)
+        assert "policy_0 --env" in (tmp_path / f"household-s{seed}.qevolve.it0.eval.log").read_text()
     # the dry run trained under bf16 autocast, saved fp32, and 05 moved every tensor of the policy
     for seed in (0, 1):
         moved = next(line for line in report.splitlines() if line.startswith(f"| household-s{seed} | "))
