@@ -1,5 +1,5 @@
 """Peak memory of one SmolLM2 training step on a CPU, as the stages take it: 01_bc.py and 05_bppo.py each run
-in a process of its own on household's expert demos (run_all.sh's miniature), with --batch-size B trajectories
+in a process of its own on --env's expert demos (run_all.sh's miniature of it), with --batch-size B trajectories
 and exactly one optimizer step (01: B + 1 demos, one held out for validation; 05: B demos with an advantage
 of +1 / -1 on alternate steps, pi_ref = pi_old = the model). Reported: the process's peak resident set
 (model, pi_ref, AdamW's state, activations, logits) and its seconds. --stages DIR measures the stage files of
@@ -8,6 +8,7 @@ on one machine; --flags adds stage flags (e.g. "--grad-checkpointing off").
 
     python bench/train_memory.py --model models/smollm2-135m --label after
     python bench/train_memory.py --model models/smollm2-135m --stages /tmp/before --label before
+    python bench/train_memory.py --env shop
 Each call adds its rows to --out (bench/results/train_memory.md).
 """
 import argparse
@@ -23,7 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from plumbing import check_out, save_text  # noqa: E402
 
-HOUSEHOLD = '{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'
+KWARGS = {"household": '{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}',
+          "shop": '{"page_size": 3, "max_steps": 10, "hasty": 0.5}'}  # run_all.sh's miniatures
 PEAK = ("import resource, runpy, sys; sys.argv = sys.argv[1:]; sys.path.insert(0, '.')\n"
         "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
         "finally:\n    print('PEAK_RSS_GB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)")
@@ -41,6 +43,7 @@ def run(stages, script, args, threads):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="household", choices=sorted(KWARGS), help="whose expert demos")
     p.add_argument("--model", default="models/smollm2-135m", help="a model directory (python -m models.smollm2)")
     p.add_argument("--stages", default=ROOT, help="the checkout whose 01_bc.py / 05_bppo.py run")
     p.add_argument("--label", default="this checkout", help="the rows' name in the table")
@@ -55,8 +58,9 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="train_memory_") as tmp:
         expert = os.path.join(tmp, "expert.jsonl")
-        subprocess.run([sys.executable, "02_collect.py", "--policy", "expert", "--env-kwargs", HOUSEHOLD, "--split",
-                        "train", "--episodes", str(B + 1), "--out", expert], cwd=ROOT, check=True, capture_output=True)
+        subprocess.run([sys.executable, "02_collect.py", "--policy", "expert", "--env", a.env, "--env-kwargs",
+                        KWARGS[a.env], "--split", "train", "--episodes", str(B + 1), "--out", expert], cwd=ROOT,
+                       check=True, capture_output=True)
         eps = [json.loads(line) for line in open(expert)]
         adv = os.path.join(tmp, "adv.jsonl")
         with open(adv, "w") as f:
@@ -66,11 +70,13 @@ def main():
         for script, args in (("01_bc", ["--data", expert, "--model", model, "--lr", "1e-5"]),
                              ("05_bppo", ["--data", adv, "--policy", model, "--ref", model, "--lr", "1e-6"])):
             peak, sec = run(a.stages, script, [*args, "--out", os.path.join(tmp, script), *common], a.threads)
-            rows.append(f"| {a.label} | {script} | {B} | {a.flags or '-'} | {peak:.2f} | {sec:.0f} |")
+            stage = script if a.env == "household" else f"{script}, {a.env}"
+            rows.append(f"| {a.label} | {stage} | {B} | {a.flags or '-'} | {peak:.2f} | {sec:.0f} |")
             print(rows[-1], flush=True)
     head = [f"Measured on {platform.machine()} with {os.cpu_count()} CPU cores by `python "
-            "bench/train_memory.py` (its docstring: one optimizer step of SmolLM2-135M, household's expert demos, "
-            "fp32 on the CPU); each row's label says which code ran.", "",
+            "bench/train_memory.py` (its docstring: one optimizer step of SmolLM2-135M on household's expert demos, "
+            "or those of the env the stage cell names (`--env`), fp32 on the CPU); each row's label says which code "
+            "ran.", "",
             "| code | stage | batch | flags | peak RSS (GiB) | seconds (load, step, save) |",
             "|---|---|---|---|---|---|"]
     old = open(a.out).read().splitlines()[len(head):] if os.path.exists(a.out) else []
