@@ -191,7 +191,9 @@ class ModelPolicy:
     def __init__(self, path, args):
         self.tokenizer = load_tokenizer(path)
         self.device, self.amp = pick_device(args.precision)
-        self.model = load_model(AutoModelForCausalLM, path).to(self.device).eval()
+        # 02 trains nothing, so under bf16 (a GPU's default) the weights themselves are bf16, and so is the KV cache
+        # (its dtype is the keys'): a decode step reads half the bytes. 01 / 03 / 05 keep theirs fp32 (pick_device).
+        self.model = load_model(AutoModelForCausalLM, path).to(self.device, self.amp).eval()
         self.step = compile_step(self.model) if args.compile else self.model  # decode steps (kv_cache.Session.feed)
         self.args, self.eos_id, self.pad_id = args, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
@@ -218,7 +220,7 @@ class ModelPolicy:
     def act(self, rows, prompts):
         """One reply (a string) for each row in `rows`, given its prompt (token ids)."""
         generate = generate_plain if self.args.plain_generate else generate_cached  # kv_cache.py: the same replies
-        with autocast(self.device, self.amp):  # fp32, or bf16 matmuls on fp32 weights (--precision)
+        with autocast(self.device, self.amp):  # fp32, or bf16 (--precision)
             replies = generate(self, rows, prompts, next_tokens)
         out = []
         for r, toks in zip(rows, replies):

@@ -128,7 +128,7 @@ class Session:
         self.mask[:, self.width:self.width + W] = seen.to(dev)  # one copy to the device for all rows
         forward = self.step if W == 1 else self.model  # decode steps through the compiled step, if any
         out = forward(input_ids=chunk.to(dev), attention_mask=self.mask, position_ids=pos.to(dev), cache=self.cache,
-                      logits_to_keep=1)  # the vocabulary projection at the last column only: all a row's next token needs
+                      logits_to_keep=1)  # onto the vocabulary at the last column only: all a row's next token needs
         self.width += W
         return out.logits[:, -1].to(torch.float32, copy=True)  # a copy: a CUDA graph's next replay overwrites out
 

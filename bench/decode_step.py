@@ -5,8 +5,8 @@ A model with random weights of a directory's config (--random: SmolLM2's shape w
 prompt of --context random tokens for each of --batch rows, then --steps greedy decode steps with a static KV cache
 (02's), each ending in one device-to-host copy of the new tokens (as 02's decode loop does); the first 5 are
 warm-up. --compile also times the step compiled as 02 --compile compiles it (CUDA graphs on a GPU).
-Device, precision and loading as 02's (plumbing.pick_device / autocast / load_model): fp32 weights, bf16 autocast
-on a GPU that has bf16.
+Device, precision and loading as 02's (plumbing.pick_device / autocast / load_model): on a GPU that has bf16, bf16
+weights and so a bf16 KV cache.
 
     python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128 --compile
 """
@@ -40,7 +40,7 @@ def main(argv=None):
     device, amp = pick_device("auto")
     torch.manual_seed(0)
     model = (AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model)) if args.random
-             else load_model(AutoModelForCausalLM, args.model)).to(device).eval()
+             else load_model(AutoModelForCausalLM, args.model)).to(device, amp).eval()
     steps = {"eager": model}
     if args.compile:  # as 02 --compile: CUDA graphs on a GPU
         steps["compiled"] = compile_step(model)

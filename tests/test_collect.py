@@ -178,6 +178,19 @@ def test_cached_generation_gives_the_replies_of_the_plain_loop(tiny_run, stages,
     both([0, 1, 2], [prompt(3, 1), prompt(0, 1), prompt(2, 4)])
 
 
+def test_under_bf16_the_policy_and_its_kv_cache_are_bf16(stages, tiny_run):
+    """02 trains nothing: under --precision bf16 (a GPU's default) its policy's weights are bf16, and so is its KV
+    cache (whose dtype is the keys'), which every decode step reads whole; in fp32 both stay fp32."""
+    c, ep = stages["02_collect"], json.loads(open(tiny_run / "expert.jsonl").readline())
+    for precision, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        path = str(tiny_run / "policy_0")
+        p = c.ModelPolicy(path, c.parse_args(["--policy", path, "--out", "x.jsonl", "--precision", precision,
+                                              "--max-new-tokens", "4"]))
+        p.start(2)
+        assert len(p.act([0, 1], p.prompt_ids([ep, ep]))) == 2
+        assert {w.dtype for w in p.model.parameters()} == {dtype} and p.session.cache.layers[0].keys.dtype == dtype
+
+
 def test_the_compiled_decode_step_writes_the_eager_episodes(stages, in_process, tiny_run, tmp_path, monkeypatch):
     """02 --compile (torch.compile; CUDA graphs on a GPU): decode steps through the compiled model, on every row
     and at cache widths in steps of COMPILED_WIDTH (128 here, so that the cache fills: it is compacted into a wider
