@@ -51,8 +51,11 @@ if [ "$DRY" = 1 ]; then
   report="$LAB/gpu_lab.md"
 else
   SEEDS=${SEEDS:-"0 1 2"}
+  # one check for a GPU, here: its run_all.sh calls skip theirs (CPU_OK=1)
+  $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || bad "no GPU here: the lab trains \
+SmolLM2 for 8 minutes on one; DRY=1 runs the same path on a CPU"
   [ -e "$SMOLLM2_DIR" ] || $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
-  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" EVAL_WORLDS="0 1"
+  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" EVAL_WORLDS="0 1" CPU_OK=1
          PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
          N_EXPERT="${N_EXPERT:-400}" N_SELF="${N_SELF:-128}" N_EVAL="${N_EVAL:-100}" THREADS="${THREADS:-2}"
          BC_ARGS="${BC_ARGS:-"--epochs 2 --lr 5e-5 --batch-size 16"}"

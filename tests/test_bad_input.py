@@ -620,7 +620,8 @@ def test_cause_1_the_results_table_keeps_the_rule(tmp_path, in_process):
 
 def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
     """The GPU script wrote LAB/<env>.log over what was there, and ENVS='..' wrote outside LAB; a DRY or K that is
-    not a number is refused before bash's arithmetic could run what it holds; so is a switch that is not 0 or 1."""
+    not a number is refused before bash's arithmetic could run what it holds; so is a switch that is not 0 or 1, and
+    the lab itself (DRY=0) on a machine without a GPU."""
     (tmp_path / "lab").mkdir()
     (tmp_path / "lab/household-s0.qevolve.it1.log").write_text("my own log\n")
     env = {**os.environ, "LAB": str(tmp_path / "lab"), "DRY": "1", "TESTS": "", "PYTHON": sys.executable,
@@ -629,7 +630,8 @@ def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
                          ({}, "household-s0.qevolve.it1.log exists and is not a run log"),
                          ({"DRY": f"a[$(touch {tmp_path}/pwned)]"}, "DRY must be 0 or 1"),
                          ({"K": "0"}, "K must be an iteration"), ({"MPS": "yes"}, "MPS must be 0 or 1"),
-                         ({"COMPILE": "2"}, "COMPILE must be 0 or 1")):
+                         ({"COMPILE": "2"}, "COMPILE must be 0 or 1"),
+                         *[({"DRY": "0"}, "no GPU here")] * (not torch.cuda.is_available())):
         before = snapshot(tmp_path)
         proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env={**env, **bad}, capture_output=True,
                               text=True)
