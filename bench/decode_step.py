@@ -51,7 +51,7 @@ def main(argv=None):
             mask = torch.zeros((batch, width), dtype=torch.long, device=device)
             mask[:, :args.context] = 1
             with torch.no_grad(), autocast(device, amp):
-                ids = torch.randint(0, 1000, (batch, args.context), device=device)
+                ids = torch.randint(0, model.config.vocab_size, (batch, args.context), device=device)
                 tok = model(ids, attention_mask=mask, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
                 for i in range(5 + args.steps):  # 5 of warm-up (and of compiling)
                     if i == 5:

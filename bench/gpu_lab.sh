@@ -70,7 +70,7 @@ fi
 logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log")
 for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
   logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log)
-done; logs+=("$LAB/$env-s$seed.qevolve.it0.eval.log" "$LAB/$env-s$seed.seconds"); done; done
+done; logs+=("$LAB/$env-s$seed".qevolve.it0{,.eval}.log "$LAB/$env-s$seed.seconds"); done; done
 $PYTHON plumbing.py check run_log "${logs[@]}"
 $PYTHON plumbing.py check table "$report"
 save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
@@ -103,15 +103,21 @@ fi
 echo "MPS: $mps" | save "$LAB/mps.log"
 # 02's decode steps compiled (02 --compile: CUDA graphs) once bench/decode_step.py has compiled and timed them on
 # random weights of SmolLM2's shape, eager and compiled at 128 rows (LAB/decode_step.log, the report's first lines),
-# and the compiled step was the faster; else 02 runs eager. COMPILE=0 skips it.
+# and the compiled step was the faster; else 02 runs eager. COMPILE=0 skips it. The check runs beside the runs' BC
+# (which decodes nothing); each run's first 02 waits for its verdict, the file $verdict (1: compiled, 0: eager).
+verdict=$(mktemp -d /tmp/gpu_lab_compile.XXXXXX)/verdict
 if [ "$COMPILE" = 1 ]; then
-  if timeout 240 $PYTHON bench/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --compile 2>&1 \
-       | save "$LAB/decode_step.log"; then
-    ms() { grep -o "$1: [0-9.]*" "$LAB/decode_step.log" | cut -d' ' -f2; }
-    if awk "BEGIN { exit !($(ms compiled) < $(ms eager)) }"; then compiled=1; fi
-  fi
-  [ "$compiled" = 1 ] || echo "gpu_lab: the compiled decode step failed or was not faster ($LAB/decode_step.log): \
+  ( set +e; c=0
+    if timeout 240 $PYTHON bench/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --compile 2>&1 \
+         | save "$LAB/decode_step.log"; then
+      ms() { grep -o "$1: [0-9.]*" "$LAB/decode_step.log" | cut -d' ' -f2; }
+      if awk "BEGIN { exit !($(ms compiled) < $(ms eager)) }"; then c=1; fi
+    fi
+    [ "$c" = 1 ] || echo "gpu_lab: the compiled decode step failed or was not faster ($LAB/decode_step.log): \
 02 runs eager" >&2
+    echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &
+else
+  echo 0 > "$verdict"
 fi
 # lab ALGO ENV SEED K EVAL: run_all.sh for one algorithm up to iteration K, resuming (run_all.sh skips what exists):
 # EVAL=0 its training alone, EVAL=1 the evaluations of what it has trained; stopped at DEADLINE seconds after the
@@ -127,21 +133,22 @@ lab() {
   ${left:+timeout "$left"} "${chain[@]}" "${collect[@]}" ALGOS="$1" ENV="$2" SEED="$3" K="$4" EVAL="$5" \
     RUN="$LAB/$2-s$3" PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$log.log"
 }
-# Per run, iteration by iteration: all three algorithms finish iteration k's training before any starts k + 1 (a
-# baseline's iteration is shorter than Q-Evolve's), so that DEADLINE stops them at the same iteration. Iteration 1:
-# Q-Evolve first (BC, iteration 1's episodes); once those episodes exist the two baselines start beside it from the
-# same policy_0 and episodes. Later iterations: the three at once. The evaluations run beside the training, off its
-# path: BC's once policy_0 exists; iteration k's three at once, when iteration k's training and the evaluations
-# before them are done.
+# Per run: BC first (beside the compile check), then iteration by iteration: all three algorithms finish iteration
+# k's training before any starts k + 1 (a baseline's iteration is shorter than Q-Evolve's), so that DEADLINE stops
+# them at the same iteration. Iteration 1: Q-Evolve first (its episodes); once they exist the two baselines start
+# beside it from the same policy_0 and episodes. Later iterations: the three at once. The evaluations run beside
+# the training, off its path: BC's once the compile check is done; iteration k's three at once, when iteration k's
+# training and the evaluations before them are done.
 for env in $ENVS; do
   for seed in $SEEDS; do
     ( t0=$(date +%s) rc=0 evals=() run=$LAB/$env-s$seed
+      lab qevolve "$env" "$seed" 0 0 || rc=$?  # BC (K=0): expert demos and policy_0
+      until [ -e "$verdict" ]; do sleep 1; done
+      compiled=$(cat "$verdict")
+      if [ "$rc" = 0 ]; then lab qevolve "$env" "$seed" 0 1 & evals=($!); fi  # BC's evaluation
       for k in $(seq 1 "$K"); do
+        [ "$rc" = 0 ] || break
         lab qevolve "$env" "$seed" "$k" 0 & trains=($!)
-        if [ "$k" = 1 ]; then
-          until [ -e "$run/policy_0" ] || ! kill -0 "${trains[0]}" 2>/dev/null; do sleep 1; done
-          if [ -e "$run/policy_0" ]; then lab qevolve "$env" "$seed" 0 1 & evals=($!); fi
-        fi
         until [ -e "$run/iter_1/self.json" ] || ! kill -0 "${trains[0]}" 2>/dev/null; do sleep 1; done
         if [ -e "$run/iter_1/self.json" ]; then
           for algo in rft outcome; do lab "$algo" "$env" "$seed" "$k" 0 & trains+=($!); done

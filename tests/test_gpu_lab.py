@@ -89,6 +89,7 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
             commands = [line for line in log.read_text().splitlines() if line.startswith("== python")]
             evaluations = [c for c in commands if "--greedy" in c]
             assert evaluations == commands if log.name.endswith(".eval.log") else not evaluations, (log, commands)
+        assert "01_bc.py" in (tmp_path / f"household-s{seed}.qevolve.it0.log").read_text()  # BC alone, first
         assert "policy_0 --env" in (tmp_path / f"household-s{seed}.qevolve.it0.eval.log").read_text()
     # the dry run trained under bf16 autocast, saved fp32, and 05 moved every tensor of the policy
     for seed in (0, 1):
