@@ -106,8 +106,8 @@ echo "MPS: $mps" | save "$LAB/mps.log"
 # and the compiled step was the faster; else 02 runs eager. COMPILE=0 skips it. The check runs beside the runs' BC
 # (which decodes nothing); each run's first 02 waits for its verdict, the file $verdict (1: compiled, 0: eager).
 verdict=$(mktemp -d /tmp/gpu_lab_compile.XXXXXX)/verdict
-if [ "$COMPILE" = 1 ]; then
-  ( set +e; c=0
+( set +e; c=0
+  if [ "$COMPILE" = 1 ]; then
     if timeout 240 $PYTHON bench/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --compile 2>&1 \
          | save "$LAB/decode_step.log"; then
       ms() { grep -o "$1: [0-9.]*" "$LAB/decode_step.log" | cut -d' ' -f2; }
@@ -115,10 +115,8 @@ if [ "$COMPILE" = 1 ]; then
     fi
     [ "$c" = 1 ] || echo "gpu_lab: the compiled decode step failed or was not faster ($LAB/decode_step.log): \
 02 runs eager" >&2
-    echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &
-else
-  echo 0 > "$verdict"
-fi
+  fi
+  echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &
 # lab ALGO ENV SEED K EVAL: run_all.sh for one algorithm up to iteration K, resuming (run_all.sh skips what exists):
 # EVAL=0 its training alone, EVAL=1 the evaluations of what it has trained; stopped at DEADLINE seconds after the
 # lab's start. Its log: LAB/<env>-s<seed>.<algo>.it<K>.log, or .it<K>.eval.log
