@@ -38,7 +38,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 import envs
-from kv_cache import compile_step, generate_cached, generate_plain
+from kv_cache import GraphStep, generate_cached, generate_plain
 from plumbing import (add_machine_flags, autocast, check_flags, check_memory, check_out, die, finish_distributed,
                       is_main, kv_bytes, load_model, load_tokenizer, parse_env_kwargs, pick_device, save_episodes,
                       seed_everything, setup_distributed)
@@ -77,11 +77,10 @@ def parse_args(argv=None):
     p.add_argument("--plain-generate", action="store_true",
                    help="generate with the plain loop (kv_cache.generate_plain: every prompt read in full each turn) "
                         "instead of the KV cache kept across turns; the same replies up to float rounding, slower")
-    p.add_argument("--compile", action="store_true",
-                   help="decode steps through torch.compile, on a GPU with CUDA graphs (mode reduce-overhead: a "
-                        "step's hundreds of kernel launches replayed at once); each cache width (a multiple of 1024: "
-                        "one for most runs) compiles once, 45 s on an H200 or 12 s from torch's cache of an earlier "
-                        "launch. The replies of the eager model up to float rounding")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="decode steps replayed from a CUDA graph (kv_cache.GraphStep: a step's hundreds of kernel "
+                        "launches at once), recorded once per KV cache (width a multiple of 1024: one for most runs); "
+                        "on a CPU the same steps run eagerly. The replies of the plain steps up to float rounding")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the summary to this JSONL file")
     return p.parse_args(argv)
@@ -194,7 +193,7 @@ class ModelPolicy:
         # 02 trains nothing, so under bf16 (a GPU's default) the weights themselves are bf16, and so is the KV cache
         # (its dtype is the keys'): a decode step reads half the bytes. 01 / 03 / 05 keep theirs fp32 (pick_device).
         self.model = load_model(AutoModelForCausalLM, path).to(self.device, self.amp).eval()
-        self.step = compile_step(self.model) if args.compile else self.model  # decode steps (kv_cache.Session.feed)
+        self.step = GraphStep(self.model) if args.cuda_graph else self.model  # decode steps (kv_cache.Session.feed)
         self.args, self.eos_id, self.pad_id = args, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.max_prompt = self.model.config.max_position_embeddings - args.max_new_tokens
 

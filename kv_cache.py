@@ -12,14 +12,37 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 CACHE_ROOM = 64  # free KV-cache columns beyond one turn's need
-COMPILED_WIDTH = 1024  # with 02 --compile, cache widths are multiples of this (each width compiles once)
+GRAPH_WIDTH = 1024  # with 02 --cuda-graph, cache widths are multiples of this (each new cache is recorded once)
 
 
-def compile_step(model):
-    """The model's decode step (one token a row) for 02 --compile: torch.compile with static shapes, and on a GPU
-    its CUDA graphs (mode reduce-overhead: a step's hundreds of kernel launches replayed at once)."""
-    return torch.compile(model, mode="reduce-overhead" if model.device.type == "cuda" else None, fullgraph=True,
-                         dynamic=False)
+class GraphStep:
+    """02 --cuda-graph's decode step (one token a row). A small model's step is launch-bound: hundreds of small kernels
+    issued one by one from Python. On a GPU the step is recorded once per KV cache as a CUDA graph (torch.cuda.graph)
+    and then replayed, all its kernels in one launch, over the same input buffers: each step copies its inputs into
+    them, and the next replay overwrites the output. Recording runs nothing and compiles nothing (torch.compile took
+    12-45 s a launch on an H200). It needs a step without host syncs: tests/test_collect.py runs one on the
+    meta device, where any would fail. A CPU has no CUDA graphs: there the step runs eagerly over the same buffers."""
+
+    def __init__(self, model):
+        self.model, self.cache, self.graph = model, None, None
+
+    def __call__(self, cache, **inputs):  # input_ids, attention_mask, position_ids (tensors), logits_to_keep
+        if cache is not self.cache or inputs["attention_mask"].shape != self.inputs["attention_mask"].shape:
+            # A new cache: new buffers, and this step runs eagerly (the warm-up recording needs); the next records.
+            self.cache, self.graph = cache, None
+            self.inputs = {k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()}
+            return self.model(cache=cache, **inputs)
+        for k, v in inputs.items():
+            if torch.is_tensor(v):
+                self.inputs[k].copy_(v)
+        if self.model.device.type != "cuda":
+            return self.model(cache=cache, **self.inputs)
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):  # records the kernels; runs nothing
+                self.out = self.model(cache=cache, **self.inputs)
+        self.graph.replay()
+        return self.out
 
 
 @torch.no_grad()
@@ -76,7 +99,7 @@ def generate_cached(policy, rows, prompts, next_tokens):
         going = [j for j, r in enumerate(slot) if r in live]
         if not going:
             break
-        if len(going) <= len(slot) // 2 and p.step is p.model:  # (a compiled step keeps its shapes: all rows)
+        if len(going) <= len(slot) // 2 and p.step is p.model:  # (a CUDA graph keeps its shapes: all rows)
             # Most rows have ended their reply, but every row of s is computed at every step: go on
             # with a copy that holds only the rows still writing. Their last tokens never reach
             # p.session; at the next turn, sync finds them missing and feeds them with the observation.
@@ -93,8 +116,8 @@ class Session:
     columns are copied into a smaller one (compacted): attention reads every column at every step."""
 
     def __init__(self, model, n_rows, max_cols, pad_id, step, cache=None):
-        if step is not model:  # a compiled step (02 --compile) compiles once per cache width: widths in steps of 1024
-            max_cols = -(-max_cols // COMPILED_WIDTH) * COMPILED_WIDTH
+        if step is not model:  # 02 --cuda-graph records a graph per cache: widths in steps of GRAPH_WIDTH
+            max_cols = -(-max_cols // GRAPH_WIDTH) * GRAPH_WIDTH
         self.model, self.step, self.pad_id, self.max_cols = model, step, pad_id, max_cols
         self.cache = StaticCache(config=model.config, max_cache_len=max_cols) if cache is None else cache
         self.mask = torch.zeros((n_rows, max_cols), dtype=torch.long, device=model.device)
@@ -126,7 +149,7 @@ class Session:
             self.ids[r] += toks
         dev = self.model.device
         self.mask[:, self.width:self.width + W] = seen.to(dev)  # one copy to the device for all rows
-        forward = self.step if W == 1 else self.model  # decode steps through the compiled step, if any
+        forward = self.step if W == 1 else self.model  # decode steps through the CUDA graph, if any
         out = forward(input_ids=chunk.to(dev), attention_mask=self.mask, position_ids=pos.to(dev), cache=self.cache,
                       logits_to_keep=1)  # onto the vocabulary at the last column only: all a row's next token needs
         self.width += W
@@ -139,11 +162,11 @@ class Session:
         tokens before it, none of which change."""
         rows = list(range(len(self.ids))) if rows is None else rows
         B, n = len(rows), max(len(self.cols[r]) for r in rows)
-        # A compiled step keeps its width (a new one would compile again) and, where the rows fit, its cache: the
-        # columns are rewritten in place, so its CUDA graphs still point at the cache they recorded.
-        compiled = self.step is not self.model
-        in_place = compiled and n + room <= self.max_cols
-        width = max(n + room, self.max_cols) if compiled else n + room
+        # A CUDA-graph step keeps its width and, where the rows fit, its cache: the columns are rewritten in place, so
+        # its graph still points at the cache it recorded (a new cache is recorded again).
+        graphed = self.step is not self.model
+        in_place = graphed and n + room <= self.max_cols
+        width = max(n + room, self.max_cols) if graphed else n + room
         new = Session(self.model, B, width, self.pad_id, self.step, self.cache if in_place else None)
         pads = [n - len(self.cols[r]) for r in rows]
         src = torch.tensor([[0] * p + self.cols[r] for p, r in zip(pads, rows)])  # each new column's old one (0: pad)

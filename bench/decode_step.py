@@ -4,11 +4,11 @@ seconds per step (bench/results/collect_profile.md) it says how much of collecti
 A model with random weights of a directory's config (--random: SmolLM2's shape with no weights at hand), a
 prompt of --context random tokens for each of --batch rows, then --steps greedy decode steps with a static KV cache
 (02's), each ending in one device-to-host copy of the new tokens (as 02's decode loop does); the first 5 are
-warm-up. --compile also times the step compiled as 02 --compile compiles it (CUDA graphs on a GPU).
+warm-up. --cuda-graph also times the step replayed from a CUDA graph, as 02 --cuda-graph does (kv_cache.GraphStep).
 Device, precision and loading as 02's (plumbing.pick_device / autocast / load_model): on a GPU that has bf16, bf16
 weights and so a bf16 KV cache.
 
-    python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128 --compile
+    python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128 --cuda-graph
 """
 import argparse
 import os
@@ -19,7 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from kv_cache import COMPILED_WIDTH, compile_step  # noqa: E402
+from kv_cache import GRAPH_WIDTH, GraphStep  # noqa: E402
 from plumbing import autocast, die, load_model, pick_device  # noqa: E402
 
 
@@ -30,8 +30,8 @@ def main(argv=None):
     p.add_argument("--batch", type=int, nargs="+", default=[16, 128], help="rows decoded at once")
     p.add_argument("--context", type=int, default=400, help="tokens already in each row's cache")
     p.add_argument("--steps", type=int, default=20, help="decode steps timed (after 5 of warm-up)")
-    p.add_argument("--compile", action="store_true", help="also time the step compiled as 02 --compile compiles it "
-                   "(torch.compile; CUDA graphs on a GPU)")
+    p.add_argument("--cuda-graph", action="store_true", help="also time the step replayed from a CUDA graph, as 02 "
+                   "--cuda-graph replays it (on a CPU: run eagerly over the graph's buffers)")
     args = p.parse_args(argv)
     if min(args.batch) < 1 or args.context < 1 or args.steps < 1:
         die("--batch, --context and --steps must be at least 1")
@@ -42,18 +42,18 @@ def main(argv=None):
     model = (AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model)) if args.random
              else load_model(AutoModelForCausalLM, args.model)).to(device, amp).eval()
     steps = {"eager": model}
-    if args.compile:  # as 02 --compile: CUDA graphs on a GPU
-        steps["compiled"] = compile_step(model)
+    if args.cuda_graph:  # as 02 --cuda-graph
+        steps["cuda graph"] = GraphStep(model)
     for batch in args.batch:
         for name, step in steps.items():
-            width = -(-(args.context + 5 + args.steps) // COMPILED_WIDTH) * COMPILED_WIDTH  # 02's static cache
+            width = -(-(args.context + 5 + args.steps) // GRAPH_WIDTH) * GRAPH_WIDTH  # 02's static cache
             cache = StaticCache(config=model.config, max_cache_len=width)
             mask = torch.zeros((batch, width), dtype=torch.long, device=device)
             mask[:, :args.context] = 1
             with torch.no_grad(), autocast(device, amp):
                 ids = torch.randint(0, model.config.vocab_size, (batch, args.context), device=device)
                 tok = model(ids, attention_mask=mask, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
-                for i in range(5 + args.steps):  # 5 of warm-up (and of compiling)
+                for i in range(5 + args.steps):  # 5 of warm-up (and of recording the graph)
                     if i == 5:
                         t0 = time.time()
                     mask[:, args.context + i] = 1

@@ -18,7 +18,8 @@
 # time), TESTS= (pytest's arguments, e.g. "--slow -n 8 tests": the suite beside the runs, -v into LAB/tests.log),
 # PYTHON=python (else python3),
 # DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it),
-# COMPILE=1 (below: 02's decode steps as CUDA graphs; 0: eager), MPS=1 (below: the GPU shared through NVIDIA's MPS).
+# CUDA_GRAPH=1 (below: 02's decode steps replayed from CUDA graphs; 0: eager),
+# MPS=1 (below: the GPU shared through NVIDIA's MPS).
 # DRY=1 runs the same path on a CPU: a one-layer tiny model from scratch, SMOKE's toy budgets, two seeds, K=1 and
 # --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
 #
@@ -40,8 +41,8 @@ names, got '$ENVS'"
 [[ $DRY =~ ^[01]$ ]] || bad "DRY must be 0 or 1, got '$DRY'"
 K=${K:-$((2 - DRY))}  # iterations: 2, a dry run 1
 [[ $K =~ ^[1-9][0-9]{0,2}$ ]] || bad "K must be an iteration count from 1 to 999, got '$K'"
-COMPILE=${COMPILE:-$((1 - DRY))} MPS=${MPS:-$((1 - DRY))}  # below; a CPU gains nothing from either
-[[ $COMPILE =~ ^[01]$ ]] || bad "COMPILE must be 0 or 1, got '$COMPILE'"
+CUDA_GRAPH=${CUDA_GRAPH:-$((1 - DRY))} MPS=${MPS:-$((1 - DRY))}  # below; a CPU gains nothing from either
+[[ $CUDA_GRAPH =~ ^[01]$ ]] || bad "CUDA_GRAPH must be 0 or 1, got '$CUDA_GRAPH'"
 [[ $MPS =~ ^[01]$ ]] || bad "MPS must be 0 or 1, got '$MPS'"
 
 if [ "$DRY" = 1 ]; then
@@ -75,7 +76,7 @@ $PYTHON plumbing.py check run_log "${logs[@]}"
 $PYTHON plumbing.py check table "$report"
 save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
 
-pids=() compiled=0
+pids=() graph=0
 start=$(date +%s)
 # MPS=1: NVIDIA's multi-process service for the lab's processes, so that their small kernels run on the GPU at once
 # instead of taking turns (time-slicing). The daemon's pipes and log in a fresh /tmp folder, for this lab alone (a CUDA
@@ -101,19 +102,19 @@ if [ "$MPS" = 1 ]; then
   fi
 fi
 echo "MPS: $mps" | save "$LAB/mps.log"
-# 02's decode steps compiled (02 --compile: CUDA graphs) once bench/decode_step.py has compiled and timed them on
-# random weights of SmolLM2's shape, eager and compiled at 128 rows (LAB/decode_step.log, the report's first lines),
-# and the compiled step was the faster; else 02 runs eager. COMPILE=0 skips it. The check runs beside the runs' BC
-# (which decodes nothing); each run's first 02 waits for its verdict, the file $verdict (1: compiled, 0: eager).
-verdict=$(mktemp -d /tmp/gpu_lab_compile.XXXXXX)/verdict
+# 02's decode steps replayed from CUDA graphs (02 --cuda-graph) once bench/decode_step.py has timed one step of
+# SmolLM2's shape (random weights) at 128 rows, eager and from a CUDA graph (LAB/decode_step.log, the report's first
+# lines), and the graph was the faster; else 02 runs eager. CUDA_GRAPH=0 skips it. The check runs beside the runs' BC
+# (which decodes nothing); each run's first 02 waits for its verdict, the file $verdict (1: CUDA graphs, 0: eager).
+verdict=$(mktemp -d /tmp/gpu_lab_graph.XXXXXX)/verdict
 ( set +e; c=0
-  if [ "$COMPILE" = 1 ]; then
-    if timeout 240 $PYTHON bench/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --compile 2>&1 \
+  if [ "$CUDA_GRAPH" = 1 ]; then
+    if timeout 240 $PYTHON bench/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --cuda-graph 2>&1 \
          | save "$LAB/decode_step.log"; then
-      ms() { grep -o "$1: [0-9.]*" "$LAB/decode_step.log" | cut -d' ' -f2; }
-      if awk "BEGIN { exit !($(ms compiled) < $(ms eager)) }"; then c=1; fi
+      ms() { grep -o "$1: [0-9.]*" "$LAB/decode_step.log" | awk '{ print $NF }'; }
+      if awk "BEGIN { exit !($(ms 'cuda graph') < $(ms eager)) }"; then c=1; fi
     fi
-    [ "$c" = 1 ] || echo "gpu_lab: the compiled decode step failed or was not faster ($LAB/decode_step.log): \
+    [ "$c" = 1 ] || echo "gpu_lab: the CUDA-graph decode step failed or was not faster ($LAB/decode_step.log): \
 02 runs eager" >&2
   fi
   echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &
@@ -124,25 +125,25 @@ lab() {
   local left="" log=$LAB/$2-s$3.$1.it$4
   [ "$5" = 0 ] || log+=.eval
   if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - start) )); [ "$left" -gt 0 ] || return 124; fi
-  local collect=()  # run_all.sh's real-model COLLECT_ARGS, and --compile
-  if [ "$compiled" = 1 ] && [ -z "${COLLECT_ARGS:-}" ]; then
-    collect=(COLLECT_ARGS="--num-envs 128 --compile$([ "$2" != shop ] || echo " --max-new-tokens 64")")
+  local collect=()  # run_all.sh's real-model COLLECT_ARGS, and --cuda-graph
+  if [ "$graph" = 1 ] && [ -z "${COLLECT_ARGS:-}" ]; then
+    collect=(COLLECT_ARGS="--num-envs 128 --cuda-graph$([ "$2" != shop ] || echo " --max-new-tokens 64")")
   fi
   ${left:+timeout "$left"} "${chain[@]}" "${collect[@]}" ALGOS="$1" ENV="$2" SEED="$3" K="$4" EVAL="$5" \
     RUN="$LAB/$2-s$3" PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$log.log"
 }
-# Per run: BC first (beside the compile check), then iteration by iteration: all three algorithms finish iteration
+# Per run: BC first (beside the decode-step check), then iteration by iteration: all three algorithms finish iteration
 # k's training before any starts k + 1 (a baseline's iteration is shorter than Q-Evolve's), so that DEADLINE stops
 # them at the same iteration. Iteration 1: Q-Evolve first (its episodes); once they exist the two baselines start
 # beside it from the same policy_0 and episodes. Later iterations: the three at once. The evaluations run beside
-# the training, off its path: BC's once the compile check is done; iteration k's three at once, when iteration k's
+# the training, off its path: BC's once the decode-step check is done; iteration k's three at once, when iteration k's
 # training and the evaluations before them are done.
 for env in $ENVS; do
   for seed in $SEEDS; do
     ( t0=$(date +%s) rc=0 evals=() run=$LAB/$env-s$seed
       lab qevolve "$env" "$seed" 0 0 || rc=$?  # BC (K=0): expert demos and policy_0
       until [ -e "$verdict" ]; do sleep 1; done
-      compiled=$(cat "$verdict")
+      graph=$(cat "$verdict")
       if [ "$rc" = 0 ]; then lab qevolve "$env" "$seed" 0 1 & evals=($!); fi  # BC's evaluation
       for k in $(seq 1 "$K"); do
         [ "$rc" = 0 ] || break
@@ -170,7 +171,7 @@ failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # by id: never a monitor started beside them
 echo "gpu_lab: the runs took $(( $(date +%s) - start )) s"
 command="bash bench/gpu_lab.sh"  # with the settings it was given, for the report's first line
-for v in TESTS DEADLINE N_EVAL N_SELF N_EXPERT K SEEDS ENVS COMPILE MPS DRY; do
+for v in TESTS DEADLINE N_EVAL N_SELF N_EXPERT K SEEDS ENVS CUDA_GRAPH MPS DRY; do
   if printenv "$v" >/dev/null; then val=${!v}; [[ $val == *' '* ]] && val="'$val'"; command="$v=$val $command"; fi
 done
 $PYTHON bench/gpu_report.py --lab "$LAB" --out "$report" --command "$command"

@@ -2,7 +2,7 @@
 
 Reads   LAB/<env>-s<seed>/ (run_all.sh runs: metrics.jsonl, eval/world*/<policy>_<split>.json, policy_0, policy_1),
         LAB/<env>-s<seed>.seconds (a run's wall-clock), LAB/tests.log (pytest -v, when the lab ran the tests),
-        LAB/decode_step.log and LAB/mps.log (whether 02 ran compiled, and the GPU was shared through MPS)
+        LAB/decode_step.log and LAB/mps.log (whether 02 ran with CUDA graphs, and the GPU was shared through MPS)
 Writes  --out: the device; per environment and evaluation world, each policy's success and average reward on
         every split, mean +- std over the seeds that finished it (std: n - 1); per stage its launches, loop
         seconds (start-up excluded), tokens/s, peak memory and model FLOP utilisation, collection's generated
@@ -136,12 +136,12 @@ def main(argv=None):
              "# The real-model lab", "", "bench/gpu_lab.sh says what it runs and its budgets; bench/gpu_report.py how "
              f"it counts. Peak for utilisation: {f'{peak:g} TFLOP/s (bf16, dense)' if peak else 'unknown (no MFU)'}.",
              "", f"**Tests** (`{args.lab}/tests.log`): {test_summary(os.path.join(args.lab, 'tests.log'))}"]
-    step_log = os.path.join(args.lab, "decode_step.log")  # the compiled decode step's check, where it ran
+    step_log = os.path.join(args.lab, "decode_step.log")  # the CUDA-graph decode step's check, where it ran
     if os.path.isfile(step_log):
         timed = [line.strip() for line in open(step_log) if line.startswith("decode step")]
-        ms = [float(line.split(": ")[1].split()[0]) for line in timed]  # eager, then compiled (gpu_lab.sh's rule)
-        ran = ("eager: the compiled step failed" if len(ms) < 2 else "compiled" if ms[1] < ms[0]
-               else "eager: the compiled step was not faster")
+        ms = [float(line.split(": ")[1].split()[0]) for line in timed]  # eager, then CUDA graph (gpu_lab.sh's rule)
+        ran = ("eager: the CUDA-graph step failed" if len(ms) < 2 else "with CUDA graphs" if ms[1] < ms[0]
+               else "eager: the CUDA-graph step was not faster")
         lines += ["", f"**One decode step** (`{step_log}`, random weights; 02 ran {ran}): " +
                   ("; ".join(timed) or "no timing")]
     mps_log = os.path.join(args.lab, "mps.log")  # whether the processes shared the GPU through NVIDIA's MPS

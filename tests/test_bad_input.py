@@ -630,7 +630,7 @@ def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
              ({}, "household-s0.qevolve.it1.log exists and is not a run log"),
              ({"DRY": f"a[$(touch {tmp_path}/pwned)]"}, "DRY must be 0 or 1"),
              ({"K": "0"}, "K must be an iteration"), ({"MPS": "yes"}, "MPS must be 0 or 1"),
-             ({"COMPILE": "2"}, "COMPILE must be 0 or 1")]
+             ({"CUDA_GRAPH": "2"}, "CUDA_GRAPH must be 0 or 1")]
     if not torch.cuda.is_available():
         cases.append(({"DRY": "0"}, "no GPU here"))
     for bad, message in cases:

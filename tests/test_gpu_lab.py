@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from transformers import LlamaConfig
 
 from conftest import ROOT
 
@@ -57,19 +58,28 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
     stub.write_text('#!/bin/sh\nif [ "$1" = -d ]; then echo "-d $CUDA_MPS_PIPE_DIRECTORY" >> "$MPS_LOG"; exit 0; fi\n'
                     'read -r cmd; echo "$cmd" >> "$MPS_LOG"; [ "$cmd" != get_server_list ] || echo 4242\n')
     stub.chmod(0o755)
+    # CUDA_GRAPH=1: the lab times a decode step of SMOLLM2_DIR's shape (here a one-layer config) eager and from a CUDA
+    # graph (on a CPU: no graph, the same step over the graph's buffers) and gives 02 --cuda-graph if that was faster
+    LlamaConfig(vocab_size=400, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1).save_pretrained(tmp_path / "shape")
     env = {**os.environ, "DRY": "1", "K": "2", "LAB": str(tmp_path / "lab"), "OMP_NUM_THREADS": "1", "MPS": "1",
            "TESTS": "tests/test_precision.py::test_pick_device_on_cpu", "MPS_LOG": str(tmp_path / "mps_calls"),
-           "PATH": f"{stub.parent}:{os.environ['PATH']}"}
+           "PATH": f"{stub.parent}:{os.environ['PATH']}", "CUDA_GRAPH": "1", "SMOLLM2_DIR": str(tmp_path / "shape")}
     proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     tmp_path = tmp_path / "lab"
     logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("*.log"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
     report = (tmp_path / "gpu_lab.md").read_text()
-    assert report.startswith("Measured ") and f"`DRY=1 MPS=1 K=2 TESTS={env['TESTS']} bash bench/gpu_lab.sh`" in report
+    assert report.startswith("Measured ") and f"`DRY=1 MPS=1 CUDA_GRAPH=1 K=2 TESTS={env['TESTS']} bash" in report
     # the daemon started with the lab's own pipe folder, asked for its server after a CUDA program, stopped at the end
     calls = open(env["MPS_LOG"]).read().splitlines()
     assert [c.split()[0] for c in calls] == ["-d", "get_server_list", "quit"] and "/gpu_lab_mps." in calls[0], calls
     assert f"**NVIDIA's MPS** (`{tmp_path}/mps.log`): on (server 4242)" in report
+    graphs = "02 ran with CUDA graphs): decode step, batch 128, context 400, eager: " in report
+    assert graphs or "02 ran eager: the CUDA-graph step was not faster): decode step, batch 128" in report
+    collects = [line for log in tmp_path.glob("*.log") for line in log.read_text().splitlines()
+                if line.startswith("== python 02_collect.py") and "--policy expert" not in line]  # (BC's demos)
+    assert len(collects) > 10 and all(("--cuda-graph" in c) == graphs for c in collects), (graphs, collects)
     assert "**Tests**" in report and "1 passed, 0 failed" in report and "## household: seeds 0, 1" in report
     for policy in ("policy_0 (BC)", "policy_1 (Q-Evolve iter 1)", "rft_policy_1 (iterated RFT iter 1)",
                    "outcome_policy_1 (outcome-level PG iter 1)", "policy_2 (Q-Evolve iter 2)",
@@ -98,17 +108,18 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
         n_diff, n_all = cells[3].split(" of ")
         assert n_diff == n_all and cells[5] == "torch.float32" and float(cells[1]) > 0
         assert '"precision": "bf16"' in (tmp_path / f"household-s{seed}" / "policy_1" / "args.json").read_text()
-    # on the GPU the lab first times the compiled decode step (COMPILE=1; a DRY run skips it): the report quotes it
+    # on the GPU the lab first times the CUDA-graph decode step (CUDA_GRAPH=1; a DRY run skips it): the report quotes it
     steps = ["decode step, batch 128, context 400, eager: 70.1 ms (cuda, bf16)",
-             "decode step, batch 128, context 400, compiled: 4.2 ms (cuda, bf16)"]
+             "decode step, batch 128, context 400, cuda graph: 4.2 ms (cuda, bf16)"]
     slower = steps[1].replace("4.2", "80.5")
 
     def rewritten():  # the report, written again from the lab's files
         subprocess.run([sys.executable, "bench/gpu_report.py", "--lab", tmp_path, "--out", tmp_path / "gpu_lab.md"],
                        cwd=ROOT, check=True, capture_output=True)
         return (tmp_path / "gpu_lab.md").read_text()
-    for lines, said in ((steps, "02 ran compiled): " + "; ".join(steps)), (steps[:1], "the compiled step failed"),
-                        ([steps[0], slower], "the compiled step was not faster")):
+    for lines, said in ((steps, "02 ran with CUDA graphs): " + "; ".join(steps)),
+                        (steps[:1], "the CUDA-graph step failed"),
+                        ([steps[0], slower], "the CUDA-graph step was not faster")):
         (tmp_path / "decode_step.log").write_text("\n".join(["a stamp line", *lines, "Traceback ..."]) + "\n")
         assert said in rewritten()
     # runs that DEADLINE stopped before Q-Evolve's evaluation: its trained policy keeps its row, with what finished

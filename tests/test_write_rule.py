@@ -30,7 +30,7 @@ ALLOWED = {
     ("bench/train_memory.py", 'with open(adv, "w") as f:'):
         "an input buffer inside its own tempfile.TemporaryDirectory, never a user's path",
     ("bench/gpu_lab.sh", 'echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &'):
-        "the compile check's verdict, inside the lab's own mktemp folder, never a user's path",
+        "the decode-step check's verdict, inside the lab's own mktemp folder, never a user's path",
 }
 # whole folders, with the reason
 ALLOWED_DIRS = {"tests/": "the tests write their fixtures into pytest's tmp_path, never into a user's file"}
