@@ -3,8 +3,9 @@ seconds per step (bench/results/collect_profile.md) it says how much of collecti
 
 A model with random weights of a directory's config (--random: SmolLM2's shape with no weights at hand), a
 prompt of --context random tokens for each of --batch rows, then --steps greedy decode steps with a static KV cache
-(02's), each ending in one device-to-host copy of the new tokens (as 02's decode loop does); the first 5 are
-warm-up. --cuda-graph also times the step replayed from a CUDA graph, as 02 --cuda-graph does (kv_cache.GraphStep).
+(02's), each ending in one device-to-host copy of the new tokens (as 02's decode loop does), after 5 of warm-up
+(their time printed too). --cuda-graph also times the step replayed from a CUDA graph, as 02 --cuda-graph does
+(kv_cache.GraphStep; its warm-up records the graph).
 Device, precision and loading as 02's (plumbing.pick_device / autocast / load_model): on a GPU that has bf16, bf16
 weights and so a bf16 KV cache.
 
@@ -53,16 +54,19 @@ def main(argv=None):
             with torch.no_grad(), autocast(device, amp):
                 ids = torch.randint(0, model.config.vocab_size, (batch, args.context), device=device)
                 tok = model(ids, attention_mask=mask, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+                tok.tolist()
+                warm = time.time()
                 for i in range(5 + args.steps):  # 5 of warm-up (and of recording the graph)
                     if i == 5:
-                        t0 = time.time()
+                        t0, warm = time.time(), time.time() - warm
                     mask[:, args.context + i] = 1
                     pos = torch.full((batch, 1), args.context + i, device=device)
                     tok = step(input_ids=tok, attention_mask=mask, position_ids=pos, cache=cache).logits[:, -1].argmax(
                         -1, keepdim=True)
                     tok.tolist()  # the one host copy per step
             print(f"decode step, batch {batch}, context {args.context}, {name}: "
-                  f"{(time.time() - t0) / args.steps * 1000:.1f} ms ({device.type}, {amp or 'fp32'})")
+                  f"{(time.time() - t0) / args.steps * 1000:.1f} ms ({device.type}, {amp or 'fp32'}; its 5 warm-up "
+                  f"steps{', recording the graph,' if name == 'cuda graph' else ''} {warm * 1000:.0f} ms)")
 
 
 if __name__ == "__main__":
