@@ -108,7 +108,7 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
         n_diff, n_all = cells[3].split(" of ")
         assert n_diff == n_all and cells[5] == "torch.float32" and float(cells[1]) > 0
         assert '"precision": "bf16"' in (tmp_path / f"household-s{seed}" / "policy_1" / "args.json").read_text()
-    # on the GPU the lab first times the CUDA-graph decode step (CUDA_GRAPH=1; a DRY run skips it): the report quotes it
+    # the report quotes the decode-step check and says which step 02 ran: three logs of a GPU's check
     steps = ["decode step, batch 128, context 400, eager: 70.1 ms (cuda, bf16)",
              "decode step, batch 128, context 400, cuda graph: 4.2 ms (cuda, bf16)"]
     slower = steps[1].replace("4.2", "80.5")
