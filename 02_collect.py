@@ -2,7 +2,7 @@
 
 Reads   --policy expert (the environment's own demonstrator) or a policy directory (01 / 05 output)
 Writes  --out FILE.jsonl: one episode per line (docs/design.md, 'The episode JSONL'), every step labeled;
-        FILE.json beside it: a summary (success rate, labels, speed), also printed as one line.
+        FILE.json beside it: a summary (success rate, labels, speed, peak memory), also printed as one line.
 
 A rollout (run_episode): reset the environment on a task; at each step t the policy writes a reply a_t
 ("Thought: ...\nAction: <command>"), the command after the last "Action:" steps the environment, and the
@@ -40,8 +40,8 @@ from transformers import AutoModelForCausalLM
 import envs
 from kv_cache import GraphStep, generate_cached, generate_plain
 from plumbing import (add_machine_flags, autocast, check_flags, check_memory, check_out, die, finish_distributed,
-                      is_main, kv_bytes, load_model, load_tokenizer, parse_env_kwargs, pick_device, save_episodes,
-                      seed_everything, setup_distributed)
+                      is_main, kv_bytes, load_model, load_tokenizer, parse_env_kwargs, peak_mem_gb, pick_device,
+                      save_episodes, seed_everything, setup_distributed)
 from rerank import Reranker, add_rerank_flags, check_rerank
 from rollout import plan_runs, run_lockstep
 
@@ -268,8 +268,9 @@ def main(argv=None):
     else:  # the same rollouts, every run's at once on --num-envs slots in lockstep (rollout.py)
         done = run_lockstep(make_env, runs, policy, new_episode,
                             lambda env, text, prev: take_step(env, text, prev, aux), end_episode, reranker)
+    device = torch.device("cpu") if policy == "expert" else policy.device  # peak memory: the GPU's, else RSS
     timing = {"wall_s": round(time.time() - t0, 2), "cpu_s": round(time.process_time() - cpu0, 2),
-              "runs_in_batch": len(runs)}  # the launch's: its runs share one batch
+              "runs_in_batch": len(runs), "peak_mem_gb": round(peak_mem_gb(device), 2)}  # the launch's: one batch
     for (r, _), (episodes, counts) in zip(runs, done):
         summarize(r, episodes, counts, timing, rank, world)
     finish_distributed()
@@ -287,7 +288,7 @@ def one_by_one(env, task_ids, policy, args, aux):
 
 def summarize(args, episodes, counts, timing, rank, world):
     """One (world, split): its episodes -> args.out (JSONL) and its summary (.json), one record to --metrics.
-    wall_s and cpu_s are the launch's, whose runs_in_batch runs were rolled out together."""
+    wall_s, cpu_s and peak_mem_gb are the launch's, whose runs_in_batch runs were rolled out together."""
     env_steps = sum(s["label"] != "format" for ep in episodes for s in ep["steps"])  # a format error steps nothing
     if world > 1:  # distributed: rank 0 gathers every rank's episodes and sums the counts; the others are done
         gathered = [None] * world if rank == 0 else None

@@ -661,14 +661,16 @@ def length_batches(lengths, batch_size, rng):
     return batches
 
 
-def cost(n_tokens, seconds, device):
-    """Tokens through the model per second (padding excluded) and peak memory in GB (the GPU's,
-    else the process's resident set: ru_maxrss is KB on Linux, bytes on macOS)."""
+def peak_mem_gb(device):
+    """Peak memory in GB: the GPU's, else the process's resident set (ru_maxrss is KB on Linux, bytes on macOS)."""
     if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**30
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
-    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak}
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+def cost(n_tokens, seconds, device):
+    """Tokens through the model per second (padding excluded) and peak memory in GB."""
+    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak_mem_gb(device)}
 
 
 def lr_at(step, total, peak, warmup_frac):

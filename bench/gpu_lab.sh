@@ -19,7 +19,8 @@
 # PYTHON=python (else python3),
 # DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it),
 # CUDA_GRAPH=1 (below: 02's decode steps replayed from CUDA graphs; 0: eager),
-# MPS=1 (below: the GPU shared through NVIDIA's MPS).
+# MPS=1 (below: the GPU shared through NVIDIA's MPS). Where nvidia-smi is, LAB/gpu_use.log: the GPU's memory in use
+# and utilisation each second.
 # DRY=1 runs the same path on a CPU: a one-layer tiny model from scratch, SMOKE's toy budgets, two seeds, K=1 and
 # --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
 #
@@ -56,8 +57,10 @@ else
   $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || bad "no GPU here: the lab trains \
 SmolLM2 for 8 minutes on one; DRY=1 runs the same path on a CPU"
   [ -e "$SMOLLM2_DIR" ] || $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
+  # the allocator of every process here (the runs, the decode-step check, the tests): segments that grow, less memory
+  # lost to fragments while up to 18 processes share the GPU
+  export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
   chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" EVAL_WORLDS="0 1" CPU_OK=1
-         PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
          N_EXPERT="${N_EXPERT:-400}" N_SELF="${N_SELF:-128}" N_EVAL="${N_EVAL:-100}" THREADS="${THREADS:-2}"
          BC_ARGS="${BC_ARGS:-"--epochs 2 --lr 5e-5 --batch-size 16"}"
          CRITIC_ARGS="${CRITIC_ARGS:-"--epochs 1 --lr 1e-5 --batch-size 16"}"
@@ -68,7 +71,7 @@ fi
 
 # Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
 # written atomically when its command ends (plumbing.py save): checked before anything runs.
-logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log")
+logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log" "$LAB/gpu_use.log")
 for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
   logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log)
 done; logs+=("$LAB/$env-s$seed".qevolve.it0{,.eval}.log "$LAB/$env-s$seed.seconds"); done; done
@@ -102,6 +105,16 @@ if [ "$MPS" = 1 ]; then
   fi
 fi
 echo "MPS: $mps" | save "$LAB/mps.log"
+# The whole GPU, sampled each second while the lab runs (where nvidia-smi is): the memory all its processes hold
+# together (three seeds' runs side by side must fit in it) and its utilisation -> LAB/gpu_use.log, in the report.
+sampler=""
+if command -v nvidia-smi >/dev/null; then
+  use=$(mktemp /tmp/gpu_lab_use.XXXXXX)
+  ( while kill -0 $$ 2>/dev/null; do  # ends with the lab, however it ends
+      nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits; sleep 1
+    done > "$use" ) &
+  sampler=$!
+fi
 # 02's decode steps replayed from CUDA graphs (02 --cuda-graph) once bench/decode_step.py has timed one step of
 # SmolLM2's shape (random weights) at 128 rows, eager and from a CUDA graph (LAB/decode_step.log, the report's first
 # lines), and the graph was the faster; else 02 runs eager. CUDA_GRAPH=0 skips it. The check runs beside the runs' BC
@@ -170,6 +183,7 @@ fi
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # by id: never a monitor started beside them
 echo "gpu_lab: the runs took $(( $(date +%s) - start )) s"
+if [ -n "$sampler" ]; then kill "$sampler" || true; save "$LAB/gpu_use.log" < "$use"; rm -f "$use"; fi
 command="bash bench/gpu_lab.sh"  # with the settings it was given, for the report's first line
 for v in TESTS DEADLINE N_EVAL N_SELF N_EXPERT K SEEDS ENVS CUDA_GRAPH MPS DRY; do
   if printenv "$v" >/dev/null; then val=${!v}; [[ $val == *' '* ]] && val="'$val'"; command="$v=$val $command"; fi

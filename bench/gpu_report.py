@@ -2,12 +2,14 @@
 
 Reads   LAB/<env>-s<seed>/ (run_all.sh runs: metrics.jsonl, eval/world*/<policy>_<split>.json, policy_0, policy_1),
         LAB/<env>-s<seed>.seconds (a run's wall-clock), LAB/tests.log (pytest -v, when the lab ran the tests),
-        LAB/decode_step.log and LAB/mps.log (whether 02 ran with CUDA graphs, and the GPU was shared through MPS)
+        LAB/decode_step.log and LAB/mps.log (whether 02 ran with CUDA graphs, and the GPU was shared through MPS),
+        LAB/gpu_use.log (the GPU's memory in use and utilisation, each second, where nvidia-smi was)
 Writes  --out: the device; per environment and evaluation world, each policy's success and average reward on
         every split, mean +- std over the seeds that finished it (std: n - 1); per stage its launches, loop
         seconds (start-up excluded), tokens/s, peak memory and model FLOP utilisation, collection's generated
-        tokens/s; how far 05 moved the policy; the tests' outcome. A run stopped early (gpu_lab.sh's DEADLINE)
-        counts with what it finished: a cell shows how many seeds it holds when fewer than all.
+        tokens/s and peak memory; the whole GPU's memory and utilisation; how far 05 moved the policy; the tests'
+        outcome. A run stopped early (gpu_lab.sh's DEADLINE) counts with what it finished: a cell shows how many
+        seeds it holds when fewer than all.
 
 How FLOPs are counted: a token through a training step costs 6 N (forward 2 N, backward 4 N), N the
 parameters outside the input embedding (a tied output head counted at every token, attention's
@@ -148,6 +150,16 @@ def main(argv=None):
     if os.path.isfile(mps_log):
         said = [line.strip()[5:] for line in open(mps_log) if line.startswith("MPS: ")]
         lines += ["", f"**NVIDIA's MPS** (`{mps_log}`): {said[-1] if said else '-'}"]
+    use_log = os.path.join(args.lab, "gpu_use.log")  # nvidia-smi each second: MiB in use, MiB in all, utilisation %
+    if os.path.isfile(use_log):
+        samples = [[float(x) for x in line.split(",")] for line in open(use_log)
+                   if re.fullmatch(r"\s*\d+(\.\d+)?(,\s*\d+(\.\d+)?){2}\s*", line)]
+        if samples:
+            util = [u for _, _, u in samples]
+            lines += ["", f"**The whole GPU** (`{use_log}`, nvidia-smi each second, {len(samples)} samples): memory "
+                      f"in use peaked at {max(m for m, _, _ in samples) / 1024:.1f} GB of {samples[0][1] / 1024:.1f} "
+                      f"(every process of the lab together); utilisation {statistics.mean(util):.0f}% on average, "
+                      f"at most {max(util):.0f}% (the share of each second in which a kernel ran)"]
     by_env = {}
     for run in runs:
         by_env.setdefault(run.rsplit("-s", 1)[0], []).append(run)
@@ -180,8 +192,8 @@ def main(argv=None):
                 walls = [sum(r["wall_s"] / r.get("runs_in_batch", 1) for r in c) for c in cs]  # a batch's wall once
                 tokens = sum(r["generated_tokens"] for c in cs for r in c)
                 lines.append(f"| 02_collect, {what} | {statistics.mean(len(c) for c in cs):g} | "
-                             f"{spread(walls, '{:.0f}')} | "
-                             f"{tokens / max(sum(walls), 1e-9):,.0f} generated | - | - | - |")
+                             f"{spread(walls, '{:.0f}')} | {tokens / max(sum(walls), 1e-9):,.0f} generated | "
+                             f"{max(r['peak_mem_gb'] for c in cs for r in c):.1f} | - | - |")
         lines += ["", "How far Q-Evolve's first 05 (BPPO) moved the policy:", "",
                   "| run | 05: KL(pi_1 \\|\\| pi_ref) per token | 05: approx KL(pi_old \\|\\| pi_1) "
                   "| tensors of policy_1 that differ from policy_0 | their elements that differ | saved dtype |",

@@ -300,7 +300,7 @@ def test_one_batch_runs_every_world_and_split_as_runs_of_their_own(stages, in_pr
     run_stage("02_collect", *common, "--env-seed", 0, 1, "--split", "seen", "unseen",
               "--out", tmp_path / "w{world}_{split}.jsonl")
     assert len(list(tmp_path.glob("w*_*.jsonl"))) == 4
-    timing = ("wall_s", "cpu_s", "runs_in_batch", "args")
+    timing = ("wall_s", "cpu_s", "runs_in_batch", "peak_mem_gb", "args")
     for world, split in ((0, "seen"), (1, "unseen")):
         alone = tmp_path / f"alone{world}{split}.jsonl"
         in_process(stages["02_collect"], *common, "--env-seed", world, "--split", split, "--out", alone)
@@ -309,6 +309,7 @@ def test_one_batch_runs_every_world_and_split_as_runs_of_their_own(stages, in_pr
         a, b = (json.loads(p.with_suffix(".json").read_text()) for p in (pair, alone))
         assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
         assert (a["runs_in_batch"], b["runs_in_batch"]) == (4, 1) and a["generated_tokens"] > 0
+        assert 0.1 < a["peak_mem_gb"] < 24  # the launch's peak: here the process's resident set, torch's included
         assert {**a["args"], "out": ""} == {**b["args"], "out": ""} and a["args"]["env_seed"] == world
     proc = in_process(stages["02_collect"], *common, "--env-seed", 0, 1, "--out", tmp_path / "x.jsonl", check=False)
     assert proc.returncode == 2 and "need {world} and {split} in the path" in proc.stderr

@@ -58,6 +58,9 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
     stub.write_text('#!/bin/sh\nif [ "$1" = -d ]; then echo "-d $CUDA_MPS_PIPE_DIRECTORY" >> "$MPS_LOG"; exit 0; fi\n'
                     'read -r cmd; echo "$cmd" >> "$MPS_LOG"; [ "$cmd" != get_server_list ] || echo 4242\n')
     stub.chmod(0o755)
+    smi = stub.parent / "nvidia-smi"  # and for nvidia-smi: one sample of the GPU's memory (MiB) and utilisation (%)
+    smi.write_text('#!/bin/sh\necho "1536, 81559, 37"\n')
+    smi.chmod(0o755)
     # CUDA_GRAPH=1: the lab times a decode step of SMOLLM2_DIR's shape (here a one-layer config) eager and from a CUDA
     # graph (on a CPU: no graph, the same step over the graph's buffers) and gives 02 --cuda-graph if that was faster
     LlamaConfig(vocab_size=400, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -75,6 +78,8 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
     calls = open(env["MPS_LOG"]).read().splitlines()
     assert [c.split()[0] for c in calls] == ["-d", "get_server_list", "quit"] and "/gpu_lab_mps." in calls[0], calls
     assert f"**NVIDIA's MPS** (`{tmp_path}/mps.log`): on (server 4242)" in report
+    assert (f"**The whole GPU** (`{tmp_path}/gpu_use.log`, nvidia-smi each second, " in report
+            and "memory in use peaked at 1.5 GB of 79.6 (every process" in report and "37% on average" in report)
     graphs = "02 ran with CUDA graphs): decode step, batch 128, context 400, eager: " in report
     assert graphs or "02 ran eager: the CUDA-graph step was not faster): decode step, batch 128" in report
     collects = [line for log in tmp_path.glob("*.log") for line in log.read_text().splitlines()
@@ -88,6 +93,8 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
         assert row.count("±") == 4, row  # success and reward on seen and unseen, mean ± std over the 2 seeds
     for stage in ("01_bc | 3 |", "03_critic | 2 |", "05_bppo | 4 |", "02_collect, greedy (evaluation)"):
         assert f"| {stage}" in report, stage  # 01: BC and RFT's two; 05: Q-Evolve's and the outcome-level PG's
+    for what in ("sampled (train)", "greedy (evaluation)"):  # 02's peak memory too: here its resident set
+        assert float(next(line for line in report.splitlines() if f"02_collect, {what}" in line).split("|")[5]) > 0.1
     for seed in (0, 1):  # iteration by iteration: no algorithm's iteration 2 began before every iteration 1 ended
         run = tmp_path / f"household-s{seed}"
         mtimes = lambda pattern: [f.stat().st_mtime for f in run.glob(pattern)]
@@ -122,6 +129,11 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
                         ([steps[0], slower], "the CUDA-graph step was not faster")):
         (tmp_path / "decode_step.log").write_text("\n".join(["a stamp line", *lines, "Traceback ..."]) + "\n")
         assert said in rewritten()
+    # the GPU's samples: the peak of memory in use, the mean and the peak of utilisation; lines not a sample skipped
+    (tmp_path / "gpu_use.log").write_text("a stamp line\n1024, 81559, 10\n3072, 81559, 50\n[N/A], 81559, 7\n"
+                                          "2048, 81559, 30\n")
+    assert ("3 samples): memory in use peaked at 3.0 GB of 79.6 (every process of the lab together); utilisation 30% "
+            "on average, at most 50%") in rewritten()
     # runs that DEADLINE stopped before Q-Evolve's evaluation: its trained policy keeps its row, with what finished
     for seed, said in ((0, "(1 of 2 seeds)"), (1, "| policy_1 (Q-Evolve iter 1) | - | - | - | - |")):
         for f in (tmp_path / f"household-s{seed}" / "eval").glob("world*/policy_1_*"):
