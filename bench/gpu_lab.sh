@@ -84,8 +84,8 @@ start=$(date +%s)
 # MPS=1: NVIDIA's multi-process service for the lab's processes, so that their small kernels run on the GPU at once
 # instead of taking turns (time-slicing). The daemon's pipes and log in a fresh /tmp folder, for this lab alone (a CUDA
 # program that cannot reach it runs as without it); it is stopped when the lab ends. The lab runs without MPS where
-# nvidia-cuda-mps-control is missing or no MPS server served a first CUDA program: LAB/mps.log says which, the report
-# quotes it.
+# nvidia-cuda-mps-control is missing, or a first CUDA program failed under it or was served by no MPS server: LAB/mps.log
+# says which, the report quotes it.
 mps="off (MPS=0)"
 if [ "$MPS" = 1 ]; then
   mps="off: no nvidia-cuda-mps-control"
@@ -96,9 +96,13 @@ if [ "$MPS" = 1 ]; then
     if nvidia-cuda-mps-control -d; then
       trap 'echo quit | nvidia-cuda-mps-control' EXIT
       trap 'exit 130' INT TERM  # the EXIT trap then stops the daemon
-      timeout 120 $PYTHON -c "import torch; torch.cuda.is_available() and torch.zeros(1, device='cuda')" || true
-      server=$(echo get_server_list | nvidia-cuda-mps-control) || server=""
-      mps="off: no MPS server served a CUDA program"
+      # a first CUDA program: it allocates (with the lab's allocator setting) and multiplies, as the runs will
+      server="" mps="off: a first CUDA program failed under MPS"
+      if timeout 120 $PYTHON -c "import torch; torch.cuda.is_available() and \
+           (torch.ones(512, 512, device='cuda') @ torch.ones(512, 512, device='cuda')).sum().item()"; then
+        server=$(echo get_server_list | nvidia-cuda-mps-control) || server=""
+        mps="off: no MPS server served a CUDA program"
+      fi
       if [ -n "$server" ]; then mps="on (server $server)"; else echo quit | nvidia-cuda-mps-control; trap - EXIT; fi
     fi
     [[ $mps == on* ]] || unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
