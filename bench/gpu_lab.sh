@@ -19,8 +19,8 @@
 # PYTHON=python (else python3),
 # DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it),
 # CUDA_GRAPH=1 (below: 02's decode steps replayed from CUDA graphs; 0: eager),
-# MPS=1 (below: the GPU shared through NVIDIA's MPS). Where nvidia-smi is, LAB/gpu_use.log: the GPU's memory in use
-# and utilisation each second.
+# MPS=1 (below: the GPU shared through NVIDIA's MPS). Where nvidia-smi is, LAB/machine.log: the GPU's memory in use
+# and utilisation and the CPU's runnable threads, each second.
 # DRY=1 runs the same path on a CPU: a one-layer tiny model from scratch, SMOKE's toy budgets, two seeds, K=1 and
 # --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
 #
@@ -71,7 +71,7 @@ fi
 
 # Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
 # written atomically when its command ends (plumbing.py save): checked before anything runs.
-logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log" "$LAB/gpu_use.log")
+logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log" "$LAB/machine.log")
 for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
   logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log)
 done; logs+=("$LAB/$env-s$seed".qevolve.it0{,.eval}.log "$LAB/$env-s$seed.seconds"); done; done
@@ -109,13 +109,16 @@ if [ "$MPS" = 1 ]; then
   fi
 fi
 echo "MPS: $mps" | save "$LAB/mps.log"
-# The whole GPU, sampled each second while the lab runs (where nvidia-smi is): the memory all its processes hold
-# together (three seeds' runs side by side must fit in it) and its utilisation -> LAB/gpu_use.log, in the report.
+# The machine, sampled each second while the lab runs (where nvidia-smi is): the GPU's memory that all the lab's
+# processes hold together (three seeds' runs side by side must fit in it), its utilisation, and the CPU's runnable
+# threads (/proc/loadavg: more than its cores, and processes wait for one) -> LAB/machine.log, in the report.
 sampler=""
 if command -v nvidia-smi >/dev/null; then
   use=$(mktemp /tmp/gpu_lab_use.XXXXXX)
   ( while kill -0 $$ 2>/dev/null; do  # ends with the lab, however it ends
-      nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits; sleep 1
+      gpu=$(nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits \
+        | sed -n 1p) || gpu=""  # the first GPU; a failed call is a sample the report skips
+      echo "$gpu, $(cut -d' ' -f4 /proc/loadavg | cut -d/ -f1)"; sleep 1
     done > "$use" ) &
   sampler=$!
 fi
@@ -187,7 +190,7 @@ fi
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # by id: never a monitor started beside them
 echo "gpu_lab: the runs took $(( $(date +%s) - start )) s"
-if [ -n "$sampler" ]; then kill "$sampler" || true; save "$LAB/gpu_use.log" < "$use"; rm -f "$use"; fi
+if [ -n "$sampler" ]; then kill "$sampler" || true; save "$LAB/machine.log" < "$use"; rm -f "$use"; fi
 command="bash bench/gpu_lab.sh"  # with the settings it was given, for the report's first line
 for v in TESTS DEADLINE N_EVAL N_SELF N_EXPERT K SEEDS ENVS CUDA_GRAPH MPS DRY; do
   if printenv "$v" >/dev/null; then val=${!v}; [[ $val == *' '* ]] && val="'$val'"; command="$v=$val $command"; fi

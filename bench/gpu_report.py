@@ -3,13 +3,13 @@
 Reads   LAB/<env>-s<seed>/ (run_all.sh runs: metrics.jsonl, eval/world*/<policy>_<split>.json, policy_0, policy_1),
         LAB/<env>-s<seed>.seconds (a run's wall-clock), LAB/tests.log (pytest -v, when the lab ran the tests),
         LAB/decode_step.log and LAB/mps.log (whether 02 ran with CUDA graphs, and the GPU was shared through MPS),
-        LAB/gpu_use.log (the GPU's memory in use and utilisation, each second, where nvidia-smi was)
+        LAB/machine.log (the GPU's memory in use and utilisation, the CPU's runnable threads, each second)
 Writes  --out: the device; per environment and evaluation world, each policy's success and average reward on
         every split, mean +- std over the seeds that finished it (std: n - 1); per stage its launches, loop
         seconds (start-up excluded), tokens/s, peak memory and model FLOP utilisation, collection's generated
-        tokens/s and peak memory; the whole GPU's memory and utilisation; how far 05 moved the policy; the tests'
-        outcome. A run stopped early (gpu_lab.sh's DEADLINE) counts with what it finished: a cell shows how many
-        seeds it holds when fewer than all.
+        tokens/s and peak memory; the machine's GPU memory, utilisation and runnable threads; how far 05 moved
+        the policy; the tests' outcome. A run stopped early (gpu_lab.sh's DEADLINE) counts with what it finished:
+        a cell shows how many seeds it holds when fewer than all.
 
 How FLOPs are counted: a token through a training step costs 6 N (forward 2 N, backward 4 N), N the
 parameters outside the input embedding (a tied output head counted at every token, attention's
@@ -150,16 +150,18 @@ def main(argv=None):
     if os.path.isfile(mps_log):
         said = [line.strip()[5:] for line in open(mps_log) if line.startswith("MPS: ")]
         lines += ["", f"**NVIDIA's MPS** (`{mps_log}`): {said[-1] if said else '-'}"]
-    use_log = os.path.join(args.lab, "gpu_use.log")  # nvidia-smi each second: MiB in use, MiB in all, utilisation %
+    use_log = os.path.join(args.lab, "machine.log")  # each second: GPU MiB in use, in all, utilisation %, runnable
     if os.path.isfile(use_log):
         samples = [[float(x) for x in line.split(",")] for line in open(use_log)
-                   if re.fullmatch(r"\s*\d+(\.\d+)?(,\s*\d+(\.\d+)?){2}\s*", line)]
+                   if re.fullmatch(r"\s*\d+(\.\d+)?(,\s*\d+(\.\d+)?){3}\s*", line)]
         if samples:
-            util = [u for _, _, u in samples]
-            lines += ["", f"**The whole GPU** (`{use_log}`, nvidia-smi each second, {len(samples)} samples): memory "
-                      f"in use peaked at {max(m for m, _, _ in samples) / 1024:.1f} GB of {samples[0][1] / 1024:.1f} "
-                      f"(every process of the lab together); utilisation {statistics.mean(util):.0f}% on average, "
-                      f"at most {max(util):.0f}% (the share of each second in which a kernel ran)"]
+            mem, total, util, threads = zip(*samples)
+            lines += ["", f"**The machine** (`{use_log}`, each second, {len(samples)} samples): GPU memory in use "
+                      f"peaked at {max(mem) / 1024:.1f} GB of {total[0] / 1024:.1f} (every process of the lab "
+                      f"together); GPU utilisation {statistics.mean(util):.0f}% on average, at most {max(util):.0f}% "
+                      f"(the share of each second in which a kernel ran); runnable threads "
+                      f"{statistics.mean(threads):.1f} on average, at most {max(threads):.0f}, on {os.cpu_count()} CPU "
+                      "cores (more: threads waiting for a core)"]
     by_env = {}
     for run in runs:
         by_env.setdefault(run.rsplit("-s", 1)[0], []).append(run)

@@ -3,6 +3,7 @@ two seeds, BC then Q-Evolve and both baselines, --precision bf16), so that it ru
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 
@@ -78,8 +79,10 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
     calls = open(env["MPS_LOG"]).read().splitlines()
     assert [c.split()[0] for c in calls] == ["-d", "get_server_list", "quit"] and "/gpu_lab_mps." in calls[0], calls
     assert f"**NVIDIA's MPS** (`{tmp_path}/mps.log`): on (server 4242)" in report
-    assert (f"**The whole GPU** (`{tmp_path}/gpu_use.log`, nvidia-smi each second, " in report
-            and "memory in use peaked at 1.5 GB of 79.6 (every process" in report and "37% on average" in report)
+    assert (f"**The machine** (`{tmp_path}/machine.log`, each second, " in report
+            and "memory in use peaked at 1.5 GB of 79.6 (every process" in report
+            and "utilisation 37% on average" in report
+            and re.search(r"runnable threads [\d.]+ on average, at most \d+, on \d+ CPU cores", report))
     graphs = "02 ran with CUDA graphs): decode step, batch 128, context 400, eager: " in report
     assert graphs or "02 ran eager: the CUDA-graph step was not faster): decode step, batch 128" in report
     collects = [line for log in tmp_path.glob("*.log") for line in log.read_text().splitlines()
@@ -129,11 +132,13 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
                         ([steps[0], slower], "the CUDA-graph step was not faster")):
         (tmp_path / "decode_step.log").write_text("\n".join(["a stamp line", *lines, "Traceback ..."]) + "\n")
         assert said in rewritten()
-    # the GPU's samples: the peak of memory in use, the mean and the peak of utilisation; lines not a sample skipped
-    (tmp_path / "gpu_use.log").write_text("a stamp line\n1024, 81559, 10\n3072, 81559, 50\n[N/A], 81559, 7\n"
-                                          "2048, 81559, 30\n")
-    assert ("3 samples): memory in use peaked at 3.0 GB of 79.6 (every process of the lab together); utilisation 30% "
-            "on average, at most 50%") in rewritten()
+    # the machine's samples: the peak of GPU memory in use, the mean and the peak of utilisation and of runnable
+    # threads; lines not a sample skipped
+    (tmp_path / "machine.log").write_text("a stamp line\n1024, 81559, 10, 12\n3072, 81559, 50, 30\n"
+                                          "[N/A], 81559, 7, 3\n2048, 81559, 30, 3\n")
+    assert ("3 samples): GPU memory in use peaked at 3.0 GB of 79.6 (every process of the lab together); GPU "
+            "utilisation 30% on average, at most 50% (the share of each second in which a kernel ran); runnable "
+            f"threads 15.0 on average, at most 30, on {os.cpu_count()} CPU cores") in rewritten()
     # runs that DEADLINE stopped before Q-Evolve's evaluation: its trained policy keeps its row, with what finished
     for seed, said in ((0, "(1 of 2 seeds)"), (1, "| policy_1 (Q-Evolve iter 1) | - | - | - | - |")):
         for f in (tmp_path / f"household-s{seed}" / "eval").glob("world*/policy_1_*"):
