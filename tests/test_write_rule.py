@@ -31,6 +31,8 @@ ALLOWED = {
         "an input buffer inside its own tempfile.TemporaryDirectory, never a user's path",
     ("bench/gpu_lab.sh", 'echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &'):
         "the decode-step check's verdict, inside the lab's own mktemp folder, never a user's path",
+    ("bench/gpu_lab.sh", 'done > "$use" ) &'):
+        "the machine's samples, in the lab's own mktemp file; LAB/machine.log is written from it by plumbing.py save",
 }
 # whole folders, with the reason
 ALLOWED_DIRS = {"tests/": "the tests write their fixtures into pytest's tmp_path, never into a user's file"}
