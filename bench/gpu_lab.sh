@@ -45,14 +45,15 @@ K=${K:-$((2 - DRY))}  # iterations: 2, a dry run 1
 CUDA_GRAPH=${CUDA_GRAPH:-$((1 - DRY))} MPS=${MPS:-$((1 - DRY))}  # below; a CPU gains nothing from either
 [[ $CUDA_GRAPH =~ ^[01]$ ]] || bad "CUDA_GRAPH must be 0 or 1, got '$CUDA_GRAPH'"
 [[ $MPS =~ ^[01]$ ]] || bad "MPS must be 0 or 1, got '$MPS'"
+SEEDS=${SEEDS:-$([ "$DRY" = 1 ] && echo "0 1" || echo "0 1 2")}  # a dry run: two seeds
+[[ $SEEDS =~ ^[[:space:]]*(0|[1-9][0-9]{0,6})([[:space:]]+(0|[1-9][0-9]{0,6}))*[[:space:]]*$ ]] || bad "SEEDS must be \
+seeds (numbers without a leading 0), got '$SEEDS'"
 
 if [ "$DRY" = 1 ]; then
-  SEEDS=${SEEDS:-"0 1"}
   chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 RFT_ARGS="--epochs 1"
          BC_ARGS="--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400")
   report="$LAB/gpu_lab.md"
 else
-  SEEDS=${SEEDS:-"0 1 2"}
   # one check for a GPU, here: its run_all.sh calls skip theirs (CPU_OK=1)
   $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || bad "no GPU here: the lab trains \
 SmolLM2 for 8 minutes on one; DRY=1 runs the same path on a CPU"

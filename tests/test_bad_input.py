@@ -620,8 +620,8 @@ def test_cause_1_the_results_table_keeps_the_rule(tmp_path, in_process):
 
 def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
     """The GPU script wrote LAB/<env>.log over what was there, and ENVS='..' wrote outside LAB; a DRY or K that is
-    not a number is refused before bash's arithmetic could run what it holds; so is a switch that is not 0 or 1, and
-    the lab itself (DRY=0) on a machine without a GPU."""
+    not a number is refused before bash's arithmetic could run what it holds; so is a switch that is not 0 or 1, a
+    seed that is not a number, and the lab itself (DRY=0) on a machine without a GPU."""
     (tmp_path / "lab").mkdir()
     (tmp_path / "lab/household-s0.qevolve.it1.log").write_text("my own log\n")
     env = {**os.environ, "LAB": str(tmp_path / "lab"), "DRY": "1", "TESTS": "", "PYTHON": sys.executable,
@@ -630,7 +630,8 @@ def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
              ({}, "household-s0.qevolve.it1.log exists and is not a run log"),
              ({"DRY": f"a[$(touch {tmp_path}/pwned)]"}, "DRY must be 0 or 1"),
              ({"K": "0"}, "K must be an iteration"), ({"MPS": "yes"}, "MPS must be 0 or 1"),
-             ({"CUDA_GRAPH": "2"}, "CUDA_GRAPH must be 0 or 1")]
+             ({"CUDA_GRAPH": "2"}, "CUDA_GRAPH must be 0 or 1"), ({"SEEDS": "0 01"}, "SEEDS must be seeds"),
+             ({"SEEDS": "../x"}, "SEEDS must be seeds")]
     if not torch.cuda.is_available():
         cases.append(({"DRY": "0"}, "no GPU here"))
     for bad, message in cases:

@@ -51,14 +51,36 @@ def test_stages_running_at_once_lose_no_metrics(tmp_path):
     assert sorted((r["who"], r["i"]) for r in records) == [(w, i) for w in range(4) for i in range(40)]
 
 
-@pytest.mark.slow
-def test_gpu_lab_dry_run_writes_its_report(tmp_path):
-    # MPS=1 with a stand-in for NVIDIA's MPS control program (no GPU here): it logs each call and names a server
-    stub = tmp_path / "bin" / "nvidia-cuda-mps-control"
-    stub.parent.mkdir()
+def _mps_stub(folder):
+    """A stand-in for NVIDIA's MPS control program (no GPU here): it logs each call to $MPS_LOG and names a server."""
+    stub = folder / "nvidia-cuda-mps-control"
+    folder.mkdir(exist_ok=True)
     stub.write_text('#!/bin/sh\nif [ "$1" = -d ]; then echo "-d $CUDA_MPS_PIPE_DIRECTORY" >> "$MPS_LOG"; exit 0; fi\n'
                     'read -r cmd; echo "$cmd" >> "$MPS_LOG"; [ "$cmd" != get_server_list ] || echo 4242\n')
     stub.chmod(0o755)
+    return stub
+
+
+def test_the_lab_runs_without_mps_where_a_cuda_program_fails_under_it(tmp_path):
+    """MPS=1: the daemon starts, a first CUDA program under it fails (here a python that refuses the lab's probe), so
+    the daemon is stopped before any run and the lab says it ran without MPS (an unknown ENVS ends it right after)."""
+    _mps_stub(tmp_path / "bin")
+    python = tmp_path / "bin" / "python_without_mps"
+    python.write_text(f'#!/bin/sh\ncase "$*" in *"512, 512"*) exit 1 ;; esac\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {**os.environ, "DRY": "1", "MPS": "1", "SEEDS": "0", "ENVS": "nosuchenv", "LAB": str(tmp_path / "lab"),
+           "MPS_LOG": str(tmp_path / "mps_calls"), "PYTHON": str(python),
+           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "unknown env 'nosuchenv'" in (tmp_path / "lab/nosuchenv-s0.qevolve.it0.log").read_text()
+    assert "MPS: off: a first CUDA program failed under MPS" in (tmp_path / "lab/mps.log").read_text()
+    assert [c.split()[0] for c in open(env["MPS_LOG"]).read().splitlines()] == ["-d", "quit"]
+
+
+@pytest.mark.slow
+def test_gpu_lab_dry_run_writes_its_report(tmp_path):
+    stub = _mps_stub(tmp_path / "bin")  # MPS=1
     smi = stub.parent / "nvidia-smi"  # and for nvidia-smi: one sample of the GPU's memory (MiB) and utilisation (%)
     smi.write_text('#!/bin/sh\necho "1536, 81559, 37"\n')
     smi.chmod(0o755)
