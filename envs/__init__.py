@@ -4,7 +4,7 @@
     obs, info = env.reset(env.task_ids("train")[0])
     obs, reward, terminated, truncated, info = env.step("go to countertop 1")
 
-`household` and `shop` (WebShop-like) are pure Python and always available. The real environments
+`household`, `kitchen` and `shop` (WebShop-like) are pure Python and always available. The real environments
 (ScienceWorld, TextWorld, ALFWorld) import their packages only when made, so
 this package imports without them.
 """
@@ -17,6 +17,7 @@ from envs.base import TextEnv
 REGISTRY = {
     "household": "envs.household:HouseholdEnv",
     "shop": "envs.shop:ShopEnv",
+    "kitchen": "envs.kitchen:KitchenEnv",
     # Real environments: optional packages (pip install -r requirements-envs.txt).
     "sciworld": "envs.sciworld:ScienceWorldEnv",
     "textworld": "envs.tw:TextWorldEnv",

@@ -1,0 +1,191 @@
+"""kitchen: a short line of decisions whose consequences show at once (the credit world).
+
+A task is a dish made at `decisions` stations, generated from (seed, split, index). At each station
+two items of one kind are on offer, one of them flawed, and the observation says which:
+
+    make an omelette.                                  (the task)
+    You are in the kitchen. Next: egg. You see rotten egg 1 and egg 2.
+
+`use egg 2` takes the good one. A flawed item is a valid command (labelled `ok`, r_aux 0) whose
+consequence shows in the next observation:
+  - an ingredient (egg, milk, ...) cannot be taken back: "You add the rotten egg 1. It smells bad.";
+    when the dish is done, each flawed ingredient in it spoils it with probability `spoil` (drawn
+    per task and station, so a task always answers the same way);
+  - a tool (bowl, knife, ...) is put back and the station stays: "The dirty bowl 1 is no use; you put
+    it back." - recoverable, at the cost of a step.
+After the last station the dish is done: "The omelette is ready." (reward 1, terminated) or "The
+omelette is ruined." (reward 0, terminated). With probability `outage` per task the power goes out
+after a step drawn from 1..decisions, whatever the agent did: "The power goes out. The omelette is
+ruined." (reward 0, terminated) - outcome noise, announced when it happens. There is no hidden budget:
+the step limit, 2 * decisions + 2, is one the demonstrator never reaches.
+
+The demonstrator is careless at each station with probability `careless`: it uses item 1 without
+reading; else it uses the good item. After a tool is put back it uses the other one. So where item 1
+is flawed its most common reply (what greedy behavior cloning copies) is the flawed one, when
+careless > 0.5; the good reply is in the buffer all the same.
+
+Splits: a task's pairings (dish, kind) decide them, as household's (object, goal) pairings do: a
+pairing is held out iff crc32("dish>kind") % 4 == 0; unseen tasks have at least one held-out pairing,
+train / dev / seen tasks none (separate random streams, so they share no task).
+A keyword value out of range is a ValueError naming the key.
+"""
+import random
+import zlib
+
+from envs._common import parse_task_id
+from envs.base import TextEnv
+
+NOTHING = "Nothing happens."
+DISHES = ["omelette", "soup", "salad", "pancake", "stew", "pie", "sandwich", "curry"]
+INGREDIENTS = {"egg": "rotten", "milk": "sour", "apple": "moldy", "bread": "stale", "tomato": "bruised",
+               "cheese": "moldy"}  # kind -> its flaw: cannot be taken back, may spoil the dish
+TOOLS = {"bowl": "dirty", "knife": "blunt", "pan": "cracked", "spoon": "bent", "cup": "chipped",
+         "whisk": "broken"}      # kind -> its flaw: put back, a step lost
+FLAWS = {**INGREDIENTS, **TOOLS}
+
+
+def is_unseen_pairing(dish, kind):
+    """The split rule: a (dish, kind) pairing is held out iff crc32("dish>kind") % 4 == 0."""
+    return zlib.crc32(f"{dish}>{kind}".encode()) % 4 == 0
+
+
+class KitchenEnv(TextEnv):
+    """See the module docstring. Knobs: decisions (stations per task), careless (the demonstrator's
+    slip rate), spoil (a flawed ingredient's chance to spoil the dish), outage (noise per task)."""
+
+    name = "kitchen"
+    splits = ("train", "dev", "seen", "unseen")
+
+    def __init__(self, seed=0, decisions=4, careless=0.7, spoil=0.6, outage=0.1, n_train=1000, n_dev=100,
+                 n_seen=100, n_unseen=100):
+        for key, value, low, high in [("decisions", decisions, 1, len(FLAWS)), ("careless", careless, 0, 1),
+                                      ("spoil", spoil, 0, 1), ("outage", outage, 0, 1),
+                                      ("n_train", n_train, 1, 10**6), ("n_dev", n_dev, 1, 10**6),
+                                      ("n_seen", n_seen, 1, 10**6), ("n_unseen", n_unseen, 1, 10**6)]:
+            if not low <= value <= high:  # NaN fails too
+                raise ValueError(f"kitchen: {key} must be in [{low}, {high}], got {value!r}")
+        self.seed, self.decisions, self.careless, self.spoil, self.outage = seed, decisions, careless, spoil, outage
+        self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
+        self.max_steps = 2 * decisions + 2
+        self.instruction = "Kitchen agent. Reply with 'Action: <command>'."
+        self._task = None
+
+    # ------------------------------------------------------------------ tasks
+    def task_ids(self, split):
+        self._check_split(split)
+        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
+
+    def generate(self, task_id):
+        """The task of `task_id`, deterministically: the dish, each station's kind, which item (1 or 2) is
+        flawed, whether a flawed ingredient there would spoil the dish, and the step after which the power
+        goes out (None: it stays on)."""
+        split, index = parse_task_id(self, task_id, self.n_tasks)
+        rng = random.Random(f"kitchen/{self.seed}/{split}/{index}")
+        while True:  # rejection: unseen tasks hold a held-out pairing, the others none
+            dish = rng.choice(DISHES)
+            kinds = rng.sample(sorted(FLAWS), self.decisions)
+            if any(is_unseen_pairing(dish, k) for k in kinds) == (split == "unseen"):
+                break
+        flawed = [rng.choice([1, 2]) for _ in kinds]
+        spoils = [rng.random() < self.spoil for _ in kinds]
+        outage_at = rng.randint(1, self.decisions) if rng.random() < self.outage else None
+        article = "an" if dish[0] in "aeiou" else "a"
+        return {"task_id": task_id, "dish": dish, "kinds": kinds, "flawed": flawed, "spoils": spoils,
+                "outage_at": outage_at, "task": f"make {article} {dish}."}
+
+    # ------------------------------------------------------------------ episode
+    def reset(self, task_id):
+        self._task = g = self.generate(task_id)
+        self.station, self.t, self.done, self.spoiled, self.put_back = 0, 0, False, False, False
+        self.last_obs = obs = f"You are in the kitchen. {self._offer()}"
+        return obs, {"task": g["task"], "task_id": task_id}
+
+    def _item(self, n, i=None):
+        """Item n (1 or 2) of station i (default: the current one), as the observation names it."""
+        i = self.station if i is None else i
+        kind = self._task["kinds"][i]
+        return f"{FLAWS[kind]} {kind} {n}" if self._task["flawed"][i] == n else f"{kind} {n}"
+
+    def _offer(self):
+        return f"Next: {self._task['kinds'][self.station]}. You see {self._item(1)} and {self._item(2)}."
+
+    def _execute(self, cmd):
+        """Apply one command -> (what the agent reads, whether the last station is done)."""
+        g, i = self._task, self.station
+        if cmd == "look":
+            return self._offer(), False
+        kind = g["kinds"][i]
+        if cmd not in (f"use {kind} 1", f"use {kind} 2"):
+            return NOTHING, False
+        n = int(cmd[-1])
+        if n == g["flawed"][i] and kind in TOOLS:
+            self.put_back = True
+            return f"The {self._item(n)} is no use; you put it back. {self._offer()}", False
+        said = f"You add the {self._item(n)}." if kind in INGREDIENTS else f"You use the {self._item(n)}."
+        if n == g["flawed"][i]:  # a flawed ingredient: in the dish for good
+            said += " It smells bad."
+            self.spoiled = self.spoiled or g["spoils"][i]
+        self.station, self.put_back = i + 1, False
+        if self.station == self.decisions:
+            return said, True
+        return f"{said} {self._offer()}", False
+
+    def step(self, action):
+        self._check_step(self._task is not None)
+        self.t += 1
+        obs, finished = self._execute(" ".join(str(action).strip().split()))
+        dish, won = self._task["dish"], False
+        if self._task["outage_at"] == self.t:  # the noise: whatever the agent did
+            obs, finished = f"{obs} The power goes out. The {dish} is ruined.", True
+        elif finished:
+            won = not self.spoiled
+            obs = f"{obs} The {dish} is {'ready' if won else 'ruined'}."
+        truncated = not finished and self.t >= self.max_steps
+        self.done = finished or truncated
+        self.last_obs = obs
+        return obs, (1.0 if won else 0.0), finished, truncated, {"task": self._task["task"], "won": won,
+                                                                 "steps": self.t}
+
+    def is_invalid(self, obs):
+        return obs.startswith(NOTHING)
+
+    def admissible_actions(self):
+        """Every command that does something now (none returns "Nothing happens.")."""
+        kind = self._task["kinds"][self.station]
+        return [f"use {kind} 1", f"use {kind} 2", "look"]
+
+    def random_action(self, rng):
+        """A random command of the grammar (a baseline; mostly "Nothing happens.")."""
+        return rng.choice([f"use {rng.choice(sorted(FLAWS))} {rng.randint(1, 2)}", "look"])
+
+    def reading_question(self, rng):
+        """A question about the current offer and its answer, for 00_pretrain.py's reading: which item is
+        flawed, which is good, what comes next."""
+        i = self.station
+        kind, bad = self._task["kinds"][i], self._task["flawed"][i]
+        choice = rng.random()
+        if choice < 0.4:
+            return f"Question: which {kind} is {FLAWS[kind]}?", f"Answer: {kind} {bad}."
+        if choice < 0.8:
+            return f"Question: which {kind} is good?", f"Answer: {kind} {3 - bad}."
+        return "Question: what is next?", f"Answer: {kind}."
+
+    # ------------------------------------------------------------------ expert
+    def expert_action(self):
+        i, g = self.station, self._task
+        kind, good = g["kinds"][i], 3 - g["flawed"][i]
+        if self.put_back:  # it has just put a flawed tool back: it takes the other one
+            return f"use {kind} {good}"
+        rng = random.Random(f"careless/{self.seed}/{g['task_id']}/{i}")
+        return f"use {kind} 1" if rng.random() < self.careless else f"use {kind} {good}"
+
+
+
+def judge(prev_obs, action):
+    """One step of a kitchen episode, from the observation before it and its command: 'harmful' if it used the
+    item that observation calls flawed, 'correct' if it used the other one, else None (04's view of a mistake)."""
+    words = action.split()
+    if len(words) != 3 or words[0] != "use" or words[1] not in FLAWS or f"Next: {words[1]}." not in prev_obs:
+        return None
+    offer = prev_obs.rsplit("Next:", 1)[1]
+    return "harmful" if f"{FLAWS[words[1]]} {words[1]} {words[2]}" in offer else "correct"

@@ -1,0 +1,152 @@
+"""kitchen, the credit world, against its rules (envs/kitchen.py's docstring)."""
+import random
+import statistics
+
+import pytest
+
+import envs
+from envs.kitchen import FLAWS, INGREDIENTS, NOTHING, TOOLS, is_unseen_pairing, judge
+
+
+def play(env, task_id, choose):
+    """One episode: choose(env) -> a command, until the episode ends -> (observations, reward, steps)."""
+    obs, _ = env.reset(task_id)
+    seen, reward = [obs], 0.0
+    while not env.done:
+        obs, reward, *_ = env.step(choose(env))
+        seen.append(obs)
+    return seen, reward, env.t
+
+
+def good(env):
+    g = env._task
+    return f"use {g['kinds'][env.station]} {3 - g['flawed'][env.station]}"
+
+
+def first(env):  # what greedy behavior cloning copies: item 1, the other one after a tool was put back
+    return good(env) if env.put_back else f"use {env._task['kinds'][env.station]} 1"
+
+
+def find(env, test, split="train"):
+    return next(t for t in env.task_ids(split) if test(env.generate(t)))
+
+
+def test_a_flawed_ingredient_shows_at_once_and_may_spoil_the_dish():
+    env = envs.make("kitchen", decisions=1, outage=0.0, spoil=1.0)
+    tid = find(env, lambda g: g["kinds"][0] in INGREDIENTS)
+    g = env.generate(tid)
+    kind, bad = g["kinds"][0], g["flawed"][0]
+    obs, reward, steps = play(env, tid, lambda e: f"use {kind} {bad}")
+    assert obs[0].endswith(f"You see {kind} 1 and {FLAWS[kind]} {kind} 2." if bad == 2 else
+                           f"You see {FLAWS[kind]} {kind} 1 and {kind} 2.")
+    assert obs[1] == f"You add the {FLAWS[kind]} {kind} {bad}. It smells bad. The {g['dish']} is ruined."
+    assert (reward, steps) == (0.0, 1)
+    assert play(env, tid, good)[1] == 1.0
+    lucky = envs.make("kitchen", decisions=1, outage=0.0, spoil=0.0)  # a flaw that happens not to spoil it
+    assert play(lucky, tid, lambda e: f"use {kind} {bad}")[1] == 1.0
+
+
+def test_a_flawed_tool_is_put_back_at_the_cost_of_a_step_and_a_second_try_is_a_repeat():
+    env = envs.make("kitchen", decisions=2, outage=0.0)
+    tid = find(env, lambda g: g["kinds"][0] in TOOLS)
+    g = env.generate(tid)
+    kind, bad = g["kinds"][0], g["flawed"][0]
+    obs0, _ = env.reset(tid)
+    obs1, r, done, cut, _ = env.step(f"use {kind} {bad}")
+    assert obs1.startswith(f"The {FLAWS[kind]} {kind} {bad} is no use; you put it back. Next: {kind}.")
+    assert (r, done, cut, env.station) == (0.0, False, False, 0)
+    assert env.step(f"use {kind} {bad}")[0] == obs1  # 02's retro_label: `repeat`
+    assert env.expert_action() == f"use {kind} {3 - bad}"  # the demonstrator takes the other one
+    assert env.step("use nothing 1")[0] == NOTHING and env.is_invalid(NOTHING)
+    assert env.step(good(env))[0].startswith(f"You use the {kind} {3 - bad}. Next: {g['kinds'][1]}.")
+
+
+def test_the_outage_is_announced_and_ruins_the_dish_whatever_the_agent_does():
+    env = envs.make("kitchen", decisions=3, outage=1.0)
+    for tid in env.task_ids("dev")[:20]:
+        at = env.generate(tid)["outage_at"]
+        obs, reward, steps = play(env, tid, good)
+        assert reward == 0.0 and steps == at and obs[-1].endswith(f"The power goes out. The "
+                                                                   f"{env._task['dish']} is ruined.")
+    assert all(envs.make("kitchen", outage=0.0).generate(t)["outage_at"] is None for t in env.task_ids("dev"))
+
+
+def test_the_good_item_always_succeeds_without_an_outage_and_no_budget_is_hidden():
+    for d in (1, 4, 6):
+        env = envs.make("kitchen", decisions=d)
+        for tid in env.task_ids("dev"):
+            obs, reward, steps = play(env, tid, good)
+            assert reward == (0.0 if env._task["outage_at"] else 1.0) and steps <= d
+            assert play(env, tid, lambda e: e.expert_action())[2] < env.max_steps == 2 * d + 2  # never reached
+
+
+def test_the_demonstrator_slips_at_its_known_rate_and_its_mode_is_the_flaw_where_item_1_is_flawed():
+    env = envs.make("kitchen", careless=0.7)
+    used = {1: [], 2: []}  # where item 1 / item 2 is flawed: did the demonstrator's first try take the flawed one?
+    for tid in env.task_ids("train"):
+        env.reset(tid)
+        while not env.done:
+            bad, first_try = env._task["flawed"][env.station], not env.put_back
+            cmd = env.expert_action()
+            if first_try:
+                used[bad].append(cmd.endswith(str(bad)))
+            env.step(cmd)
+    assert statistics.mean(used[1]) == pytest.approx(0.7, abs=0.03) and statistics.mean(used[2]) == 0.0
+    slip = (sum(used[1]) + sum(used[2])) / (len(used[1]) + len(used[2]))
+    assert slip == pytest.approx(0.35, abs=0.02)
+
+
+def test_several_decisions_successes_with_recovered_mistakes_and_failures_of_mostly_good_steps():
+    """The default world, as the demonstrator plays it (the expert buffer) on `train`: 4 decisions an episode;
+    some successes hold a flaw (recovered tool, lucky ingredient), which success filtering copies; most failures
+    are mostly good steps."""
+    env = envs.make("kitchen")
+    wins_with_flaw, fails_mostly_good, n_win, n_fail = 0, 0, 0, 0
+    for tid in env.task_ids("train"):
+        prev, kinds, reward = env.reset(tid)[0], [], 0.0
+        while not env.done:
+            cmd = env.expert_action()
+            kinds.append(judge(prev, cmd))
+            prev, reward = env.step(cmd)[:2]
+        harmful = kinds.count("harmful")
+        if reward:
+            n_win, wins_with_flaw = n_win + 1, wins_with_flaw + (harmful > 0)
+        else:
+            n_fail, fails_mostly_good = n_fail + 1, fails_mostly_good + (kinds.count("correct") > harmful)
+    assert env.decisions >= 3
+    assert 0.1 < wins_with_flaw / n_win < 0.9 and fails_mostly_good / n_fail > 0.5
+
+
+def test_greedy_copying_of_the_demonstrators_mode_lands_between_30_and_60_percent_on_dev():
+    """What the default world asks of BC: its demonstrator's most common reply succeeds on 30-60% of `dev` tasks
+    in each of the four worlds (the optimum, the good item always, loses only the outages)."""
+    for world in range(4):
+        env = envs.make("kitchen", seed=world)
+        mode = statistics.mean(play(env, t, first)[1] for t in env.task_ids("dev"))
+        best = statistics.mean(play(env, t, good)[1] for t in env.task_ids("dev"))
+        assert 0.3 <= mode <= 0.6 and best >= 0.85, (world, mode, best)
+
+
+def test_splits_share_no_task_and_unseen_holds_out_pairings():
+    env = envs.make("kitchen")
+    tasks = {s: {(g["dish"], tuple(g["kinds"]), tuple(g["flawed"])) for g in map(env.generate, env.task_ids(s))}
+             for s in env.splits}
+    assert not tasks["train"] & tasks["dev"] and not tasks["train"] & tasks["seen"]
+    for s, ts in tasks.items():
+        held = [any(is_unseen_pairing(dish, k) for k in kinds) for dish, kinds, _ in ts]
+        assert all(held) if s == "unseen" else not any(held)
+
+
+def test_judge_and_the_grammar():
+    assert judge("Next: egg. You see rotten egg 1 and egg 2.", "use egg 1") == "harmful"
+    assert judge("The dirty bowl 1 is no use; you put it back. Next: bowl. You see dirty bowl 1 and bowl 2.",
+                 "use bowl 2") == "correct"
+    assert judge("Next: egg. You see rotten egg 1 and egg 2.", "look") is None
+    assert judge("Next: egg. You see rotten egg 1 and egg 2.", "use milk 1") is None
+    env = envs.make("kitchen")
+    env.reset("train/00000")
+    assert all(env.step(c)[0] != NOTHING or c == "look" for c in env.admissible_actions()[:1])
+    rng = random.Random(0)
+    assert all(isinstance(env.random_action(rng), str) for _ in range(10))
+    with pytest.raises(ValueError, match="decisions"):
+        envs.make("kitchen", decisions=0)
