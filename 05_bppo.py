@@ -17,6 +17,9 @@ its step's process reward A_t from 04 (the update never leaves the data):
   with c = --dual-clip, so a token whose eta grew past c cannot dominate a batch.
 - The KL anchor is exact at every action token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)), from
   pi_ref's logits computed batch by batch: no sampling estimator.
+- --adv-norm (not in the paper): 'standardize' replaces every A_t by (A_t - mean A) / std A over the buffer's
+  steps, as BPPO's and CleanRL's code do per batch; 'center' removes the mean only (an ablation: it tells an
+  advantage's offset from its step credit). The default is chosen on `dev` (docs/design.md, departures).
 - --objective awr, the paper's weaker alternative (advantage-weighted regression), replaces L_BPPO:
     L_AWR = - E[ min(exp(A_t / beta), w_max) * log pi_theta(y) ]
   which can only raise the probability of actions in the data.
@@ -48,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--ref", required=True, help="pi_ref: the behavior-cloning policy anchoring the KL term")
     p.add_argument("--out", required=True, help="output policy directory")
     p.add_argument("--objective", choices=["bppo", "awr"], default="bppo", help="policy objective")
+    p.add_argument("--adv-norm", choices=["none", "center", "standardize"], default="none",
+                   help="A_t as 04 wrote it, minus the buffer's mean, or standardized over the buffer's steps")
     p.add_argument("--eps-low", type=float, default=0.8,
                    help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
     p.add_argument("--eps-high", type=float, default=0.2,
@@ -119,6 +124,15 @@ def token_logprobs(logits, targets):
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
+def normalize_advantages(episodes, how):
+    """--adv-norm over the buffer's steps: 'center' A - mean(A), 'standardize' (A - mean(A)) / std(A); 'none' as
+    written -> the episodes with the new "adv" (the others' fields unchanged)."""
+    adv = torch.tensor([s["adv"] for ep in episodes for s in ep["steps"]], dtype=torch.float64)
+    shift = adv.mean().item() if how != "none" else 0.0
+    scale = adv.std(correction=0).clamp(min=1e-8).item() if how == "standardize" else 1.0
+    return [dict(ep, steps=[dict(s, adv=(s["adv"] - shift) / scale) for s in ep["steps"]]) for ep in episodes]
+
+
 def token_advantages(batch, step_adv):
     """Each step's A_t on every token of its reply: step_adv (B, T) -> (N,), row-major over the
     batch's reply tokens (the order of reply_logits' rows)."""
@@ -182,6 +196,10 @@ def old_logprobs(policy, data, pad_id, batch_size, device, amp):
 def prepare_bppo(args, device):
     """--data, --policy, --ref -> (tokenizer, pi_theta (= pi_old at first), pi_ref frozen, [(episode, tokens)])."""
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
+    adv = [s["adv"] for ep in episodes for s in ep["steps"]]
+    print(f"05_bppo: A_t as read: mean {sum(adv) / len(adv):+.3f}, {sum(a > 0 for a in adv) / len(adv):.0%} of steps "
+          f"above 0; --adv-norm {args.adv_norm}")
+    episodes = normalize_advantages(episodes, args.adv_norm)
     tokenizer, ref_tokenizer = load_tokenizer(args.policy), load_tokenizer(args.ref)
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
         die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
