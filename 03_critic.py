@@ -36,7 +36,7 @@ from tqdm import tqdm
 from transformers import AutoModel
 
 from plumbing import (add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss, cost, die,
-                      distribute, finish_distributed, fit_context, full_state, grad_checkpointing, is_main,
+                      distribute, finish_distributed, fit_context, full_state, grad_checkpointing, held_out, is_main,
                       length_batches, load_model, load_tokenizer, log_metrics, parts, read_episodes, save_critic, start,
                       unsharded)
 
@@ -57,13 +57,15 @@ def parse_args(argv=None):
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
     p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
+    p.add_argument("--holdout", type=float, default=0.2,
+                   help="share of the self episodes kept out of training: 04 checks the critic on them")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(p, training=True)  # --threads, --precision, --grad-accum, --fsdp
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     args = p.parse_args(argv)  # every flag is checked before any work
     check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
                 batch_size="at least 1", grad_accum="at least 1", lr="positive", grad_clip="positive",
-                seed="a seed in [0, 2**32)", threads="non-negative")
+                seed="a seed in [0, 2**32)", threads="non-negative", holdout="in [0, 1]")
     return args
 
 
@@ -163,6 +165,11 @@ class Critic(torch.nn.Module):
 def prepare_critic(args, device):
     """--data and --policy -> (tokenizer, the critic on the device, [(episode, tokenize_episode)])."""
     episodes, tokenizer = read_episodes(args.data), load_tokenizer(args.policy)
+    kept = [ep for ep in episodes if not held_out(ep, args.holdout)]  # 04 reports the critic on the others
+    if not kept:
+        die(f"--holdout {args.holdout} leaves no episode to train on")
+    print(f"03_critic: {len(episodes) - len(kept)} self episodes held out of training (--holdout {args.holdout})")
+    episodes = kept
     critic = Critic(grad_checkpointing(load_model(AutoModel, args.policy), args)).to(device).train()
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
     if not data:

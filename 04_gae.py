@@ -43,8 +43,9 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
+from envs.kitchen import judge
 from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_finite, check_flags, die, fit_context,
-                      load_model, owned, read_episodes, read_json, save_episodes, start)
+                      held_out, load_model, owned, read_episodes, read_json, save_episodes, start)
 
 
 def parse_args(argv=None):
@@ -112,6 +113,33 @@ def auc(scores, labels):
     avg_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based rank, averaged over ties
     rank_sum = avg_rank[inverse][labels].sum()
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def heldout_report(episodes, gamma):
+    """The critic on self episodes it never trained on (03 --holdout), where it can fail as it would on the policy's
+    next states: the explained variance of the discounted return on r_env by V(s_t), mean V against mean return
+    (V far above it: GAE blames most steps), the AUC of V(s_t) for the episode's success over every state; and,
+    where the environment can tell a mistake (kitchen's judge), V just after a harmful step against just after the
+    correct one, and the mean A_t at each."""
+    rows, after, adv = [], {"harmful": [], "correct": []}, {"harmful": [], "correct": []}
+    for ep in episodes:
+        g = 0.0
+        for s in reversed(ep["steps"]):  # g_t = r_env_t + gamma * g_{t+1}
+            g = s["r_env"] + gamma * g
+            rows.append((s["v"], g, ep["success"]))
+        prev = [ep["obs0"]] + [s["obs"] for s in ep["steps"]]
+        for t, s in enumerate(ep["steps"]):
+            kind = judge(prev[t], s["action"]) if ep["env"] == "kitchen" else None
+            if kind:
+                adv[kind].append(s["adv"])
+                if t + 1 < len(ep["steps"]):  # V(s_{t+1}); the last step's next state is terminal
+                    after[kind].append(ep["steps"][t + 1]["v"])
+    v, g, won = np.array(rows, dtype=np.float64).T
+    mean = lambda x: float(np.mean(x)) if len(x) else float("nan")
+    return {"episodes": len(episodes), "explained_variance": float(1 - np.var(g - v) / max(np.var(g), 1e-8)),
+            "v_mean": float(v.mean()), "ret_mean": float(g.mean()), "auc_v": auc(v, won.astype(bool)),
+            **{f"v_after_{k}": mean(x) for k, x in after.items()}, **{f"adv_{k}": mean(x) for k, x in adv.items()},
+            **{f"steps_{k}": len(x) for k, x in adv.items()}}
 
 
 def advantage_report(episodes, gamma, learned_aux):
@@ -189,7 +217,8 @@ def load_critic(path, device):
 
 def critic_advantages(args, episodes, device, amp):
     """V and Q of every step from the critic (one forward pass per batch), then A_t -> (gamma, whether the
-    critic learned on r_aux, whether A_t uses it, the episodes with "v", "q" and "adv")."""
+    critic learned on r_aux, whether A_t uses it, the share of self episodes 03 held out, the episodes with "v",
+    "q" and "adv")."""
     critic, tokenizer = load_critic(args.critic, device)
     trained = read_json(os.path.join(args.critic, "args.json"))  # the flags 03 trained the critic with
     gamma = trained.get("gamma") if args.gamma is None else args.gamma
@@ -197,6 +226,7 @@ def critic_advantages(args, episodes, device, amp):
         die(f"{args.critic}/args.json: gamma must be a number in [0, 1], got {gamma!r}; or pass --gamma")
     learned_aux = not trained.get("no_aux", False)  # the critic learned on r_env + r_aux (03 --no-aux: r_env)
     with_aux = args.rewards == "critic" and learned_aux  # r_t of the advantage
+    holdout = trained.get("holdout", 0.0)  # 03 --holdout: these self episodes never reached its loss
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
     if not data:
         die("no trajectory fits the model's context")
@@ -211,7 +241,7 @@ def critic_advantages(args, episodes, device, amp):
                 n = len(data[j][0]["steps"])
                 out_eps[j] = episode_advantages(data[j][0], v_all[row, :n + 1], q[row, :n], gamma, args.lam,
                                                 args.advantage, with_aux)
-    return gamma, learned_aux, with_aux, out_eps
+    return gamma, learned_aux, with_aux, holdout, out_eps
 
 
 def main(argv=None):
@@ -224,16 +254,19 @@ def main(argv=None):
     _, device, amp = start(args, "04_gae", args.data + [args.critic] * bool(args.critic))  # --out, seed, device
     episodes = read_episodes(args.data)
     if args.advantage == "outcome":
-        gamma, learned_aux, with_aux = 1.0 if args.gamma is None else args.gamma, False, False
+        gamma, learned_aux, with_aux, holdout = 1.0 if args.gamma is None else args.gamma, False, False, 0.0
         out_eps = outcome_advantages(episodes)
     else:
-        gamma, learned_aux, with_aux, out_eps = critic_advantages(args, episodes, device, amp)
+        gamma, learned_aux, with_aux, holdout, out_eps = critic_advantages(args, episodes, device, amp)
     if not all(math.isfinite(s["v"] + s["q"]) and abs(s["adv"]) <= MAX_REWARD for ep in out_eps for s in ep["steps"]):
         die(f"the critic gives a non-finite V or Q, or an advantage that is not a finite number of at most "
             f"{MAX_REWARD:g} in size; nothing written")
 
+    trained = [ep for ep in out_eps if not held_out(ep, holdout)]  # what the critic learned on: in-sample
+    unseen = [ep for ep in out_eps if held_out(ep, holdout)]
     summary = {"stage": "04_gae", "advantage": args.advantage, "rewards": args.rewards, "with_aux": with_aux,
-               "gamma": gamma, "lam": args.lam, **advantage_report(out_eps, gamma, learned_aux)}
+               "gamma": gamma, "lam": args.lam, **advantage_report(trained, gamma, learned_aux),
+               "heldout": heldout_report(unseen, gamma) if unseen else None}
     save_episodes(args.out, out_eps, summary, args, args.metrics)  # and FILE.json, the summary
     how = {"qv": "Q - V", "outcome": "R - mean(R), the outcome-level baseline (no critic)"}.get(
         args.advantage, "GAE on r_env + r_aux" if with_aux else "GAE on r_env")
@@ -244,7 +277,21 @@ def main(argv=None):
         aucs += " (nan: the self episodes there are all successes or all failures, one class only)"
     crit = "  ".join(f"{k}: V {c['v_mean']:+.3f}+-{c['v_std']:.3f} Q {c['q_mean']:+.3f}+-{c['q_std']:.3f} "
                      f"(return {c['ret_mean']:+.3f})" for k, c in summary["critic_by_source"].items())
-    print(f"04_gae: the critic: explained variance of returns {summary['explained_variance']:.3f}; {crit}")
+    print(f"04_gae: the critic in-sample (the {len(trained)} episodes it trained on): explained variance of returns "
+          f"{summary['explained_variance']:.3f}; {crit}")
+    if unseen:
+        h = summary["heldout"]
+        print(f"04_gae: the critic on {h['episodes']} self episodes it never trained on (03 --holdout {holdout}): "
+              f"explained variance of the return {h['explained_variance']:.3f}, mean V {h['v_mean']:+.3f} against a "
+              f"return of {h['ret_mean']:+.3f}, AUC of V for success {h['auc_v']:.3f}")
+        if h["steps_harmful"] and h["steps_correct"]:
+            print(f"04_gae: its view of a mistake (held out): V just after a harmful step {h['v_after_harmful']:+.3f}"
+                  f", after the correct one {h['v_after_correct']:+.3f}; mean A at harmful steps "
+                  f"{h['adv_harmful']:+.3f} (n={h['steps_harmful']}), at correct ones {h['adv_correct']:+.3f} "
+                  f"(n={h['steps_correct']})")
+        if h["explained_variance"] < 0.2 or not h["auc_v"] > 0.6:
+            print("04_gae: warning: on episodes it never saw the critic barely beats a constant (explained variance "
+                  "< 0.2 or AUC <= 0.6): its step credit here is mostly noise")
     print(f"04_gae: A_t = {how}\n04_gae: mean advantage by source: {src}\n04_gae: mean advantage by label:  {lab}\n"
           f"04_gae: AUC of V(s_t) for the episode's success (self): {aucs}, every state "
           f"{summary['auc_v_self_every_state']:.3f} -> {args.out}")

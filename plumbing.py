@@ -20,6 +20,7 @@ import signal
 import sys
 import tempfile
 import time
+import zlib
 
 import numpy as np
 import torch
@@ -142,10 +143,12 @@ ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py
              "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
              "log": ("a metrics JSONL written by the stages", STAGE_NAMES),
              "png": ("a PNG written by this project (its Software text chunk)", ("show_credit.py",
-                                                                                  "bench/plot_learning.py")),
+                                                                                  "bench/plot_learning.py",
+                                                                                  "bench/plot_sweep.py")),
              "table": ("a results table written by bench/", ("bench/ablation.py", "bench/seeds.py",
-                                                             "bench/stage_times.py", "bench/gpu_report.py",
-                                                             "bench/model_throughput.py", "bench/train_memory.py")),
+                                                             "bench/plot_sweep.py", "bench/stage_times.py",
+                                                             "bench/gpu_report.py", "bench/model_throughput.py",
+                                                             "bench/train_memory.py")),
              "bench_json": ("a measurement JSON written by bench/ (its 'stage')", ("bench/model_throughput.py",)),
              "run_log": ("a run log written by bench/ (seeds.py, ablation.py, gpu_lab.sh)",
                          ("bench/seeds.py", "bench/ablation.py", "bench/gpu_lab.sh")),
@@ -425,6 +428,13 @@ def episode_error(ep, step_keys):
     if ep["success"] and not (ep["steps"][-1]["done"] and ep["reward"] > 0):
         return "is a success without a finished last step of positive reward"
     return None
+
+
+def held_out(ep, share):
+    """Whether 03 --holdout SHARE keeps episode `ep` out of the critic's training, so that 04 can check the critic on
+    episodes it never saw: a self episode whose task id and seed hash (crc32) into the first SHARE of [0, 1). Expert
+    episodes always train."""
+    return ep["source"] != "expert" and zlib.crc32(f"{ep['task_id']}/{ep['seed']}".encode()) < share * 2**32
 
 
 def read_episodes(paths, step_keys=STEP_KEYS):
@@ -815,6 +825,15 @@ def results_table(run, k, worlds, algos, splits):
         name = "policy_0 (BC)" if i == 0 else f"{tag}policy_{i} ({names[algo]} iter {i})"
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
     table = "\n".join(rows) + "\n"
+    if "dev" in splits:  # the one-line check: did an iteration lose ground? (dev, where settings are tuned)
+        dev = lambda tag, i: mean([load(f"eval/world{w}/{tag}policy_{i}_dev.json")["success_rate"] for w in worlds])
+        for algo in algos:
+            tag = "" if algo == "qevolve" else f"{algo}_"
+            steps = [f"iter {i} {dev(tag, i):.1%} ({100 * (dev(tag, i) - dev(tag if i > 1 else '', i - 1)):+.1f}"
+                     f"{': lost ground' if dev(tag, i) < dev(tag if i > 1 else '', i - 1) else ''})"
+                     for i in range(1, k + 1)]
+            table += f"\n{names[algo]} on dev, each iteration against its predecessor (BC {dev('', 0):.1%}): " \
+                     f"{', '.join(steps)}\n"
     save_text(out, f"<!-- {STAMP}run_all.sh -->\n# Results: {run}\n\nSuccess and average reward: the mean over "
                    f"worlds {', '.join(worlds)}.\n\n{table}")
     print(f"(mean over worlds {', '.join(worlds)})\n{table}")
