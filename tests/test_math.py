@@ -501,3 +501,52 @@ def test_old_logprobs_are_the_policys_reply_token_logprobs_per_trajectory(stages
             want = b5.token_logprobs(policy(input_ids=b["input_ids"]).logits[0, :-1], b["input_ids"][0, 1:])
         assert not lp.requires_grad
         assert torch.allclose(lp, want[torch.tensor(x["action_step"][1:]) >= 0], atol=1e-5)
+
+
+def test_05_adv_norm_centres_and_standardizes_over_the_buffer_by_hand(stages):
+    """A = 1, -1 (episode 1), 0, 2 (episode 2): mean 0.5, population std sqrt(1.25)."""
+    norm = stages["05_bppo"].normalize_advantages
+    eps = [{"steps": [{"adv": 1.0, "x": 1}, {"adv": -1.0}]}, {"steps": [{"adv": 0.0}, {"adv": 2.0}]}]
+    flat = lambda how: [s["adv"] for ep in norm(eps, how) for s in ep["steps"]]
+    assert flat("none") == [1.0, -1.0, 0.0, 2.0]
+    assert flat("center") == [0.5, -1.5, -0.5, 1.5]
+    assert flat("standardize") == pytest.approx([x / 1.25 ** 0.5 for x in (0.5, -1.5, -0.5, 1.5)])
+    assert norm(eps, "center")[0]["steps"][0]["x"] == 1 and eps[0]["steps"][0]["adv"] == 1.0  # a copy, fields kept
+
+
+def test_held_out_episodes_never_reach_the_critics_loss(stages, tiny_run, tmp_path, in_process, monkeypatch):
+    """03 --holdout 0.5: the episodes plumbing.held_out names are in no batch of the loss, every other one is."""
+    from plumbing import held_out
+    c3 = stages["03_critic"]
+    eps = [json.loads(line) for line in open(tiny_run / "expert.jsonl")]
+    for i, ep in enumerate(eps[:12]):
+        ep.update(source="self", policy="p", seed=i)
+    assert 0 < sum(held_out(ep, 0.5) for ep in eps) < 12 and not any(held_out(ep, 0.5) for ep in eps[12:])
+    (tmp_path / "buf.jsonl").write_text("".join(json.dumps(ep) + "\n" for ep in eps))
+    seen = []
+    real = c3.trajectory_tensors
+    monkeypatch.setattr(c3, "trajectory_tensors", lambda batch, device: seen.extend(batch) or real(batch, device))
+    in_process(c3, "--data", tmp_path / "buf.jsonl", "--policy", tiny_run / "policy_0", "--out", tmp_path / "critic",
+               "--epochs", 1, "--holdout", 0.5, "--threads", 1)
+    key = lambda ep: (ep["task_id"], ep["seed"], ep["source"])
+    assert {key(ep) for ep in seen} == {key(ep) for ep in eps if not held_out(ep, 0.5)}
+
+
+def test_heldout_report_and_the_view_of_a_mistake_by_hand(stages):
+    """04 on held-out kitchen episodes: explained variance on r_env returns, mean V and return, AUC, and V just after
+    a harmful step (a flawed item used) against just after a correct one, with the mean A at each."""
+    report = stages["04_gae"].heldout_report
+    st = lambda action, r, v, adv, obs="Next: egg. You see egg 1 and rotten egg 2.": {
+        "action": action, "r_env": r, "v": v, "adv": adv, "obs": obs}
+    offer = "You are in the kitchen. Next: egg. You see egg 1 and rotten egg 2."
+    eps = [{"env": "kitchen", "success": True, "obs0": offer,   # correct, then correct: success
+            "steps": [st("use egg 1", 0.0, 0.5, 0.2), st("use egg 1", 1.0, 0.8, 0.1)]},
+           {"env": "kitchen", "success": False, "obs0": offer,  # harmful, then correct: failure
+            "steps": [st("use egg 2", 0.0, 0.4, -0.3), st("use egg 1", 0.0, 0.1, -0.1)]}]
+    out = report(eps, 0.5)
+    g, v = np.array([0.5, 1.0, 0.0, 0.0]), np.array([0.5, 0.8, 0.4, 0.1])
+    assert out["explained_variance"] == pytest.approx(1 - np.var(g - v) / np.var(g))
+    assert (out["v_mean"], out["ret_mean"], out["auc_v"]) == pytest.approx((0.45, 0.375, 1.0))
+    assert (out["v_after_harmful"], out["v_after_correct"]) == pytest.approx((0.1, 0.8))  # last steps: terminal
+    assert (out["adv_harmful"], out["adv_correct"], out["steps_harmful"], out["steps_correct"]) == \
+        pytest.approx((-0.3, (0.2 + 0.1 - 0.1) / 3, 1, 3))
