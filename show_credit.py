@@ -7,7 +7,8 @@ Writes  a text table on stdout and, with --png FILE, a plot (needs matplotlib:
 
 What to look for: V(s_t) is the critic's estimate of success before reply t. When a reply is
 `invalid` ("Nothing happens."), V usually drops at the next state, and GAE puts that drop on
-the step that caused it:
+the step that caused it. In kitchen (the credit world) a harmful step - a flawed item used, a valid step
+that no rule labels - is marked too: the critic should see its consequence in the next observation:
 
     delta_t = r_env_t + gamma * (1 - done_t) * V(s_{t+1}) - V(s_t)
     A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
@@ -23,6 +24,8 @@ import json
 import math
 import os
 import sys
+
+from envs.kitchen import judge
 
 STEP_KEYS = ("action", "text", "obs", "label", "r_env", "r_aux", "v", "adv")
 EPISODE_KEYS = ("task_id", "task", "steps", "success", "source")
@@ -128,6 +131,13 @@ def reply_of(step):
     return step["action"] if step["action"] else repr(" ".join(step["text"].split()))
 
 
+def harmful(ep):
+    """The steps of a kitchen episode that used the item the observation before them called flawed (judge)."""
+    prev = [ep.get("obs0", "")] + [s["obs"] for s in ep["steps"]]
+    return {t for t, s in enumerate(ep["steps"])
+            if ep.get("env") == "kitchen" and judge(prev[t], s["action"]) == "harmful"}
+
+
 def outcome(ep):
     return "success" if ep["success"] else "failure (cut by the step limit)" if ep.get("truncated") else "failure"
 
@@ -145,11 +155,15 @@ def table(ep, index, args):
     head = f"{'t':>3}  {'label':<7} {'r_env':>6} {'r_aux':>6} {'V(s_t)':>8} " + \
         (f"{'Q(s_t,a_t)':>10} " if has_q else "") + f"{'A_t':>8}  {'reply':<{w}}  observation"
     lines += [head, "-" * len(head)]
+    bad = harmful(ep)
     for t, (s, reply) in enumerate(zip(steps, replies)):
         lines.append(f"{t:>3}  {s['label']:<7} {s['r_env']:>6.3f} {s['r_aux']:>6.3f} {s['v']:>8.4f} "
                      + (f"{s['q']:>10.4f} " if has_q else "")
-                     + f"{s['adv']:>+8.4f}  {reply:<{w}}  {shorten(s['obs'], args.width)}")
+                     + f"{s['adv']:>+8.4f}  {reply:<{w}}  {shorten(s['obs'], args.width)}" + (" <- harmful" if t in bad
+                                                                                          else ""))
     note = "; Q(s_t,a_t): the critic's value of reply t." if has_q else ". No Q column: this buffer has no 'q'."
+    if bad:
+        note += " <- harmful: a flawed item used (kitchen), a valid step no rule labels."
     lines += ["", "V(s_t): the critic's value before reply t; A_t: the GAE advantage 05_bppo.py trains on" + note]
     return "\n".join(lines)
 
@@ -176,6 +190,9 @@ def plot(ep, index, args):
         if s["label"] in MARKED:
             for ax in (top, bottom):
                 ax.axvspan(x - 0.5, x + 0.5, color=MARKED[s["label"]], alpha=0.15, linewidth=0)
+    for x in harmful(ep):
+        for ax in (top, bottom):
+            ax.axvspan(x - 0.5, x + 0.5, facecolor="none", edgecolor="tab:red", hatch="//", linewidth=0)
     bottom.bar(t, [s["adv"] for s in steps], color=[MARKED.get(s["label"], "tab:gray") for s in steps])
     bottom.axhline(0, color="black", linewidth=0.8)
     top.set(ylabel="value")
@@ -185,8 +202,12 @@ def plot(ep, index, args):
         ax.grid(alpha=0.3)
     here = [lab for lab in MARKED if any(s["label"] == lab for s in steps)]
     handles, names = top.get_legend_handles_labels()
-    top.legend(handles + [Patch(color=MARKED[lab], alpha=0.5) for lab in here], names + [f"{lab} step" for lab in here],
-               fontsize=8, loc="best")
+    handles += [Patch(color=MARKED[lab], alpha=0.5) for lab in here]
+    names += [f"{lab} step" for lab in here]
+    if harmful(ep):
+        handles.append(Patch(facecolor="none", edgecolor="tab:red", hatch="//"))
+        names.append("harmful step (a flawed item used)")
+    top.legend(handles, names, fontsize=8, loc="best")
     title = f"{ep['source']} episode {ep['task_id']}: {outcome(ep).upper()} - {shorten(ep['task'], 50)}"
     top.set_title(title, fontsize=10, color="tab:green" if ep["success"] else "tab:red")
     fig.tight_layout()

@@ -19,6 +19,7 @@ exactly one thing and redoes only the stages downstream of it:
     w/o PI             no policy update: policy_0 acts, the default critic reranks
                        --candidates sampled replies per step (02_collect.py --rerank; QLASS-style)
     AWR                05_bppo.py --objective awr
+    A centred          05_bppo.py --adv-norm center (the buffer's mean advantage removed: the gain left is step credit)
     symmetric clip     05_bppo.py --eps-low 0.2 (= --eps-high)
 
     python bench/ablation.py --parallel          # seeds 0 1 2: runs/seed<k> (made by bench/seeds.py if missing)
@@ -58,6 +59,7 @@ VARIANTS = [
     ("aux_adv", "r_aux also in A_t (--rewards critic)", "04", "--rewards critic"),
     ("no_pi", "w/o policy improvement (Q-rerank of BC samples)", "rerank", ""),
     ("awr", "AWR instead of BPPO", "05", "--objective awr"),
+    ("centred", "A centred (--adv-norm center)", "05", "--adv-norm center"),
     ("sym_clip", "symmetric clipping (eps_low = eps_high = 0.2)", "05", "--eps-low 0.2 --eps-high 0.2"),
 ]
 

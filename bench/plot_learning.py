@@ -1,6 +1,7 @@
-"""Plot greedy success per iteration from the runs of bench/seeds.py: one panel per split, a thin
-line per seed (its mean over the worlds the run was evaluated in) and the mean over seeds in bold.
-Needs matplotlib (requirements-plot.txt).
+"""Plot greedy success per iteration from the runs of bench/seeds.py: one panel per split, one line per
+algorithm of the runs (Q-Evolve, and the baselines the runs have: the outcome-level PG, iterated RFT), each
+from the same BC policy, the mean over seeds with a band of +- one standard deviation over the seeds (each
+seed's value: its mean over the worlds the run was evaluated in). Needs matplotlib (requirements-plot.txt).
 
     python bench/plot_learning.py                                   # runs/seed0..2 -> docs/img/learning_curve.png
     python bench/plot_learning.py --seeds 0 1 --prefix runs/s --out /tmp/curve.png --splits dev
@@ -16,11 +17,15 @@ sys.path.insert(0, ROOT)
 from bench._stages import eval_worlds  # noqa: E402
 from plumbing import STAMP, check_out, die, write_atomic  # noqa: E402
 
+ALGOS = {"": ("Q-Evolve", "tab:blue"), "outcome_": ("outcome-level PG", "tab:orange"),
+         "rft_": ("iterated RFT", "tab:green")}  # run_all.sh's policy name prefix -> the line's name and colour
 
-def curve(run, split):
-    """Success in % of policy_0, policy_1, ... on `split`, each the mean over the run's worlds."""
+
+def curve(run, split, tag=""):
+    """Success in % of policy_0 (BC), <tag>policy_1, <tag>policy_2, ... on `split`, each the mean over the run's
+    worlds."""
     worlds = eval_worlds(run)
-    path = lambda w, k: os.path.join(ROOT, run, "eval", f"world{w}", f"policy_{k}_{split}.json")
+    path = lambda w, k: os.path.join(ROOT, run, "eval", f"world{w}", f"{tag if k else ''}policy_{k}_{split}.json")
     out, k = [], 0
     while all(os.path.exists(path(w, k)) for w in worlds):
         out.append(statistics.mean(json.load(open(path(w, k)))["success_rate"] for w in worlds) * 100)
@@ -51,22 +56,27 @@ def main():
 
     fig, axes = plt.subplots(1, len(args.splits), figsize=(4.2 * len(args.splits), 3.4), sharey=True, squeeze=False)
     for ax, split in zip(axes[0], args.splits):
-        curves = [curve(run, split) for run in runs]
-        n = min(len(c) for c, _ in curves)
-        if n == 0:
-            die(f"no evaluation of policy_0 on {split!r} in every run")
-        for i, (c, _) in enumerate(curves):
-            ax.plot(range(n), c[:n], color="tab:blue", alpha=0.35, lw=1, marker="o", ms=3,
-                    label=f"each seed ({', '.join(map(str, args.seeds))})" if i == 0 else None)
-        mean = [statistics.mean(c[k] for c, _ in curves) for k in range(n)]
-        ax.plot(range(n), mean, color="tab:blue", lw=2.5, marker="o", label="mean over seeds")
-        for k, m in enumerate(mean):
-            ax.annotate(f"{m:.1f}", (k, m), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
-        ax.set_xticks(range(n), ["BC"] + [f"iter {k}" for k in range(1, n)])
-        ax.set_title(f"{split} (mean over {curves[0][1]} worlds)")
+        n_worlds, top = curve(runs[0], split)[1], 1
+        for tag, (name, colour) in ALGOS.items():
+            curves = [curve(run, split, tag)[0] for run in runs]
+            n = min(len(c) for c in curves)
+            if n < 2 and tag:  # this algorithm is not in the runs
+                continue
+            if n == 0:
+                die(f"no evaluation of policy_0 on {split!r} in every run")
+            mean = [statistics.mean(c[k] for c in curves) for k in range(n)]
+            sd = [statistics.stdev([c[k] for c in curves]) if len(curves) > 1 else 0.0 for k in range(n)]
+            ax.fill_between(range(n), [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)],
+                            color=colour, alpha=0.15, lw=0)
+            ax.plot(range(n), mean, color=colour, lw=2, marker="o", label=name)
+            ax.annotate(f"{mean[-1]:.1f}", (n - 1, mean[-1]), textcoords="offset points", xytext=(8, -3), fontsize=8,
+                        color=colour)
+            top = max(top, n)
+        ax.set_xticks(range(top), ["BC"] + [f"iter {k}" for k in range(1, top)])
+        ax.set_title(f"{split} (mean over {n_worlds} worlds)")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("greedy success (%)")
+    axes[0][0].set_ylabel(f"greedy success (%), seeds {', '.join(map(str, args.seeds))}: mean +- std")
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png",

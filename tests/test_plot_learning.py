@@ -10,12 +10,13 @@ from plumbing import png_software
 plot = load_module("bench/plot_learning.py", "plot_learning")
 
 
-def fake_run(run, rates):
-    """rates[world][k]: policy_k's success on `seen` in that world."""
+def fake_run(run, rates, tag=""):
+    """rates[world][k]: <tag>policy_k's success on `seen` in that world (policy_0: BC, without the tag)."""
     for w, per_k in enumerate(rates):
-        os.makedirs(run / "eval" / f"world{w}")
+        os.makedirs(run / "eval" / f"world{w}", exist_ok=True)
         for k, r in enumerate(per_k):
-            json.dump({"success_rate": r}, open(run / "eval" / f"world{w}" / f"policy_{k}_seen.json", "w"))
+            name = f"{tag if k else ''}policy_{k}_seen.json"
+            json.dump({"success_rate": r}, open(run / "eval" / f"world{w}" / name, "w"))
 
 
 def test_curve_is_the_mean_over_worlds_up_to_the_last_complete_iteration(tmp_path):
@@ -23,6 +24,8 @@ def test_curve_is_the_mean_over_worlds_up_to_the_last_complete_iteration(tmp_pat
     curve, n_worlds = plot.curve(str(tmp_path / "s0"), "seen")
     assert curve == pytest.approx([40.0, 60.0]) and n_worlds == 2
     assert plot.curve(str(tmp_path / "s0"), "unseen")[0] == []
+    fake_run(tmp_path / "s0", [[0.5, 0.1], [0.3, 0.3]], tag="outcome_")  # a baseline: BC, then its own iterations
+    assert plot.curve(str(tmp_path / "s0"), "seen", "outcome_")[0] == pytest.approx([40.0, 20.0])
 
 
 def test_writes_a_png(tmp_path, in_process, monkeypatch):
