@@ -9,13 +9,16 @@
 # running this again after an interruption resumes where it stopped. Settings are
 # environment variables (defaults = the fast CPU configuration):
 #
-#   RUN=runs/default  K=2  SEED=0  ENV=household  ENV_KWARGS (household, shop: their miniatures below; others: '{}')
+#   RUN=runs/default  K=2  SEED=0  ENV=kitchen (the credit world; household: the habit world, the control)
+#   ENV_KWARGS (household, shop: their miniatures below; kitchen and others: '{}', the environment's defaults)
 #   N_EXPERT=1000 expert demos (household: every train task), N_SELF=300 self trajectories per iteration,
-#   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="seen unseen" (tune with "dev"),
-#   EVAL_WORLDS: the world seeds every policy is evaluated in (household: "0 1 2 3" - training uses world 0,
+#   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="dev seen unseen" (tune on dev, report seen / unseen;
+#   environments without a dev split: "seen unseen"),
+#   EVAL_WORLDS: the world seeds every policy is evaluated in (household, kitchen: "0 1 2 3" - training uses world 0,
 #   the others are worlds the run never saw; other envs: "0"), KEEP_OLD=0 (1: the buffer keeps every
 #   iteration's self data), EVAL=1 (0: train only, no evaluation and no results table; a later run with EVAL=1
-#   evaluates what exists), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
+#   evaluates what exists), REF=bc (05's pi_ref: bc = policy_0, prev = pi_{k-1}), LATER_ARGS: 05's extra flags from
+#   iteration 2 on, for Q-Evolve and the outcome-level PG alike, THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
 #   PRECISION=auto (01-05's --precision: bf16 autocast on a GPU; bf16 takes that arithmetic on a CPU too)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
@@ -67,11 +70,13 @@ SMOKE=${SMOKE:-0}
 need_bool SMOKE
 
 # SMOKE=1: toy budgets, the run tests/test_chain.py checks (a tiny base model, 16 demos, 6 self episodes,
-# 4 evaluation tasks per split in 2 worlds, one epoch per stage, episodes of at most 5 steps). These are
+# 4 evaluation tasks per split in 2 worlds, one epoch per stage, kitchen's 2 decisions or at most 5 steps). These are
 # only defaults: a variable you set still wins. The numbers it prints mean nothing.
 if [ "$SMOKE" = 1 ]; then
   RUN=${RUN:-runs/smoke} N_EXPERT=${N_EXPERT:-16} N_SELF=${N_SELF:-6} N_EVAL=${N_EVAL:-4} THREADS=${THREADS:-1}
-  ENV_KWARGS=${ENV_KWARGS:-'{"max_steps": 5}'} EVAL_WORLDS=${EVAL_WORLDS:-"0 1"}
+  EVAL_WORLDS=${EVAL_WORLDS:-"0 1"}
+  if [ "${ENV:-kitchen}" = kitchen ]; then ENV_KWARGS=${ENV_KWARGS:-'{"decisions": 2}'}; fi
+  ENV_KWARGS=${ENV_KWARGS:-'{"max_steps": 5}'}
   PRETRAIN_ARGS=${PRETRAIN_ARGS:-"--episodes 16 --epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}
   BC_ARGS=${BC_ARGS:-"--epochs 1"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 1"} BPPO_ARGS=${BPPO_ARGS:-"--epochs 1"}
   OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 1"}
@@ -79,7 +84,7 @@ if [ "$SMOKE" = 1 ]; then
 fi
 
 BASE=${BASE:-pretrained}
-ENV=${ENV:-household}
+ENV=${ENV:-kitchen}
 need_path BASE
 # A real model on one GPU: BC 3 epochs at lr 5e-5, the critic 2 epochs at 1e-5, BPPO at 2e-6, batches of 16
 # trajectories, 128 episodes in lockstep (docs/real_model.md, 'On a GPU'). Learning rates for the weights of a
@@ -94,7 +99,7 @@ fi
 RUN=${RUN:-runs/default}
 K=${K:-2}
 SEED=${SEED:-0}
-# household's default miniature (docs/design.md, 'The default miniature'): a step limit of the task's own
+# household's habit world, the control (docs/design.md, 'The habit world'): a step limit of the task's own
 # solution length + 1, one distractor, a demonstrator with a bad habit the agent can unlearn, and a base
 # that also reads questions about the room
 HOUSEHOLD_KWARGS='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'
@@ -103,6 +108,8 @@ HOUSEHOLD_KWARGS='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "r
 SHOP_KWARGS='{"page_size": 3, "max_steps": 10, "hasty": 0.5}'
 if [ "$ENV" = household ]; then
   ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"}
+elif [ "$ENV" = kitchen ]; then  # the credit world (docs/design.md, 'The default miniature'): the env's defaults
+  ENV_KWARGS=${ENV_KWARGS:-"{}"} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"}
 elif [ "$ENV" = shop ]; then  # longer episodes: budgets that fit ~20 minutes, replies of up to 64 tokens
   ENV_KWARGS=${ENV_KWARGS:-$SHOP_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-0} BC_ARGS=${BC_ARGS:-"--epochs 4"}
   CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2"} COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 64"}
@@ -112,8 +119,11 @@ fi
 N_EXPERT=${N_EXPERT:-1000}
 N_SELF=${N_SELF:-300}
 N_EVAL=${N_EVAL:-0}
+case $ENV in household|kitchen|shop) EVAL_SPLITS=${EVAL_SPLITS:-"dev seen unseen"} ;; esac  # those with a dev split
 EVAL_SPLITS=${EVAL_SPLITS:-"seen unseen"}
 KEEP_OLD=${KEEP_OLD:-0}
+REF=${REF:-bc}
+LATER_ARGS=${LATER_ARGS:-}
 EVAL=${EVAL:-1}
 THREADS=${THREADS:-2}
 PRECISION=${PRECISION:-auto}
@@ -144,6 +154,7 @@ words='^[[:space:]]*WORD([[:space:]]+WORD)*[[:space:]]*$'  # one or more WORDs (
 zero), got '$EVAL_WORLDS'"
 [[ $EVAL_SPLITS =~ ${words//WORD/[A-Za-z0-9_]+} ]] || bad "EVAL_SPLITS must be split names, got '$EVAL_SPLITS'"
 [[ $ENV =~ ^[A-Za-z0-9_]+$ ]] || bad "ENV must be an environment name, got '$ENV'"  # ENV_KWARGS: the stages check
+[[ $REF =~ ^(bc|prev)$ ]] || bad "REF must be bc (pi_ref = policy_0) or prev (pi_ref = pi_{k-1}), got '$REF'"
 
 # run COMMAND...: print it, run it. stage OUTPUT COMMAND...: run COMMAND unless OUTPUT already exists. Each command
 # runs in the background and is waited for: Ctrl-C reaches this script alone (a background command ignores it),
@@ -264,10 +275,12 @@ evolve() {
           --out "$dir/policy_$k" "${COMMON[@]}" $RFT_ARGS ;;
     esac
     if [ "$algo" != rft ]; then
-      local tuned=""
+      local tuned="" ref="$RUN/policy_0" later=""
       [ "$algo" = outcome ] && tuned=$OUTCOME_ARGS
-      stage "$dir/policy_$k" "${RUNS[@]}" 05_bppo.py --data "$it/adv.jsonl" --policy "$prev" --ref "$RUN/policy_0" \
-        --out "$dir/policy_$k" "${COMMON[@]}" $BPPO_ARGS $tuned
+      [ "$REF" = prev ] && ref=$prev
+      [ "$k" -gt 1 ] && later=$LATER_ARGS
+      stage "$dir/policy_$k" "${RUNS[@]}" 05_bppo.py --data "$it/adv.jsonl" --policy "$prev" --ref "$ref" \
+        --out "$dir/policy_$k" "${COMMON[@]}" $BPPO_ARGS $tuned $later
     fi
     evaluate "$dir/policy_$k" "${tag}policy_$k"
   done

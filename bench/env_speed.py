@@ -1,8 +1,11 @@
-"""Measure an embedded environment (household or shop): raw steps per second, and expert /
+"""Measure an embedded environment (household, kitchen or shop): raw steps per second, and expert /
 random-command success on every split; for shop, whose reward is graded, also the average
-reward. A measurement, not a test.
+reward; for kitchen also the two policies that bound what a run can reach: item 1 at every station
+(the demonstrator's most common reply, what greedy BC copies) and the good item always (the optimum).
+A measurement, not a test.
 
     python bench/env_speed.py [--seed 0] [--env-kwargs '{"habit": 0.6}']
+    python bench/env_speed.py --env kitchen [--env-kwargs '{"decisions": 2}']
     python bench/env_speed.py --env shop
 """
 import argparse
@@ -23,7 +26,8 @@ def run(env, policy, task_ids, rng):
         env.reset(tid)
         done = False
         while not done:
-            action = env.expert_action() if policy == "expert" else env.random_action(rng)
+            action = env.expert_action() if policy == "expert" else env.random_action(rng) if policy == "random" \
+                else policy(env)
             _, reward, terminated, truncated, info = env.step(action)
             steps += 1
             total += reward
@@ -35,7 +39,8 @@ def run(env, policy, task_ids, rng):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="world seed and random-policy seed")
-    p.add_argument("--env", default="household", choices=["household", "shop"], help="the embedded environment")
+    p.add_argument("--env", default="household", choices=["household", "kitchen", "shop"],
+                   help="the embedded environment")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of the env's keyword arguments (as in 02_collect.py)")
     args = p.parse_args()
     env = envs.make(args.env, seed=args.seed, **json.loads(args.env_kwargs))
@@ -47,6 +52,12 @@ def main():
         print("| split | tasks | expert success | expert avg reward | expert avg steps | random success "
               "| random avg reward | random steps/s |")
         print("|---|---|---|---|---|---|---|---|")
+    elif args.env == "kitchen":
+        print(f"kitchen (seed {args.seed}): decisions {env.decisions}, careless {env.careless}, spoil {env.spoil}, "
+              f"outage {env.outage}, max_steps {env.max_steps}")
+        print("| split | tasks | expert success | expert avg steps | item 1 always | the good item always "
+              "| random success | random steps/s |")
+        print("|---|---|---|---|---|---|---|---|")
     else:
         print(f"household (seed {args.seed}): n_receptacles {env.n_receptacles}, n_distractors {env.n_distractors}, "
               f"max_steps {env.max_steps}, step_slack {env.step_slack}, habit {env.habit}")
@@ -56,7 +67,13 @@ def main():
         ids = env.task_ids(split)
         e_succ, e_steps, _, e_rew = run(env, "expert", ids, rng)
         r_succ, r_steps, r_time, r_rew = run(env, "random", ids, rng)
-        if graded:
+        if args.env == "kitchen":  # item 1, or the other one after a tool was put back; the good item
+            good = lambda e: f"use {e._task['kinds'][e.station]} {3 - e._task['flawed'][e.station]}"
+            first = lambda e: good(e) if e.put_back else f"use {e._task['kinds'][e.station]} 1"
+            print(f"| {split} | {len(ids)} | {e_succ:.1%} | {e_steps / len(ids):.2f} | "
+                  f"{run(env, first, ids, rng)[0]:.1%} | {run(env, good, ids, rng)[0]:.1%} | {r_succ:.1%} "
+                  f"| {r_steps / r_time:,.0f} |")
+        elif graded:
             print(f"| {split} | {len(ids)} | {e_succ:.1%} | {e_rew:.3f} | {e_steps / len(ids):.2f} | {r_succ:.1%} "
                   f"| {r_rew:.3f} | {r_steps / r_time:,.0f} |")
         else:

@@ -31,7 +31,7 @@ def test_smoke_sets_only_defaults(tmp_path):
     out = run_all(tmp_path / "run", python="echo", N_EXPERT="99", BC_ARGS="--epochs 3")
     commands = [line for line in out.splitlines() if line.startswith("== echo")]
     expert = next(c for c in commands if "--policy expert" in c)
-    assert "--episodes 99" in expert and "\"max_steps\": 5" in expert
+    assert "--episodes 99" in expert and "--env kitchen --env-kwargs {\"decisions\": 2}" in expert
     assert any("01_bc.py" in c and c.endswith("--epochs 3") for c in commands)
     assert any("00_pretrain.py" in c and "--d-model 32" in c for c in commands)
     assert any("--split train --episodes 6 " in c for c in commands)
@@ -62,34 +62,37 @@ def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
         first = base_dir()
 
 
-def test_default_run_is_the_household_miniature_with_two_iterations(tmp_path):
-    """Without SMOKE, run_all.sh's defaults: household plays the miniature of docs/design.md
-    ('The default miniature') for K = 2 iterations; shop plays its own miniature; another
-    environment gets '{}'; ENV_KWARGS set by the caller wins."""
+def test_default_run_is_the_kitchen_credit_world_with_two_iterations(tmp_path):
+    """Without SMOKE, run_all.sh's defaults: kitchen (the credit world, its own defaults) for K = 2 iterations;
+    household plays the habit world of docs/design.md, shop its own miniature; another environment gets '{}';
+    ENV_KWARGS set by the caller wins."""
     def commands(**settings):
         env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS + ["SMOKE"]}
         env.update(RUN=str(tmp_path / "run"), BASE_CACHE=str(tmp_path / "base"), PYTHON="echo", **settings)
         proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return [line for line in proc.stdout.splitlines() if line.startswith("== echo")]
-    household = commands()
-    miniature = '{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'
-    assert all(f"--env-kwargs {miniature}" in c for c in household if "--env " in c)
-    # every policy is evaluated greedily on seen and unseen in worlds 0 (the training world) to 3, in one process
-    evals = [c for c in household if "--greedy" in c]
+    kitchen = commands()
+    assert all("--env kitchen --env-kwargs {}" in c for c in kitchen if "--env " in c)
+    # every policy is evaluated greedily on dev, seen and unseen in worlds 0 (the training world) to 3, in one process
+    evals = [c for c in kitchen if "--greedy" in c]
     assert len(evals) == 3
     for k in range(3):
         assert f"--policy {tmp_path / 'run' / f'policy_{k}'} " in evals[k]
-        assert "--env-seed 0 1 2 3 --split seen unseen " in evals[k]
+        assert "--env-seed 0 1 2 3 --split dev seen unseen " in evals[k]
         assert f"--out {tmp_path / 'run' / 'eval' / 'world{world}' / f'policy_{k}_{{split}}.jsonl'} " in evals[k]
-    assert all("--env-seed" not in c for c in household if "--greedy" not in c)  # training stays in world 0
-    assert any("05_bppo.py" in c and "--out " + str(tmp_path / "run" / "policy_2") in c for c in household)
-    assert not any("policy_3" in c for c in household)
+    assert all("--env-seed" not in c for c in kitchen if "--greedy" not in c)  # training stays in world 0
+    assert any("05_bppo.py" in c and "--out " + str(tmp_path / "run" / "policy_2") in c for c in kitchen)
+    assert not any("policy_3" in c for c in kitchen)
+    household = commands(ENV="household")
+    miniature = '{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'
+    assert all(f"--env-kwargs {miniature}" in c for c in household if "--env " in c)
+    assert all("--env-seed 0 1 2 3 --split dev seen unseen " in c for c in household if "--greedy" in c)
     # shop plays its miniature (docs/environments.md, 'The shop miniature') with its own budgets, in world 0
     shop = commands(ENV="shop")
     shop_miniature = '{"page_size": 3, "max_steps": 10, "hasty": 0.5}'
     assert all(f"--env shop --env-kwargs {shop_miniature}" in c for c in shop if "--env " in c)
-    assert all("--env-seed 0 --split seen unseen " in c for c in shop if "--greedy" in c)
+    assert all("--env-seed 0 --split dev seen unseen " in c for c in shop if "--greedy" in c)
     assert len([c for c in shop if "--greedy" in c]) == 3
     assert any("01_bc.py" in c and c.endswith("--epochs 4") for c in shop)
     assert any("03_critic.py" in c and c.endswith("--epochs 2") for c in shop)
@@ -189,3 +192,22 @@ def test_a_setting_carrying_shell_code_is_refused_before_anything_runs(name, tmp
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:]
     assert proc.stderr.startswith(f"error: {name} must be") and proc.stderr.count("\n") == 1, proc.stderr
     assert not planted.exists() and os.listdir(tmp_path) == []
+
+
+def test_ref_and_later_args_reach_05_from_the_second_iteration(tmp_path):
+    """REF=prev anchors 05's KL to pi_{k-1}; LATER_ARGS are 05's extra flags at k > 1 only, for Q-Evolve and the
+    outcome-level PG alike; a bad REF is one error line."""
+    env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS + ["SMOKE", "ALGOS", "REF", "LATER_ARGS"]}
+    env.update(RUN=str(tmp_path / "run"), BASE_CACHE=str(tmp_path / "base"), PYTHON="echo", REF="prev",
+               LATER_ARGS="--lr 1e-4", ALGOS="qevolve outcome")
+    out = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
+    bppo = [c for c in out.splitlines() if c.startswith("== echo 05_bppo.py")]
+    run = tmp_path / "run"
+    assert len(bppo) == 4
+    for c in bppo:
+        k = int(c.split("--out ")[1].split()[0][-1])
+        prev = run / "policy_0" if k == 1 else (run if "outcome" not in c else run / "outcome") / "policy_1"
+        assert f"--policy {prev} --ref {prev} " in c and c.endswith("--lr 1e-4") == (k == 2), c
+    env["REF"] = "pi0"
+    proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: REF must be bc") and "== " not in proc.stdout
