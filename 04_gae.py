@@ -115,18 +115,11 @@ def auc(scores, labels):
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def heldout_report(episodes, gamma):
-    """The critic on self episodes it never trained on (03 --holdout), where it can fail as it would on the policy's
-    next states: the explained variance of the discounted return on r_env by V(s_t), mean V against mean return
-    (V far above it: GAE blames most steps), the AUC of V(s_t) for the episode's success over every state; and,
-    where the environment can tell a mistake (kitchen's judge), V just after a harmful step against just after the
-    correct one, and the mean A_t at each."""
-    rows, after, adv = [], {"harmful": [], "correct": []}, {"harmful": [], "correct": []}
+def mistake_view(episodes):
+    """Where the environment can tell a mistake (kitchen's judge: a flawed item used, against the good one): V just
+    after a harmful step and just after a correct one, the mean A_t at each, and how many steps each."""
+    after, adv = {"harmful": [], "correct": []}, {"harmful": [], "correct": []}
     for ep in episodes:
-        g = 0.0
-        for s in reversed(ep["steps"]):  # g_t = r_env_t + gamma * g_{t+1}
-            g = s["r_env"] + gamma * g
-            rows.append((s["v"], g, ep["success"]))
         prev = [ep["obs0"]] + [s["obs"] for s in ep["steps"]]
         for t, s in enumerate(ep["steps"]):
             kind = judge(prev[t], s["action"]) if ep["env"] == "kitchen" else None
@@ -134,12 +127,26 @@ def heldout_report(episodes, gamma):
                 adv[kind].append(s["adv"])
                 if t + 1 < len(ep["steps"]):  # V(s_{t+1}); the last step's next state is terminal
                     after[kind].append(ep["steps"][t + 1]["v"])
-    v, g, won = np.array(rows, dtype=np.float64).T
     mean = lambda x: float(np.mean(x)) if len(x) else float("nan")
+    return {**{f"v_after_{k}": mean(x) for k, x in after.items()}, **{f"adv_{k}": mean(x) for k, x in adv.items()},
+            **{f"steps_{k}": len(x) for k, x in adv.items()}}
+
+
+def heldout_report(episodes, gamma):
+    """The critic on self episodes it never trained on (03 --holdout), where it can fail as it would on the policy's
+    next states: the explained variance of the discounted return on r_env by V(s_t), mean V against mean return
+    (V far above it: GAE blames most steps), the AUC of V(s_t) for the episode's success over every state; and its
+    view of a mistake (mistake_view)."""
+    rows = []
+    for ep in episodes:
+        g = 0.0
+        for s in reversed(ep["steps"]):  # g_t = r_env_t + gamma * g_{t+1}
+            g = s["r_env"] + gamma * g
+            rows.append((s["v"], g, ep["success"]))
+    v, g, won = np.array(rows, dtype=np.float64).T
     return {"episodes": len(episodes), "explained_variance": float(1 - np.var(g - v) / max(np.var(g), 1e-8)),
             "v_mean": float(v.mean()), "ret_mean": float(g.mean()), "auc_v": auc(v, won.astype(bool)),
-            **{f"v_after_{k}": mean(x) for k, x in after.items()}, **{f"adv_{k}": mean(x) for k, x in adv.items()},
-            **{f"steps_{k}": len(x) for k, x in adv.items()}}
+            **mistake_view(episodes)}
 
 
 def advantage_report(episodes, gamma, learned_aux):
@@ -266,7 +273,8 @@ def main(argv=None):
     unseen = [ep for ep in out_eps if held_out(ep, holdout)]
     summary = {"stage": "04_gae", "advantage": args.advantage, "rewards": args.rewards, "with_aux": with_aux,
                "gamma": gamma, "lam": args.lam, **advantage_report(trained, gamma, learned_aux),
-               "heldout": heldout_report(unseen, gamma) if unseen else None}
+               "heldout": heldout_report(unseen, gamma) if unseen else None,
+               "mistakes_self": mistake_view([ep for ep in out_eps if ep["source"] == "self"])}
     save_episodes(args.out, out_eps, summary, args, args.metrics)  # and FILE.json, the summary
     how = {"qv": "Q - V", "outcome": "R - mean(R), the outcome-level baseline (no critic)"}.get(
         args.advantage, "GAE on r_env + r_aux" if with_aux else "GAE on r_env")
@@ -279,6 +287,10 @@ def main(argv=None):
                      f"(return {c['ret_mean']:+.3f})" for k, c in summary["critic_by_source"].items())
     print(f"04_gae: the critic in-sample (the {len(trained)} episodes it trained on): explained variance of returns "
           f"{summary['explained_variance']:.3f}; {crit}")
+    view = summary["mistakes_self"]
+    if view["steps_harmful"] and view["steps_correct"]:
+        print(f"04_gae: A_t at harmful steps (a flawed item used) {view['adv_harmful']:+.3f} (n={view['steps_harmful']}"
+              f"), at correct ones {view['adv_correct']:+.3f} (n={view['steps_correct']}), over the self episodes")
     if unseen:
         h = summary["heldout"]
         print(f"04_gae: the critic on {h['episodes']} self episodes it never trained on (03 --holdout {holdout}): "
