@@ -117,7 +117,7 @@ def auc(scores, labels):
 
 def mistake_view(episodes):
     """Where the environment can tell a mistake (kitchen's judge: a flawed item used, against the good one): V just
-    after a harmful step and just after a correct one, the mean A_t at each, and how many steps each."""
+    after a harmful step and just after a correct one, the mean A_t at each and its spread (std), how many steps."""
     after, adv = {"harmful": [], "correct": []}, {"harmful": [], "correct": []}
     for ep in episodes:
         prev = [ep["obs0"]] + [s["obs"] for s in ep["steps"]]
@@ -129,6 +129,7 @@ def mistake_view(episodes):
                     after[kind].append(ep["steps"][t + 1]["v"])
     mean = lambda x: float(np.mean(x)) if len(x) else float("nan")
     return {**{f"v_after_{k}": mean(x) for k, x in after.items()}, **{f"adv_{k}": mean(x) for k, x in adv.items()},
+            **{f"adv_{k}_std": float(np.std(x)) if x else float("nan") for k, x in adv.items()},
             **{f"steps_{k}": len(x) for k, x in adv.items()}}
 
 
@@ -289,8 +290,9 @@ def main(argv=None):
           f"{summary['explained_variance']:.3f}; {crit}")
     view = summary["mistakes_self"]
     if view["steps_harmful"] and view["steps_correct"]:
-        print(f"04_gae: A_t at harmful steps (a flawed item used) {view['adv_harmful']:+.3f} (n={view['steps_harmful']}"
-              f"), at correct ones {view['adv_correct']:+.3f} (n={view['steps_correct']}), over the self episodes")
+        print(f"04_gae: A_t at harmful steps (a flawed item used) {view['adv_harmful']:+.3f} +- "
+              f"{view['adv_harmful_std']:.3f} (n={view['steps_harmful']}), at correct ones {view['adv_correct']:+.3f} +- "
+              f"{view['adv_correct_std']:.3f} (n={view['steps_correct']}), over the self episodes (mean +- std)")
     if unseen:
         h = summary["heldout"]
         print(f"04_gae: the critic on {h['episodes']} self episodes it never trained on (03 --holdout {holdout}): "

@@ -550,3 +550,4 @@ def test_heldout_report_and_the_view_of_a_mistake_by_hand(stages):
     assert (out["v_after_harmful"], out["v_after_correct"]) == pytest.approx((0.1, 0.8))  # last steps: terminal
     assert (out["adv_harmful"], out["adv_correct"], out["steps_harmful"], out["steps_correct"]) == \
         pytest.approx((-0.3, (0.2 + 0.1 - 0.1) / 3, 1, 3))
+    assert (out["adv_harmful_std"], out["adv_correct_std"]) == pytest.approx((0.0, np.std([0.2, 0.1, -0.1])))
