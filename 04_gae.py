@@ -291,8 +291,9 @@ def main(argv=None):
     view = summary["mistakes_self"]
     if view["steps_harmful"] and view["steps_correct"]:
         print(f"04_gae: A_t at harmful steps (a flawed item used) {view['adv_harmful']:+.3f} +- "
-              f"{view['adv_harmful_std']:.3f} (n={view['steps_harmful']}), at correct ones {view['adv_correct']:+.3f} +- "
-              f"{view['adv_correct_std']:.3f} (n={view['steps_correct']}), over the self episodes (mean +- std)")
+              f"{view['adv_harmful_std']:.3f} (n={view['steps_harmful']}), at correct ones "
+              f"{view['adv_correct']:+.3f} +- {view['adv_correct_std']:.3f} (n={view['steps_correct']}), over the self "
+              "episodes (mean +- std)")
     if unseen:
         h = summary["heldout"]
         print(f"04_gae: the critic on {h['episodes']} self episodes it never trained on (03 --holdout {holdout}): "
