@@ -7,7 +7,6 @@ saves a diverged update (check_finite). The torchrun helpers at the bottom are a
 `python` run (docs/distributed.md).
 """
 import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -24,6 +23,7 @@ import time
 import numpy as np
 import torch
 import torch.utils.checkpoint
+from filelock import FileLock
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
@@ -284,8 +284,11 @@ def check_out(path, kind, inputs=()):
     if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
         die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl")
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if is_main():  # the process that writes (under torchrun, rank 0) clears leftovers: no race
-            recover(p)
+        if is_main() and temporaries(p):  # the process that writes (under torchrun, rank 0) clears leftovers
+            # beside a metrics file, which the stages of a run share, a temporary may be another stage's append in
+            # progress: it is a leftover only while this stage holds the file's lock (log_metrics)
+            with metrics_lock(p) if kind == "log" else contextlib.nullcontext():
+                recover(p)
         if os.path.lexists(p) and not owned(p, kind):
             die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
     if not is_main():
@@ -367,17 +370,20 @@ def open_log(path, writer, note=""):
     return f
 
 
+def metrics_lock(path):
+    """The lock of a metrics file, which the stages that run at once on one run share (bench/gpu_lab.sh): filelock's
+    lock on '.NAME.lock' beside it, an OS lock that goes when its holder ends, however it ends."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return FileLock(os.path.join(folder, f".{name}.lock"))
+
+
 def log_metrics(path, *records):
     """Append records to --metrics (if given), atomically: a full disk leaves the file as it was. Stages that run
-    at once on one run (bench/gpu_lab.sh) take turns: each holds a lock on the folder from read to write."""
+    at once on one run take turns: each holds the file's lock from read to write (and check_out while it clears)."""
     if path:
-        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            fcntl.flock(folder, fcntl.LOCK_EX)  # released when closed
+        with metrics_lock(path):
             old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
             save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
-        finally:
-            os.close(folder)
 
 
 EPISODE_KEYS = {"env": str, "task_id": str, "instruction": str, "task": str, "obs0": str, "steps": list,

@@ -498,7 +498,7 @@ def test_full_disk_while_appending_metrics_is_one_line(stages, tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "No space left on device" in err[0], err
     assert metrics.read_text() == json.dumps({"stage": "01_bc", "epoch": 1}) + "\n"
-    assert os.listdir(tmp_path) == ["metrics.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == [".metrics.jsonl.lock", "metrics.jsonl"]  # and the lock's (empty) file
 
 
 def test_failed_write_keeps_the_old_artifact_and_leaves_no_temporary(stages, tmp_path, capsys):
@@ -804,3 +804,33 @@ def test_cause_5_under_torchrun_one_rank_reports(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     errors = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("*", "Setting OMP"))]
     assert proc.returncode == 2 and len(errors) == 1 and "--episodes must be" in errors[0], proc.stderr
+
+
+# ---- issue 75: settings checked before any work, one run per folder, one lock for the metrics (each test failed
+# on d4bd935)
+def _append_metrics(path, n):
+    for i in range(n):
+        plumbing.log_metrics(path, {"stage": "01_bc", "i": i})
+
+
+def _start_stages(path, n):
+    for _ in range(n):
+        plumbing.check_out(path, "log")
+
+
+def test_a_stage_that_starts_deletes_no_append_in_progress(tmp_path):
+    """Cause 2: check_out cleared what lay beside a metrics file without the lock log_metrics holds, so a stage that
+    started could delete another's append in progress: both died. Two writers of 100 records and two starters of 500
+    check_outs, all at once on one file, each process given 2 minutes: every one ends well, every record is kept."""
+    import multiprocessing
+    path = str(tmp_path / "metrics.jsonl")
+    fork = multiprocessing.get_context("fork")
+    procs = ([fork.Process(target=_append_metrics, args=(path, 100)) for _ in range(2)]
+             + [fork.Process(target=_start_stages, args=(path, 500)) for _ in range(2)])
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        p.kill()  # one still running after its 2 minutes
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert len(open(path).read().splitlines()) == 200
