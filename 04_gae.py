@@ -64,7 +64,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the diagnostics to this JSONL file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    moot = [f"--{k}" for k in ("gamma", "lam", "rewards") if getattr(args, k) != p.get_default(k)]
+    if args.advantage == "outcome" and moot:  # R - mean(R): no discount, no GAE, no critic
+        die(f"--advantage outcome (R - mean(R)) has no use for {' '.join(moot)}; drop it")
+    return args
 
 
 # ----------------------------------------------------------------------------------------
@@ -244,7 +248,11 @@ def main(argv=None):
         aucs += " (nan: the self episodes there are all successes or all failures, one class only)"
     crit = "  ".join(f"{k}: V {c['v_mean']:+.3f}+-{c['v_std']:.3f} Q {c['q_mean']:+.3f}+-{c['q_std']:.3f} "
                      f"(return {c['ret_mean']:+.3f})" for k, c in summary["critic_by_source"].items())
-    print(f"04_gae: the critic: explained variance of returns {summary['explained_variance']:.3f}; {crit}")
+    if args.advantage != "outcome":
+        print(f"04_gae: the critic: explained variance of returns {summary['explained_variance']:.3f}; {crit}")
+    elif len({ep["reward"] for ep in episodes}) == 1:  # one outcome for all: A_t = 0 everywhere
+        print(f"04_gae: every episode has the return {episodes[0]['reward']:g}: nothing to compare (the outcome "
+              "advantage needs episodes of different returns, one success and one failure); every A_t is 0")
     print(f"04_gae: A_t = {how}\n04_gae: mean advantage by source: {src}\n04_gae: mean advantage by label:  {lab}\n"
           f"04_gae: AUC of V(s_t) for the episode's success (self): {aucs}, every state "
           f"{summary['auc_v_self_every_state']:.3f} -> {args.out}")

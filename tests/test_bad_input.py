@@ -834,3 +834,128 @@ def test_a_stage_that_starts_deletes_no_append_in_progress(tmp_path):
         p.kill()  # one still running after its 2 minutes
     assert [p.exitcode for p in procs] == [0] * 4
     assert len(open(path).read().splitlines()) == 200
+
+
+def test_the_lab_checks_every_setting_before_anything_runs(tmp_path):
+    """Cause 1: bench/gpu_lab.sh read DEADLINE with bash's arithmetic, unchecked (DEADLINE='K[$(touch FILE)0]' ran the
+    command; 'abc' failed after the lab had written its first logs), took --help for a start, and met ENVS=nosuch,
+    SEEDS='0 0' or a bad setting of run_all.sh only in its runs. Each is one error line, exit 2, nothing written;
+    --help prints the settings."""
+    planted = tmp_path / "planted"
+    env = {**os.environ, "LAB": str(tmp_path / "lab"), "DRY": "1", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    lab = lambda *args, **settings: subprocess.run(["bash", "bench/gpu_lab.sh", *args], cwd=ROOT,
+                                                   env={**env, **settings}, capture_output=True, text=True)
+    proc = lab("--help")
+    assert proc.returncode == 0 and "DEADLINE=S" in proc.stdout and "SEEDS" in proc.stdout and proc.stderr == ""
+    for args, settings, message in [((), {"DEADLINE": f"K[$(touch {planted})0]"}, "DEADLINE must be seconds"),
+                                    ((), {"DEADLINE": "abc"}, "DEADLINE must be"),
+                                    ((), {"DEADLINE": "1e3"}, "DEADLINE must be"),
+                                    (("--seeds", "0"), {}, "takes no arguments"),
+                                    ((), {"SEEDS": "0 0"}, "SEEDS names one twice"),
+                                    ((), {"ENVS": "nosuch"}, "unknown env 'nosuch'"),
+                                    ((), {"N_EVAL": "100000"}, "N_EVAL=100000: household's split 'seen' has 100")]:
+        proc = lab(*args, **settings)
+        assert one_line(proc) and message in proc.stderr, (settings, proc.stderr)
+        assert os.listdir(tmp_path) == []
+
+
+def _python_stub(tmp_path, stage):
+    """A PYTHON for run_all.sh: python for plumbing.py, `stage` (shell) for every stage."""
+    stub = tmp_path / "bin" / "python"
+    stub.parent.mkdir()
+    stub.write_text(f'#!/bin/sh\ncase "$1" in plumbing.py) exec {sys.executable} "$@" ;; esac\n{stage}\n')
+    stub.chmod(0o755)
+    return str(stub)
+
+
+def test_one_run_at_a_time_in_a_folder_and_a_killed_one_resumes(tmp_path):
+    """Cause 3: two run_all.sh on one RUN both ran every stage, and every metrics record was written twice. A run now
+    holds RUN (RUN/.lock) while it runs: a second one is one error line and exit 2; the lock of a run killed with
+    kill -9 goes with its processes, and the same command resumes at once. (Its stages sleep: a stub PYTHON.)"""
+    import signal
+    env = {**os.environ, "SMOKE": "1", "RUN": str(tmp_path / "run"), "BASE_CACHE": str(tmp_path / "base"),
+           "PYTHON": _python_stub(tmp_path, "exec sleep 120"), "OMP_NUM_THREADS": "1"}
+    started = []
+
+    def start():
+        started.append(subprocess.Popen(["bash", "run_all.sh"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True, start_new_session=True))
+        return started[-1]
+    try:
+        first = start()
+        assert first.stdout.readline().startswith("== ")  # its first stage runs
+        before = snapshot(tmp_path)
+        second = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert one_line(second) and "is in use: a run holds its lock" in second.stderr and second.stdout == ""
+        assert snapshot(tmp_path) == before
+        os.killpg(first.pid, signal.SIGKILL)  # the whole run, as a kill -9 of its process group
+        first.wait()
+        assert start().stdout.readline().startswith("== ")  # the resume: past the lock, its first stage runs
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_a_resume_with_other_settings_is_refused(tmp_path):
+    """Cause 4: resuming a run with SEED=5 N_EXPERT=3 KEEP_OLD=1 skipped every stage and rewrote results.md as if the
+    run had those settings. Its first start now records the settings that shape the run (RUN/settings.json); a resume
+    with others is one error line naming each with both values, exit 2, nothing written. The settings that only add
+    evaluations or say how to run may change. (Its stages fail at once: a stub PYTHON.)"""
+    env = {**os.environ, "SMOKE": "1", "RUN": str(tmp_path / "run"), "BASE_CACHE": str(tmp_path / "base"),
+           "PYTHON": _python_stub(tmp_path, "exit 3"), "OMP_NUM_THREADS": "1"}
+    run = lambda **settings: subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env={**env, **settings},
+                                            capture_output=True, text=True)
+    assert run().returncode == 3  # recorded, then its first stage failed
+    record = json.loads((tmp_path / "run/settings.json").read_text())
+    assert record["stage"] == "run_all.sh" and record["SEED"] == "0" and record["N_EXPERT"] == "16"
+    assert "N_EVAL" not in record and "THREADS" not in record
+    before = snapshot(tmp_path)
+    for how in ([], ["--check"]):
+        proc = subprocess.run(["bash", "run_all.sh", *how], cwd=ROOT, capture_output=True, text=True,
+                              env={**env, "SEED": "5", "N_EXPERT": "3", "KEEP_OLD": "1"})
+        assert one_line(proc) and "was made with SEED=0 N_EXPERT=16 KEEP_OLD=0; this run has SEED=5 N_EXPERT=3 " \
+                                  "KEEP_OLD=1" in proc.stderr, proc.stderr
+        assert snapshot(tmp_path) == before
+    assert run(EVAL_SPLITS="dev", N_EVAL="2", THREADS="2").returncode == 3  # past the record: its first stage
+
+
+SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 5}', "N_EXPERT": "16", "N_SELF": "6",
+                  "KEEP_OLD": "0", "BASE": "pretrained", "PRETRAIN_ARGS": "--episodes 16 --d-model 32 --n-heads 2",
+                  "BC_ARGS": "--epochs 1", "COLLECT_ARGS": "--max-new-tokens 16 --num-envs 6", "CRITIC_ARGS": "",
+                  "GAE_ARGS": "", "BPPO_ARGS": "--epochs 1", "RFT_ARGS": "--epochs 2 --lr 1e-3",
+                  "OUTCOME_ARGS": "--epochs 1", "EVAL_SPLITS": "seen unseen", "EVAL_WORLDS": "0 1", "N_EVAL": "4"}
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("EVAL_SPLITS=seen bogus", "unknown split 'bogus' for env 'household'"),
+    ("N_EVAL=100000", "N_EVAL=100000: household's split 'seen' has 100 tasks"),
+    ("N_EXPERT=5000", "N_EXPERT=5000: household's split 'train' has 1000 tasks"),
+    ("ENV=nosuch", "unknown env 'nosuch'"), ('ENV_KWARGS={"n_seen": 1000000000}', "n_seen must be in"),
+    ("OUTCOME_ARGS=--bogus 1", "OUTCOME_ARGS='--bogus 1': 05_bppo.py refuses it: unrecognized arguments: --bogus 1"),
+    ("RFT_ARGS=--epochs 0", "RFT_ARGS='--epochs 0': 01_bc.py refuses it: --epochs must be at least 1"),
+    ("PRETRAIN_ARGS=--d-model", "PRETRAIN_ARGS=--d-model: 00_pretrain.py refuses it: argument --d-model: expected"),
+    ("COLLECT_ARGS=--temperature hot", "02_collect.py refuses it: argument --temperature: invalid float value"),
+    ("CRITIC_ARGS=--tau 2", "CRITIC_ARGS='--tau 2': 03_critic.py refuses it: --tau must be in (0, 1)"),
+    ("GAE_ARGS=--advantage outcome --lam 0.5", "04_gae.py refuses it: --advantage outcome (R - mean(R)) has no use"),
+    ("BPPO_ARGS=--help", "BPPO_ARGS=--help: 05_bppo.py refuses it: --help prints the stage's help")])
+def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
+    """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
+    default run), OUTCOME_ARGS='--bogus 1' after 02 and 04 with argparse's 12-line usage, and no other *_ARGS was
+    checked. run_all.sh's first step, python plumbing.py start, checks them (here as run_all.sh --check asks it):
+    one error line, exit 2, nothing written."""
+    name, value = setting.split("=", 1)
+    settings = {**SMOKE_SETTINGS, name: value}
+    proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
+    assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_run_all_checks_the_stages_flags_as_a_user_sees_it(tmp_path):
+    env = {**os.environ, "RUN": str(tmp_path / "run"), "BASE_CACHE": str(tmp_path / "base"), "SMOKE": "1",
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "OUTCOME_ARGS": "--bogus 1"}
+    proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert one_line(proc) and "OUTCOME_ARGS='--bogus 1'" in proc.stderr and proc.stdout == "", proc.stderr
+    assert os.listdir(tmp_path) == []
+
