@@ -959,3 +959,75 @@ def test_run_all_checks_the_stages_flags_as_a_user_sees_it(tmp_path):
     assert one_line(proc) and "OUTCOME_ARGS='--bogus 1'" in proc.stderr and proc.stdout == "", proc.stderr
     assert os.listdir(tmp_path) == []
 
+
+def bench_run(run, k):
+    """A run of run_all.sh as bench/seeds.py reads it: the summaries, the episodes of every evaluation, a record."""
+    fake_run(run, k=k)
+    (run / "data/expert.jsonl").write_text(episode() + "\n")
+    for summary in run.glob("eval/world0/*.json"):
+        summary.with_suffix(".jsonl").write_text(episode() + "\n")
+    (run / "settings.json").write_text(json.dumps({"stage": "run_all.sh", "SEED": "0", "N_SELF": "6"}))
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("bench/seeds.py", ["--table-only", "--seeds", "0", "--prefix", "{d}/none"], "none0: no run of run_all.sh there"),
+    ("bench/seeds.py", ["--table-only", "--seeds", "0", "--prefix", ""], "--prefix is empty"),
+    ("bench/seeds.py", ["--table-only", "--seeds", "0", "1", "--prefix", "{d}/run"], "run1: no run of run_all.sh"),
+    ("bench/ablation.py", ["--table-only", "--seeds", "0", "--prefix", "{d}/none"], "none0: no run of run_all.sh"),
+    ("bench/ablation.py", ["--table-only", "--seeds", "0", "--prefix", " "], "--prefix is empty"),
+    ("bench/ablation.py", ["--table-only", "--seeds", "0", "1", "--prefix", "{d}/run"], "run1: no run of run_all.sh"),
+    ("bench/mistakes.py", ["{d}/missing.jsonl"], "missing.jsonl: not an episode JSONL of 02_collect.py or 04_gae.py "
+                                                 "(No such file or directory)"),
+    ("bench/mistakes.py", ["{d}/empty.jsonl"], "empty.jsonl: no episodes in it"),
+    ("bench/mistakes.py", ["{d}"], "not an episode JSONL of 02_collect.py or 04_gae.py (Is a directory)"),
+    ("bench/mistakes.py", ["{d}/notes.md"], "notes.md: not an episode JSONL"),
+    ("bench/mistakes.py", ["{d}/run0/settings.json"], "settings.json: not an episode JSONL")])
+def test_bench_scripts_say_one_line_where_a_traceback_was(script, args, message, tmp_path, in_process, monkeypatch):
+    """Cause 6: seeds.py and ablation.py --table-only with a missing or empty --prefix or a missing seed, and
+    mistakes.py on a missing, empty or non-JSONL file or a folder, ended in a traceback. Each is one error line, exit 2,
+    nothing written."""
+    bench_run(tmp_path / "run0", k=1)
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "notes.md").write_text("# my notes\n")
+    before = snapshot(tmp_path)
+    monkeypatch.chdir(ROOT)
+    module = load_module(script, os.path.splitext(os.path.basename(script))[0])
+    proc = in_process(module, *[a.format(d=tmp_path) for a in args] + (["--out", str(tmp_path / "t.md")]
+                                                                      if script != "bench/mistakes.py" else []),
+                      check=False)
+    assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_settings_that_mean_nothing_are_refused_and_a_table_says_what_made_it(stages, tmp_path, in_process,
+                                                                             monkeypatch):
+    """Cause 7: ALGOS='qevolve qevolve' gave a duplicate row; NPROC=0 was read as 1; 04 --advantage outcome took and
+    recorded --lam and --rewards critic, which do nothing there, and on an all-failure buffer printed 'explained
+    variance of returns 1.000' and a critic's line; seeds.py --table-only on a K=1 run wrote 'K=2, default settings'
+    in its header and 'not run' for a seed that ran."""
+    for name, value, message in (("ALGOS", "qevolve qevolve", "ALGOS names an algorithm twice"),
+                                 ("NPROC", "0", "NPROC must be at least 1")):
+        env = {**os.environ, "RUN": str(tmp_path / "r"), "BASE_CACHE": str(tmp_path / "b"), "PYTHON": "echo",
+               "SMOKE": "1", name: value}
+        proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert one_line(proc) and message in proc.stderr and proc.stdout == "", proc.stderr
+        assert os.listdir(tmp_path) == []
+    buffer = tmp_path / "failures.jsonl"
+    buffer.write_text(episode() + "\n" + episode(task_id="train/00001") + "\n")
+    gae = lambda *flags: in_process(stages["04_gae"], "--data", buffer, "--advantage", "outcome", "--out",
+                                    tmp_path / "adv.jsonl", "--threads", 1, *flags, check=False)
+    for flags in (["--lam", "0.9"], ["--rewards", "critic"], ["--gamma", "0.9"]):
+        proc = gae(*flags)
+        assert one_line(proc) and f"has no use for {flags[0]}" in proc.stderr, proc.stderr
+    proc = gae()
+    assert proc.returncode == 0 and "nothing to compare" in proc.stdout and "explained variance" not in proc.stdout
+    bench_run(tmp_path / "run0", k=1)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("EVAL_SPLITS", "seen")
+    monkeypatch.delenv("K", raising=False)
+    in_process(load_module("bench/seeds.py", "seeds"), "--table-only", "--seeds", "0", "--prefix", tmp_path / "run",
+               "--out", tmp_path / "t.md")
+    table = (tmp_path / "t.md").read_text()
+    assert "(K=1, run_all.sh's settings as the runs recorded them: N_SELF=6; " in table, table
+    assert "| Q-Evolve iter 1 (policy_1) | " in table and "policy_2" not in table and "not run" not in table, table
+
