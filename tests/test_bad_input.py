@@ -1046,3 +1046,14 @@ def test_the_readme_test_command_passes_without_the_optional_packages(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0 and " failed" not in proc.stdout, proc.stdout[-3000:]
     assert "SKIPPED" in proc.stdout and "requirements-plot.txt" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_stage_times_takes_the_start_of_run_all_for_no_launch(tmp_path):
+    """run_all.sh's start (python plumbing.py start) becomes the run, so under bench/stage_times.py's GNU time its wall
+    is the whole run's: not a launch of the table."""
+    log = tmp_path / "times.csv"
+    log.write_text("1.0,0.5,0.1,python 01_bc.py --data x\n"
+                   "900.0,800,10,python plumbing.py start r SEED=0 -- bash run_all.sh\n"
+                   "0.5,0.4,0.1,python plumbing.py results r 1 0 qevolve seen\n")
+    launches = load_module("bench/stage_times.py", "stage_times").launches(str(log))
+    assert [(stage, wall) for stage, _, wall, _ in launches] == [("01_bc", 1.0), ("results table", 0.5)]
