@@ -933,8 +933,10 @@ def start_run(run, settings, command):
     (check_settings), and those that shape what the run writes (all but EVAL_ONLY) compared with RUN/settings.json,
     which its first start recorded: a resume with others would mix two runs. With COMMAND (run_all.sh again): RUN
     locked first (lock), the record written when new, then this process becomes COMMAND, holding the lock. Without
-    (run_all.sh --check) nothing is written."""
-    check_settings(settings)
+    (run_all.sh --check) nothing is written. A RUN held by the caller (bench/gpu_lab.sh) had its settings checked by
+    the caller (run_all.sh --check), which starts many runs of it."""
+    if os.path.realpath(run) not in os.environ.get("QEVOLVE_LOCKED", "").split("\n"):
+        check_settings(settings)
     if command:
         lock([run])
     path, record = os.path.join(run, "settings.json"), {k: v for k, v in settings.items() if k not in EVAL_ONLY}
