@@ -64,7 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the diagnostics to this JSONL file")
-    args = p.parse_args(argv)
+    args = p.parse_args(argv)  # every flag is checked before any work
+    check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", seed="a seed in [0, 2**32)",
+                threads="non-negative")
     moot = [f"--{k}" for k in ("gamma", "lam", "rewards") if getattr(args, k) != p.get_default(k)]
     if args.advantage == "outcome" and moot:  # R - mean(R): no discount, no GAE, no critic
         die(f"--advantage outcome (R - mean(R)) has no use for {' '.join(moot)}; drop it")
@@ -220,9 +222,8 @@ def critic_advantages(args, episodes, device, amp):
 
 def main(argv=None):
     args = parse_args(argv)
-    # Every input is checked before any work; --out and its summary are written once every advantage is in.
-    check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", seed="a seed in [0, 2**32)",
-                threads="non-negative")
+    # Every input is checked before any work (the flags: parse_args); --out and its summary are written once every
+    # advantage is in.
     if (args.advantage == "outcome") == bool(args.critic):
         die("--critic is required, except with --advantage outcome, which uses none")
     _, device, amp = start(args, "04_gae", args.data + [args.critic] * bool(args.critic))  # --out, seed, device

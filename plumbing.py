@@ -947,8 +947,8 @@ def start_run(run, settings, command):
         differ = [k for k in record if k in old and old[k] != record[k]]
         if differ:
             said = lambda r: " ".join(f"{k}={shlex.quote(r[k])}" for k in differ)
-            die(f"{run} was made with {said(old)}; this run has {said(record)} ({path}): resume it with the settings "
-                "it was made with, or pick another RUN")
+            die(f"{run} was made with {said(old)}; this run has {said(record)}: resume it with the settings it was "
+                f"made with, or pick another RUN (or, if nothing in it was made with them, remove {path})")
     elif command:
         check_out(path, "settings")
         save_text(path, json.dumps({"stage": "run_all.sh", **record}, indent=2) + "\n")

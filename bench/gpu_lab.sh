@@ -64,8 +64,8 @@ for v in SEEDS ENVS; do  # one run folder per env and seed
 done
 
 if [ "$DRY" = 1 ]; then
-  chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 RFT_ARGS="--epochs 1"
-         BC_ARGS="--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400")
+  chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 RFT_ARGS="${RFT_ARGS:-"--epochs 1"}"
+         BC_ARGS="${BC_ARGS:-"--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}")
   report="$LAB/gpu_lab.md"
 else
   # one check for a GPU, here: its run_all.sh calls skip theirs (CPU_OK=1)

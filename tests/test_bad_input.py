@@ -853,7 +853,8 @@ def test_the_lab_checks_every_setting_before_anything_runs(tmp_path):
                                     (("--seeds", "0"), {}, "takes no arguments"),
                                     ((), {"SEEDS": "0 0"}, "SEEDS names one twice"),
                                     ((), {"ENVS": "nosuch"}, "unknown env 'nosuch'"),
-                                    ((), {"N_EVAL": "100000"}, "N_EVAL=100000: household's split 'seen' has 100")]:
+                                    ((), {"N_EVAL": "100000"}, "N_EVAL=100000: household's split 'seen' has 100"),
+                                    ((), {"BC_ARGS": "--bogus 1"}, "BC_ARGS='--bogus 1': 01_bc.py refuses it")]:
         proc = lab(*args, **settings)
         assert one_line(proc) and message in proc.stderr, (settings, proc.stderr)
         assert os.listdir(tmp_path) == []
@@ -939,12 +940,16 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("COLLECT_ARGS=--temperature hot", "02_collect.py refuses it: argument --temperature: invalid float value"),
     ("CRITIC_ARGS=--tau 2", "CRITIC_ARGS='--tau 2': 03_critic.py refuses it: --tau must be in (0, 1)"),
     ("GAE_ARGS=--advantage outcome --lam 0.5", "04_gae.py refuses it: --advantage outcome (R - mean(R)) has no use"),
-    ("BPPO_ARGS=--help", "BPPO_ARGS=--help: 05_bppo.py refuses it: --help prints the stage's help")])
+    ("BPPO_ARGS=--help", "BPPO_ARGS=--help: 05_bppo.py refuses it: --help prints the stage's help"),
+    ("GAE_ARGS=--lam 5", "GAE_ARGS='--lam 5': 04_gae.py refuses it: --lam must be in [0, 1], got 5.0"),
+    ("COLLECT_ARGS=--num-envs 0", "02_collect.py refuses it: --num-envs must be at least 1, got 0"),
+    ("PRETRAIN_ARGS=--d-model 0", "00_pretrain.py refuses it: --d-model must be at least 1, got 0")])
 def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
     """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
     default run), OUTCOME_ARGS='--bogus 1' after 02 and 04 with argparse's 12-line usage, and no other *_ARGS was
-    checked. run_all.sh's first step, python plumbing.py start, checks them (here as run_all.sh --check asks it):
-    one error line, exit 2, nothing written."""
+    checked (00, 02 and 04 now check their flags in parse_args too, as 01, 03 and 05 did). run_all.sh's first step,
+    python plumbing.py start, checks them (here as run_all.sh --check asks it): one error line, exit 2, nothing
+    written."""
     name, value = setting.split("=", 1)
     settings = {**SMOKE_SETTINGS, name: value}
     proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
