@@ -72,7 +72,17 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed (corpus and training)")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)  # every flag is checked before any work
+    check_flags(args, episodes="at least 1", epochs="at least 1", batch_size="at least 1", lr="positive",
+                weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", p_random="in [0, 1]",
+                qa="in [0, 1]", d_model="at least 1", n_layers="at least 1", n_heads="at least 1",
+                vocab_size="at least 1", max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative",
+                env_seed="a seed in [0, 2**32)")
+    if args.d_model % args.n_heads:
+        die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
+    check_memory(model_bytes(args.vocab_size, args.d_model, args.n_layers),
+                 f"--vocab-size {args.vocab_size} --d-model {args.d_model} --n-layers {args.n_layers}")
+    return args
 
 
 # ----------------------------------------------------------------------------------------
@@ -139,16 +149,7 @@ def build_corpus(env, n, rng, p_random, qa):
 
 def main(argv=None):
     args = parse_args(argv)
-    # Every input is checked before any work, and --out is replaced only by a finished model.
-    check_flags(args, episodes="at least 1", epochs="at least 1", batch_size="at least 1", lr="positive",
-                weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", p_random="in [0, 1]",
-                qa="in [0, 1]", d_model="at least 1", n_layers="at least 1", n_heads="at least 1",
-                vocab_size="at least 1", max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative",
-                env_seed="a seed in [0, 2**32)")
-    if args.d_model % args.n_heads:
-        die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
-    check_memory(model_bytes(args.vocab_size, args.d_model, args.n_layers),
-                 f"--vocab-size {args.vocab_size} --d-model {args.d_model} --n-layers {args.n_layers}")
+    # Every input is checked before any work (the flags: parse_args), and --out is replaced only by a finished model.
     check_out(args.out, "policy")
     if args.metrics:
         check_out(args.metrics, "log", [args.out])

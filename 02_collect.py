@@ -83,7 +83,14 @@ def parse_args(argv=None):
                         "on a CPU the same steps run eagerly. The replies of the plain steps up to float rounding")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the summary to this JSONL file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)  # every flag is checked before any work
+    check_flags(args, episodes="non-negative", seed="a seed in [0, 2**32)", num_envs="at least 1",
+                max_new_tokens="at least 1", threads="non-negative", r_fmt="in [-100, 100]", r_inv="in [-100, 100]",
+                r_repeat="in [-100, 100]")
+    check_rerank(args)
+    if not args.greedy:
+        check_flags(args, temperature="positive")
+    return args
 
 
 # ----------------------------------------------------------------------------------------
@@ -234,16 +241,11 @@ class ModelPolicy:
 
 def main(argv=None):
     args = parse_args(argv)
-    # Every input is checked before any work; --out and its summary are written once every episode is in.
-    check_flags(args, episodes="non-negative", seed="a seed in [0, 2**32)", num_envs="at least 1",
-                max_new_tokens="at least 1", threads="non-negative", r_fmt="in [-100, 100]", r_inv="in [-100, 100]",
-                r_repeat="in [-100, 100]")
-    check_rerank(args)
+    # Every input is checked before any work (the flags: parse_args); --out and its summary are written once every
+    # episode is in.
     if args.policy != "expert":  # every slot's KV cache (and each candidate's), one estimate before any work
         flags = f"--num-envs {args.num_envs}" + (f" --candidates {args.candidates}" if args.rerank else "")
         check_memory(kv_bytes(args.policy, args.num_envs * (args.candidates if args.rerank else 1)), flags)
-    if not args.greedy:
-        check_flags(args, temperature="positive")
     env_kwargs = parse_env_kwargs(args.env_kwargs)
     runs = plan_runs(args, env_kwargs)  # one (args, task ids) per (world, split) pair (rollout.py); one policy load
     inputs = [p for p in (args.policy, args.rerank) if p and p != "expert"]

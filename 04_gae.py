@@ -65,7 +65,13 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(p)  # --threads, --precision
     p.add_argument("--metrics", default="", help="append the diagnostics to this JSONL file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)  # every flag is checked before any work
+    check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", seed="a seed in [0, 2**32)",
+                threads="non-negative")
+    moot = [f"--{k}" for k in ("gamma", "lam", "rewards") if getattr(args, k) != p.get_default(k)]
+    if args.advantage == "outcome" and moot:  # R - mean(R): no discount, no GAE, no critic
+        die(f"--advantage outcome (R - mean(R)) has no use for {' '.join(moot)}; drop it")
+    return args
 
 
 # ----------------------------------------------------------------------------------------
@@ -254,9 +260,8 @@ def critic_advantages(args, episodes, device, amp):
 
 def main(argv=None):
     args = parse_args(argv)
-    # Every input is checked before any work; --out and its summary are written once every advantage is in.
-    check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", seed="a seed in [0, 2**32)",
-                threads="non-negative")
+    # Every input is checked before any work (the flags: parse_args); --out and its summary are written once every
+    # advantage is in.
     if (args.advantage == "outcome") == bool(args.critic):
         die("--critic is required, except with --advantage outcome, which uses none")
     _, device, amp = start(args, "04_gae", args.data + [args.critic] * bool(args.critic))  # --out, seed, device
@@ -286,8 +291,12 @@ def main(argv=None):
         aucs += " (nan: the self episodes there are all successes or all failures, one class only)"
     crit = "  ".join(f"{k}: V {c['v_mean']:+.3f}+-{c['v_std']:.3f} Q {c['q_mean']:+.3f}+-{c['q_std']:.3f} "
                      f"(return {c['ret_mean']:+.3f})" for k, c in summary["critic_by_source"].items())
-    print(f"04_gae: the critic in-sample (the {len(trained)} episodes it trained on): explained variance of returns "
-          f"{summary['explained_variance']:.3f}; {crit}")
+    if args.advantage != "outcome":
+        print(f"04_gae: the critic in-sample (the {len(trained)} episodes it trained on): explained variance of "
+              f"returns {summary['explained_variance']:.3f}; {crit}")
+    elif len({ep["reward"] for ep in episodes}) == 1:  # one outcome for all: A_t = 0 everywhere
+        print(f"04_gae: every episode has the return {episodes[0]['reward']:g}: nothing to compare (the outcome "
+              "advantage needs episodes of different returns, one success and one failure); every A_t is 0")
     view = summary["mistakes_self"]
     if view["steps_harmful"] and view["steps_correct"]:
         print(f"04_gae: A_t at harmful steps (a flawed item used) {view['adv_harmful']:+.3f} +- "

@@ -7,7 +7,8 @@ saves a diverged update (check_finite). The torchrun helpers at the bottom are a
 `python` run (docs/distributed.md).
 """
 import contextlib
-import fcntl
+import importlib
+import io
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ import os
 import random
 import re
 import resource
+import shlex
 import shutil
 import signal
 import sys
@@ -25,6 +27,7 @@ import zlib
 import numpy as np
 import torch
 import torch.utils.checkpoint
+from filelock import FileLock, Timeout
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
@@ -152,7 +155,8 @@ ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py
              "bench_json": ("a measurement JSON written by bench/ (its 'stage')", ("bench/model_throughput.py",)),
              "run_log": ("a run log written by bench/ (seeds.py, ablation.py, gpu_lab.sh)",
                          ("bench/seeds.py", "bench/ablation.py", "bench/gpu_lab.sh")),
-             "results": ("a results table written by run_all.sh", ("run_all.sh",))}
+             "results": ("a results table written by run_all.sh", ("run_all.sh",)),
+             "settings": ("a run's settings recorded by run_all.sh", ("run_all.sh",))}
 STAMPED = {"run_log": "# ", "results": "<!-- "}  # a file whose first line is PREFIX + STAMP + its writer
 # The files a policy / critic directory may hold: what save_pretrained (one or sharded safetensors),
 # tokenizer.save_pretrained (fast or slow tokenizers), args.json, 00's corpus_sample.txt and 03's
@@ -287,8 +291,11 @@ def check_out(path, kind, inputs=()):
     if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
         die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl")
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
-        if is_main():  # the process that writes (under torchrun, rank 0) clears leftovers: no race
-            recover(p)
+        if is_main() and temporaries(p):  # the process that writes (under torchrun, rank 0) clears leftovers
+            # beside a metrics file, which the stages of a run share, a temporary may be another stage's append in
+            # progress: it is a leftover only while this stage holds the file's lock (log_metrics)
+            with metrics_lock(p) if kind == "log" else contextlib.nullcontext():
+                recover(p)
         if os.path.lexists(p) and not owned(p, kind):
             die(f"{p} exists and is not {ARTIFACTS[kind][0]}; refusing to replace it (pick another path)")
     if not is_main():
@@ -370,17 +377,20 @@ def open_log(path, writer, note=""):
     return f
 
 
+def metrics_lock(path):
+    """The lock of a metrics file, which the stages that run at once on one run share (bench/gpu_lab.sh): filelock's
+    lock on '.NAME.lock' beside it, an OS lock that goes when its holder ends, however it ends."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return FileLock(os.path.join(folder, f".{name}.lock"))
+
+
 def log_metrics(path, *records):
     """Append records to --metrics (if given), atomically: a full disk leaves the file as it was. Stages that run
-    at once on one run (bench/gpu_lab.sh) take turns: each holds a lock on the folder from read to write."""
+    at once on one run take turns: each holds the file's lock from read to write (and check_out while it clears)."""
     if path:
-        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            fcntl.flock(folder, fcntl.LOCK_EX)  # released when closed
+        with metrics_lock(path):
             old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
             save_text(path, old + "".join(json.dumps(r) + "\n" for r in records))
-        finally:
-            os.close(folder)
 
 
 EPISODE_KEYS = {"env": str, "task_id": str, "instruction": str, "task": str, "obs0": str, "steps": list,
@@ -434,7 +444,7 @@ def held_out(ep, share):
     """Whether 03 --holdout SHARE keeps episode `ep` out of the critic's training, so that 04 can check the critic on
     episodes it never saw: a self episode whose task id and seed hash (crc32) into the first SHARE of [0, 1). Expert
     episodes always train."""
-    return ep["source"] != "expert" and zlib.crc32(f"{ep['task_id']}/{ep['seed']}".encode()) < share * 2**32
+    return ep["source"] != "expert" and zlib.crc32(f"{ep['task_id']}/{ep.get('seed')}".encode()) < share * 2**32
 
 
 def read_episodes(paths, step_keys=STEP_KEYS):
@@ -859,10 +869,119 @@ def torchrun(argv):
         sys.exit(1)
 
 
+# ---- run_all.sh's start: every setting checked, one run at a time in a folder, the run's settings recorded
+LOCKS = []  # the folder locks this process holds, until it becomes its command (become)
+
+
+def lock(folders):
+    """One run at a time in a folder: FOLDER/.lock taken with filelock, at once or refused, its open file made
+    inheritable, so that the command this process becomes (become) and every process that command starts hold it.
+    The OS releases the lock when the last of them ends, however it ends (kill -9 too). A folder named in
+    QEVOLVE_LOCKED is held already, by the caller (bench/gpu_lab.sh: its run_all.sh of one folder go side by side)."""
+    held = [f for f in os.environ.get("QEVOLVE_LOCKED", "").split("\n") if f]
+    for folder in folders:
+        if os.path.realpath(folder) in held:
+            continue
+        held_lock = FileLock(os.path.join(folder, ".lock"), on_acquired=lambda fd: os.set_inheritable(fd, True))
+        try:
+            held_lock.acquire(timeout=0)
+        except Timeout:
+            die(f"{folder} is in use: a run holds its lock ({folder}/.lock) until it ends; wait for it to end, or "
+                "pick another folder")
+        except OSError as e:
+            die(f"cannot lock {folder} ({e.strerror})")
+        LOCKS.append(held_lock)
+        held.append(os.path.realpath(folder))
+    os.environ["QEVOLVE_LOCKED"] = "\n".join(held)
+
+
+def become(command, **env):
+    """Replace this process by command (exec), env added to its environment; the locks taken stay held."""
+    os.environ.update(env)
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        die(f"cannot run {' '.join(command)} ({e.strerror})")
+
+
+EVAL_ONLY = ("EVAL_SPLITS", "EVAL_WORLDS", "N_EVAL")  # settings that only add evaluations: not in a run's record
+# each *_ARGS setting -> the stage that takes its flags and what run_all.sh puts before them (paths: placeholders)
+STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "x"]),
+               "BC_ARGS": ("01_bc", ["--data", "x", "--out", "x"]),
+               "RFT_ARGS": ("01_bc", ["--data", "x", "--filter", "success", "--model", "x", "--out", "x"]),
+               "COLLECT_ARGS": ("02_collect", ["--policy", "x", "--out", "x.jsonl"]),
+               "CRITIC_ARGS": ("03_critic", ["--data", "x", "--policy", "x", "--out", "x"]),
+               "GAE_ARGS": ("04_gae", ["--data", "x", "--critic", "x", "--out", "x.jsonl"]),
+               "BPPO_ARGS": ("05_bppo", ["--data", "x", "--policy", "x", "--ref", "x", "--out", "x"])}
+STAGE_FLAGS["OUTCOME_ARGS"] = STAGE_FLAGS["LATER_ARGS"] = STAGE_FLAGS["BPPO_ARGS"]  # each after BPPO_ARGS
+
+
+def check_settings(s):
+    """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
+    made), N_EXPERT and N_SELF against the tasks of its train split, EVAL_SPLITS (its splits) and N_EVAL against
+    their tasks, and each *_ARGS by the stage that takes the flags: its parse_args (which checks them too where the
+    stage does), argparse's usage or the stage's error line said as one line naming the setting."""
+    import envs
+    try:
+        env = envs.make(s["ENV"], **parse_env_kwargs(s["ENV_KWARGS"]))
+        for name, splits in (("N_EXPERT", ["train"]), ("N_SELF", ["train"]), ("N_EVAL", s["EVAL_SPLITS"].split())):
+            for split in splits:
+                most = min(len(env.task_ids(split)), LIMITS["episodes"])
+                if int(s[name]) > most:
+                    die(f"{name}={s[name]}: {s['ENV']}'s split {split!r} has {most} tasks")
+        env.close()
+    except (ValueError, ImportError) as e:  # an unknown env or split, a keyword it does not take, a package
+        die(e)
+    for name, (stage, argv) in STAGE_FLAGS.items():
+        flags = s[name].split()  # as bash splits an unquoted $NAME
+        if name in ("OUTCOME_ARGS", "LATER_ARGS"):
+            flags = s["BPPO_ARGS"].split() + flags
+        if name == "BC_ARGS" and s["BASE"] != "tiny":
+            argv = argv + ["--model", "x"]
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+                importlib.import_module(stage).parse_args(argv + flags)
+        except SystemExit:  # argparse: its usage, then 'PROG: error: WHY'; a stage's check: 'error: WHY'
+            why = (said.getvalue().strip().splitlines() or ["--help prints the stage's help"])[-1].split("error: ")[-1]
+            die(f"{name}={shlex.quote(s[name])}: {stage}.py refuses it: {why}")
+
+
+def start_run(run, settings, command):
+    """run_all.sh's first step, `python plumbing.py start RUN NAME=VALUE... [-- COMMAND...]`: its settings checked
+    (check_settings), and those that shape what the run writes (all but EVAL_ONLY) compared with RUN/settings.json,
+    which its first start recorded: a resume with others would mix two runs. With COMMAND (run_all.sh again): RUN
+    locked first (lock), the record written when new, then this process becomes COMMAND, holding the lock. Without
+    (run_all.sh --check) nothing is written. A RUN held by the caller (bench/gpu_lab.sh) had its settings checked by
+    the caller (run_all.sh --check), which starts many runs of it."""
+    if os.path.realpath(run) not in os.environ.get("QEVOLVE_LOCKED", "").split("\n"):
+        check_settings(settings)
+    if command:
+        lock([run])
+    path, record = os.path.join(run, "settings.json"), {k: v for k, v in settings.items() if k not in EVAL_ONLY}
+    if os.path.lexists(path):
+        if not owned(path, "settings"):
+            die(f"{path} exists and is not {ARTIFACTS['settings'][0]}; refusing to replace it (pick another RUN)")
+        old = read_json(path)
+        differ = [k for k in record if k in old and old[k] != record[k]]
+        if differ:
+            said = lambda r: " ".join(f"{k}={shlex.quote(r[k])}" for k in differ)
+            die(f"{run} was made with {said(old)}; this run has {said(record)}: resume it with the settings it was "
+                f"made with, or pick another RUN (or, if nothing in it was made with them, remove {path})")
+    elif command:
+        check_out(path, "settings")
+        save_text(path, json.dumps({"stage": "run_all.sh", **record}, indent=2) + "\n")
+    if command:
+        become(command, QEVOLVE_STARTED=run)
+
+
 def main(argv):
     """results RUN K WORLDS ALGOS SPLIT...: run_all.sh's table. save KIND PATH WRITER: stdin into PATH after check_out,
-    atomically, its first line stamped. check KIND PATH...: check_out each. torchrun ARGS...: above."""
+    atomically, its first line stamped. check KIND PATH...: check_out each. start RUN NAME=VALUE... [-- COMMAND...]:
+    run_all.sh's start (start_run). lock FOLDER... -- COMMAND...: COMMAND run holding each folder's lock (lock,
+    become). torchrun ARGS...: above."""
     command, *rest = argv or ["help"]
+    cut = rest.index("--") if "--" in rest else len(rest)  # start / lock: what comes before COMMAND
     if command == "results" and len(rest) >= 5 and rest[1].isdigit():
         results_table(rest[0], int(rest[1]), rest[2].split(), rest[3].split(), rest[4:])
     elif command == "save" and len(rest) == 3 and rest[0] == "run_log":
@@ -871,6 +990,11 @@ def main(argv):
     elif command == "check" and rest and rest[0] in ARTIFACTS:
         for path in rest[1:]:
             check_out(path, rest[0])
+    elif command == "start" and rest and all("=" in a for a in rest[1:cut]):
+        start_run(rest[0], dict(a.split("=", 1) for a in rest[1:cut]), rest[cut + 1:])
+    elif command == "lock" and rest[cut + 1:]:
+        lock(rest[:cut])
+        become(rest[cut + 1:])
     elif command == "torchrun":
         torchrun(rest)
     else:

@@ -33,9 +33,15 @@
 #   OUTCOME_ARGS="--epochs 2", 05's flags after BPPO_ARGS). Both chosen on dev: bench/results/tuning_dev.md
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
 #   CPU_OK=0: 1 runs a real model on a machine without a GPU (else the run stops first with what it would cost)
+#   CUDA_GRAPH=0: 1 adds --cuda-graph to COLLECT_ARGS (02's decode steps from CUDA graphs: faster on a GPU, the
+#   same replies up to float rounding; bench/gpu_lab.sh sets it)
 #
 #   Integers are decimal (no leading zero); paths are plain (no leading - or ~, no $ or backquote). A bad setting
-#   is one error line and exit 2 before anything runs; Ctrl-C stops the run, and the same command resumes it.
+#   is one error line and exit 2 before anything runs (python plumbing.py start checks the environment, its splits,
+#   the episode counts and each *_ARGS with its stage); Ctrl-C stops the run, and the same command resumes it. A run
+#   holds RUN while it runs (RUN/.lock): a second run on it is refused. RUN/settings.json records the settings that
+#   shape what the run writes (SEED, ENV, ENV_KWARGS, N_EXPERT, N_SELF, KEEP_OLD, BASE, the *_ARGS): a resume with
+#   others is refused. bash run_all.sh --check checks every setting (and that record), and runs nothing.
 #
 #   bash run_all.sh                      # the default run (23 min on 2 quiet CPU cores with the base cached: README)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
@@ -44,9 +50,11 @@
 set -euo pipefail
 bad() { echo "error: $1" >&2; exit 2; }
 case "$*" in
-  "") ;;
+  "") CHECK=0 ;;
+  --check) CHECK=1 ;;
   -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) bad "run_all.sh takes no arguments, got '$*'; its settings are environment variables (bash run_all.sh --help)" ;;
+  *) bad "run_all.sh takes no arguments but --check, got '$*'; its settings are environment variables (bash run_all.sh \
+--help)" ;;
 esac
 cd "$(dirname "$0")"
 
@@ -142,9 +150,12 @@ OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 2"}
 ALGOS=${ALGOS:-qevolve}
 [[ $ALGOS =~ ^[[:space:]]*(qevolve|rft|outcome)([[:space:]]+(qevolve|rft|outcome))*[[:space:]]*$ ]] \
   || bad "ALGOS must be words of: qevolve rft outcome, got '$ALGOS'"
+[ -z "$(printf '%s\n' $ALGOS | sort | uniq -d)" ] || bad "ALGOS names an algorithm twice, got '$ALGOS'"
 CPU_OK=${CPU_OK:-0}
+CUDA_GRAPH=${CUDA_GRAPH:-0}
 need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC
-need_bool KEEP_OLD EVAL CPU_OK
+need_bool KEEP_OLD EVAL CPU_OK CUDA_GRAPH
+[ "$NPROC" -ge 1 ] || bad "NPROC must be at least 1 (processes per stage), got $NPROC"
 [ "$SEED" -le 4294966 ] && [ "$K" -le 999 ] || bad "SEED must be at most 4294966 and K at most 999 (self-collection's \
 seed is SEED * 1000 + k, below 2**32), got SEED=$SEED K=$K"
 need_path RUN BASE_CACHE SMOLLM2_DIR
@@ -182,6 +193,19 @@ if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ] && [ "$PYTHON" != echo ] && 
 demonstrations takes ~$((N_EXPERT / 120)) h at these budgets (docs/real_model.md has a reduced run of ~2.5 h); \
 CPU_OK=1 runs it anyway"
 fi
+# What bash cannot check, then RUN's lock and record (the header): python plumbing.py start, which then starts this
+# script again (QEVOLVE_STARTED), holding the lock until the run ends. The last three settings only add evaluations.
+settings=()
+for v in SEED ENV ENV_KWARGS N_EXPERT N_SELF KEEP_OLD BASE REF PRETRAIN_ARGS BC_ARGS COLLECT_ARGS CRITIC_ARGS \
+         GAE_ARGS BPPO_ARGS RFT_ARGS OUTCOME_ARGS LATER_ARGS EVAL_SPLITS EVAL_WORLDS N_EVAL; do settings+=("$v=${!v}"); done
+if [ "$CHECK" = 1 ]; then
+  quiet $PYTHON plumbing.py start "$RUN" "${settings[@]}"
+  echo "run_all.sh --check: every setting is good (RUN=$RUN; nothing was run)"
+  exit 0
+elif [ "$PYTHON" != echo ] && [ "${QEVOLVE_STARTED:-}" != "$RUN" ]; then
+  exec $PYTHON plumbing.py start "$RUN" "${settings[@]}" -- bash run_all.sh
+fi
+[ "$CUDA_GRAPH" = 0 ] || COLLECT_ARGS+=" --cuda-graph"
 
 mkdir -p "$RUN"
 METRICS="$RUN/metrics.jsonl"

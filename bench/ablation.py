@@ -42,7 +42,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench._stages import eval_worlds  # noqa: E402
+from bench._stages import check_runs, eval_worlds  # noqa: E402
 from plumbing import check_out, die, open_log, save_text  # noqa: E402
 
 SPLITS = ("seen", "unseen")
@@ -169,6 +169,7 @@ def main():
     args = p.parse_args()
     if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
         die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
+    check_runs(args.prefix, args.seeds, made=args.table_only)
     check_out(os.path.join(ROOT, args.out), "table")  # a table this script (or seeds.py) wrote, or a new file
     t0 = time.time()
     runs = [f"{args.prefix}{s}" for s in args.seeds]

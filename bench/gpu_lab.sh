@@ -23,10 +23,19 @@
 # and utilisation and the CPU's runnable threads, each second.
 # DRY=1 runs the same path on a CPU: a one-layer tiny model from scratch, SMOKE's toy budgets, two seeds, K=1 and
 # --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
+# run_all.sh's settings (N_EXPERT, N_SELF, N_EVAL, THREADS, BC_ARGS, ...) pass to its runs. Every setting is checked
+# before anything runs (run_all.sh's with run_all.sh --check): a bad one is one error line and exit 2. The lab holds
+# each run's folder (plumbing.py lock: its run_all.sh side by side on it, no other run).
 #
 #   bash bench/gpu_lab.sh                         # on the GPU machine (PYTHON=python3 where there is no python)
 #   DRY=1 bash bench/gpu_lab.sh                   # anywhere, a minute or two
 set -euo pipefail
+bad() { echo "error: $1" >&2; exit 2; }
+case "$*" in
+  "") ;;
+  -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) bad "bench/gpu_lab.sh takes no arguments, got '$*'; its settings are environment variables (--help)" ;;
+esac
 cd "$(dirname "$0")/.."
 LAB=${LAB:-runs/gpu_lab}
 DRY=${DRY:-0}
@@ -34,10 +43,12 @@ ENVS=${ENVS:-household}
 TESTS=${TESTS:-}
 SMOLLM2_DIR=${SMOLLM2_DIR:-models/smollm2-135m}
 PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
-bad() { echo "error: $1" >&2; exit 2; }
+DEADLINE=${DEADLINE:-}
 case $LAB in ''|-*|'~'*|*'$'*|*'`'*) bad "LAB must be a plain path (no leading - or ~, no \$ or backquote), got '$LAB'" ;; esac
 [[ $ENVS =~ ^[[:space:]]*[A-Za-z0-9_]+([[:space:]]+[A-Za-z0-9_]+)*[[:space:]]*$ ]] || bad "ENVS must be environment \
 names, got '$ENVS'"
+[[ $DEADLINE =~ ^([1-9][0-9]{0,8})?$ ]] || bad "DEADLINE must be seconds (decimal, no leading zero) or unset, got \
+'$DEADLINE'"
 
 [[ $DRY =~ ^[01]$ ]] || bad "DRY must be 0 or 1, got '$DRY'"
 K=${K:-$((2 - DRY))}  # iterations: 2, a dry run 1
@@ -46,18 +57,20 @@ CUDA_GRAPH=${CUDA_GRAPH:-$((1 - DRY))} MPS=${MPS:-$((1 - DRY))}  # below; a CPU 
 [[ $CUDA_GRAPH =~ ^[01]$ ]] || bad "CUDA_GRAPH must be 0 or 1, got '$CUDA_GRAPH'"
 [[ $MPS =~ ^[01]$ ]] || bad "MPS must be 0 or 1, got '$MPS'"
 SEEDS=${SEEDS:-$([ "$DRY" = 1 ] && echo "0 1" || echo "0 1 2")}  # a dry run: two seeds
-[[ $SEEDS =~ ^[[:space:]]*(0|[1-9][0-9]{0,6})([[:space:]]+(0|[1-9][0-9]{0,6}))*[[:space:]]*$ ]] || bad "SEEDS must be \
-seeds (numbers without a leading 0), got '$SEEDS'"
+[[ $SEEDS =~ ^[[:space:]]*(0|[1-9][0-9]{0,5})([[:space:]]+(0|[1-9][0-9]{0,5}))*[[:space:]]*$ ]] || bad "SEEDS must be \
+seeds (numbers of at most 6 digits without a leading 0), got '$SEEDS'"
+for v in SEEDS ENVS; do  # one run folder per env and seed
+  [ -z "$(printf '%s\n' ${!v} | sort | uniq -d)" ] || bad "$v names one twice (two runs on one folder), got '${!v}'"
+done
 
 if [ "$DRY" = 1 ]; then
-  chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 RFT_ARGS="--epochs 1"
-         BC_ARGS="--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400")
+  chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 RFT_ARGS="${RFT_ARGS:-"--epochs 1"}"
+         BC_ARGS="${BC_ARGS:-"--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}")
   report="$LAB/gpu_lab.md"
 else
   # one check for a GPU, here: its run_all.sh calls skip theirs (CPU_OK=1)
-  $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || bad "no GPU here: the lab trains \
-SmolLM2 for 8 minutes on one; DRY=1 runs the same path on a CPU"
-  [ -e "$SMOLLM2_DIR" ] || $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
+  [ -n "${QEVOLVE_LOCKED:-}" ] || $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
+    || bad "no GPU here: the lab trains SmolLM2 for 8 minutes on one; DRY=1 runs the same path on a CPU"
   # the allocator of every process here (the runs, the decode-step check, the tests): segments that grow, less memory
   # lost to fragments while up to 18 processes share the GPU
   export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
@@ -76,8 +89,20 @@ logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log" "$LAB/machine.log")
 for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
   logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log)
 done; logs+=("$LAB/$env-s$seed".qevolve.it0{,.eval}.log "$LAB/$env-s$seed.seconds"); done; done
-$PYTHON plumbing.py check run_log "${logs[@]}"
-$PYTHON plumbing.py check table "$report"
+runs=()
+for env in $ENVS; do for seed in $SEEDS; do runs+=("$LAB/$env-s$seed"); done; done
+if [ -z "${QEVOLVE_LOCKED:-}" ]; then  # first: the checks, then this script again holding each run's folder
+  $PYTHON plumbing.py check run_log "${logs[@]}"
+  $PYTHON plumbing.py check table "$report"
+  seeds=($SEEDS)
+  for env in $ENVS; do  # run_all.sh's settings, as the runs of this env get them (the first seed's)
+    "${chain[@]}" ALGOS="qevolve rft outcome" ENV="$env" SEED="${seeds[0]}" K="$K" RUN="$LAB/$env-s${seeds[0]}" \
+      PYTHON="$PYTHON" bash run_all.sh --check >/dev/null
+  done
+  exec $PYTHON plumbing.py lock "${runs[@]}" -- bash bench/gpu_lab.sh
+fi
+[ "$DRY" = 1 ] || [ -e "$SMOLLM2_DIR" ] || $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" \
+  ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
 save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
 
 pids=() graph=0
@@ -145,12 +170,8 @@ verdict=$(mktemp -d /tmp/gpu_lab_graph.XXXXXX)/verdict
 lab() {
   local left="" log=$LAB/$2-s$3.$1.it$4
   [ "$5" = 0 ] || log+=.eval
-  if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - start) )); [ "$left" -gt 0 ] || return 124; fi
-  local collect=()  # run_all.sh's real-model COLLECT_ARGS, and --cuda-graph
-  if [ "$graph" = 1 ] && [ -z "${COLLECT_ARGS:-}" ]; then
-    collect=(COLLECT_ARGS="--num-envs 128 --cuda-graph$([ "$2" != shop ] || echo " --max-new-tokens 64")")
-  fi
-  ${left:+timeout "$left"} "${chain[@]}" "${collect[@]}" ALGOS="$1" ENV="$2" SEED="$3" K="$4" EVAL="$5" \
+  if [ -n "$DEADLINE" ]; then left=$(( DEADLINE - ($(date +%s) - start) )); [ "$left" -gt 0 ] || return 124; fi
+  ${left:+timeout "$left"} "${chain[@]}" CUDA_GRAPH="$graph" ALGOS="$1" ENV="$2" SEED="$3" K="$4" EVAL="$5" \
     RUN="$LAB/$2-s$3" PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$log.log"
 }
 # Per run: BC first (beside the decode-step check), then iteration by iteration: all three algorithms finish iteration

@@ -20,9 +20,13 @@ demonstrator's imperfection, which the graded reward penalises)?
 """
 import argparse
 import collections
-import json
+import os
 import re
 import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from plumbing import die, loads  # noqa: E402
 
 
 def closed_arrivals(episode):
@@ -115,9 +119,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="episode JSONL files (02_collect.py or 04_gae.py output)")
     for path in p.parse_args(argv).files:
-        with open(path) as f:
-            episodes = [json.loads(line) for line in f if line.strip()]
-        print(f"{path}: {(shop_summary if episodes[0].get('env') == 'shop' else summary)(episodes)}")
+        try:
+            with open(path, encoding="utf-8") as f:
+                episodes = [loads(line) for line in f if line.strip()]
+            if not episodes:
+                die(f"{path}: no episodes in it; pass an episode JSONL of 02_collect.py or 04_gae.py")
+            line = (shop_summary if episodes[0].get("env") == "shop" else summary)(episodes)
+        except (OSError, UnicodeDecodeError, ValueError, LookupError, TypeError, AttributeError) as e:  # not episodes
+            die(f"{path}: not an episode JSONL of 02_collect.py or 04_gae.py ({getattr(e, 'strerror', None) or e})")
+        print(f"{path}: {line}")
 
 
 if __name__ == "__main__":

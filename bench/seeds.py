@@ -27,9 +27,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench._stages import eval_worlds  # noqa: E402
+from bench._stages import check_runs, eval_worlds  # noqa: E402
 from bench.mistakes import closed_arrivals  # noqa: E402
-from plumbing import check_out, die, open_log, save_text  # noqa: E402
+from plumbing import check_out, die, open_log, read_json, save_text  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
@@ -50,6 +50,7 @@ def main():
     args = p.parse_args()
     if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
         die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
+    check_runs(args.prefix, args.seeds, made=args.table_only)
     check_out(os.path.join(ROOT, args.out), "table")  # before any run: a table a bench script wrote, or new
     for seed in [] if args.table_only else args.seeds:  # each run's log: new, or one this script wrote (stamped)
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
@@ -81,8 +82,19 @@ def main():
         if proc.wait() != 0:
             sys.exit(f"run_all.sh failed for seed {r['seed']}; see {r['run']}.log")
         r.setdefault("wall_s", time.time() - t0)
-    if args.table_only:
+    made = f"{'these' if any(os.environ.get(k) for k in RUN_ALL_SETTINGS) else 'default'} settings of run_all.sh"
+    if args.table_only:  # what made the runs: their last iteration evaluated, the settings they recorded
         runs = [{"seed": seed, "run": f"{args.prefix}{seed}", "fresh": False} for seed in args.seeds]
+        K = max([int(m[1]) for r in runs for _, _, files in os.walk(os.path.join(ROOT, r["run"], "eval"))
+                 for m in [re.search(r"policy_(\d+)_", f) for f in files] if m], default=0)
+        records = [{k: v for k, v in (read_json(os.path.join(ROOT, r["run"], "settings.json")) or {}).items()
+                    if k not in ("stage", "SEED")} for r in runs]
+        if any(rec != records[0] for rec in records):
+            die(f"the runs {', '.join(r['run'] for r in runs)} were made with different settings (their "
+                "settings.json): one table is of one configuration")
+        made = ("run_all.sh's settings as the runs recorded them: " + " ".join(
+            f"{k}={shlex.quote(v)}" for k, v in records[0].items() if v) if records[0] else
+            "run_all.sh's settings not recorded")
     # ru_maxrss of children = the largest process any stage ran (KiB on Linux)
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     splits = os.environ.get("EVAL_SPLITS", "seen unseen").split()
@@ -110,7 +122,7 @@ def main():
            else "in parallel, one torch thread each" if args.parallel else "one after another")
     lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
              f"`{command}` "
-             f"(K={K}, {'these' if settings else 'default'} settings of run_all.sh; seeds run {how}). "
+             f"(K={K}, {made}; seeds run {how}). "
              f"Greedy success in % on {slash}; every policy is evaluated in worlds {', '.join(worlds)} "
              "(world 0 is the one the run trained in).", "",
              "Per seed (the mean over the worlds), and mean +- std over every (seed, world) evaluation; the habit "
@@ -144,8 +156,9 @@ def main():
         note = "" if r["fresh"] else " (resumed: finished stages skipped)"
         wall = f"{r['wall_s'] / 60:.1f} min{note}" if "wall_s" in r else "- (ran nothing)"
         first = os.path.getmtime(os.path.join(ROOT, r["run"], "data", "expert.jsonl"))
-        last_eval = os.path.join(ROOT, r["run"], "eval", f"world{worlds[-1]}", f"{policies[-1][0]}_{splits[-1]}.json")
-        span = f"{(os.path.getmtime(last_eval) - first) / 60:.1f} min" if os.path.exists(last_eval) else "not run"
+        evals = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(ROOT, r["run"], "eval")) for f in files
+                 if f.endswith(".json")]  # the run's last artifact: its newest evaluation
+        span = f"{(max(map(os.path.getmtime, evals)) - first) / 60:.1f} min" if evals else "not run"
         lines.append(f"| {r['seed']} | {wall} | {span} |")
     if any(r["fresh"] for r in runs):
         lines += ["", f"Peak memory of the largest single stage process: {peak_mib:.0f} MiB."]

@@ -49,6 +49,8 @@ def launches(log):
             wall, cpu = float(wall), float(user) + float(system)
         except ValueError:
             die(f"{log}:{n}: not a line of GNU time's 'wall,user,sys,command'")
+        if "plumbing.py start " in command:  # run_all.sh's start, which becomes the run: its wall is the whole run's
+            continue
         script = next((w for w in command.split() if w.endswith(".py") or w == "-"), "?")
         stage = os.path.basename(script)[:-3]
         out.append(("results table" if script == "-" or stage == "plumbing" else stage, command, wall, cpu))
