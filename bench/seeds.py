@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import check_runs, eval_worlds  # noqa: E402
 from bench.mistakes import closed_arrivals  # noqa: E402
+from envs.kitchen import judge  # noqa: E402
 from plumbing import check_out, die, open_log, read_json, save_text  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
@@ -104,11 +105,19 @@ def main():
         path = os.path.join(ROOT, run, "eval", f"world{world}", f"{policy}_{split}.json")
         return json.load(open(path))["success_rate"] * 100
 
-    def habit(policy):  # household: the share of arrivals at a closed receptacle where it examines first
-        verbs = [v for r in runs for w in worlds for s in splits
-                 for line in open(os.path.join(ROOT, r["run"], "eval", f"world{w}", f"{policy}_{s}.jsonl"))
-                 if line.strip() for v, _ in closed_arrivals(json.loads(line))]
-        return f"{verbs.count('examine') / len(verbs):.2f}" if verbs else "-"
+    def habit(policy):  # household: the share of arrivals at a closed receptacle where it examines first;
+        verbs, flaws = [], []  # kitchen: the share of decisions (flawed or good item used) that used the flawed one
+        for r in runs:
+            for w in worlds:
+                for s in splits:
+                    for line in open(os.path.join(ROOT, r["run"], "eval", f"world{w}", f"{policy}_{s}.jsonl")):
+                        ep = json.loads(line)
+                        verbs += [v for v, _ in closed_arrivals(ep)]
+                        prev = [ep["obs0"]] + [st["obs"] for st in ep["steps"]]
+                        flaws += [judge(o, st["action"]) for o, st in zip(prev, ep["steps"]) if ep["env"] == "kitchen"]
+        flaws = [f for f in flaws if f]
+        return (f"{verbs.count('examine') / len(verbs):.2f}" if verbs else
+                f"{flaws.count('harmful') / len(flaws):.2f}" if flaws else "-")
 
     mean, sd = statistics.mean, (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
     algos = os.environ.get("ALGOS", "qevolve").split()
@@ -125,11 +134,12 @@ def main():
              f"(K={K}, {made}; seeds run {how}). "
              f"Greedy success in % on {slash}; every policy is evaluated in worlds {', '.join(worlds)} "
              "(world 0 is the one the run trained in).", "",
-             "Per seed (the mean over the worlds), and mean +- std over every (seed, world) evaluation; the habit "
-             "rate (household, `bench/mistakes.py`): the share of arrivals at a closed receptacle where the policy "
-             f"examines before it opens, over every seed, world and split of {slash}:", "",
+             "Per seed (the mean over the worlds), and mean +- std over every (seed, world) evaluation; the mistake "
+             "rate over every seed, world and split of " + slash + ": in household the habit rate (`bench/mistakes.py`"
+             ": the share of arrivals at a closed receptacle where the policy examines before it opens), in kitchen "
+             "the flaw rate (the share of its decisions that used the item the observation called flawed):", "",
              "| policy | " + " | ".join(f"seed {r['seed']} {slash}" for r in runs)
-             + " | " + " | ".join(f"{s} mean +- std" for s in splits) + " | habit rate |",
+             + " | " + " | ".join(f"{s} mean +- std" for s in splits) + " | mistake rate |",
              "|---|" + "---|" * (len(runs) + len(splits) + 1)]
     done = lambda policy: all(os.path.exists(os.path.join(ROOT, r["run"], "eval", f"world{w}", f"{policy}_{s}.json"))
                               for r in runs for w in worlds for s in splits)
@@ -162,6 +172,17 @@ def main():
         lines.append(f"| {r['seed']} | {wall} | {span} |")
     if any(r["fresh"] for r in runs):
         lines += ["", f"Peak memory of the largest single stage process: {peak_mib:.0f} MiB."]
+    held = [(r["seed"], k, h) for r in runs for k in range(1, K + 1)
+            for h in [(read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "adv.json")) or {}).get("heldout")] if h]
+    if held:  # 04's check of each Q-Evolve critic on the self episodes 03 held out (03 --holdout)
+        lines += ["", "Each Q-Evolve critic on the self episodes it never trained on (04's held-out printout): the "
+                  "explained variance of the return, mean V against the mean return, the AUC of V for success, V "
+                  "just after a harmful step against just after the correct one (kitchen), the mean A_t at each:", "",
+                  "| seed | iteration | episodes | explained variance | V / return | AUC | V after harmful / correct "
+                  "| A at harmful / correct |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {seed} | {k} | {h['episodes']} | {h['explained_variance']:.2f} | {h['v_mean']:.2f} / "
+                  f"{h['ret_mean']:.2f} | {h['auc_v']:.2f} | {h['v_after_harmful']:.2f} / {h['v_after_correct']:.2f} | "
+                  f"{h['adv_harmful']:+.3f} / {h['adv_correct']:+.3f} |" for seed, k, h in held]
     text = "\n".join(lines) + "\n"
     save_text(os.path.join(ROOT, args.out), text)
     print(text)
