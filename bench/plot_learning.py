@@ -57,7 +57,7 @@ def main():
     fig, axes = plt.subplots(1, len(args.splits), figsize=(4.2 * len(args.splits), 3.4), sharey=True, squeeze=False)
     for ax, split in zip(axes[0], args.splits):
         n_worlds, top = curve(runs[0], split)[1], 1
-        for tag, (name, colour) in ALGOS.items():
+        for i, (tag, (name, colour)) in enumerate(ALGOS.items()):
             curves = [curve(run, split, tag)[0] for run in runs]
             n = min(len(c) for c in curves)
             if n < 2 and tag:  # this algorithm is not in the runs
@@ -69,14 +69,16 @@ def main():
             ax.fill_between(range(n), [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)],
                             color=colour, alpha=0.15, lw=0)
             ax.plot(range(n), mean, color=colour, lw=2, marker="o", label=name)
-            ax.annotate(f"{mean[-1]:.1f}", (n - 1, mean[-1]), textcoords="offset points", xytext=(8, -3), fontsize=8,
-                        color=colour)
+            ax.annotate(f"{mean[-1]:.1f}", (n - 1, mean[-1]), textcoords="offset points", xytext=(8, 8 - 9 * i),
+                        fontsize=8, color=colour)  # one above the other where the lines end together
             top = max(top, n)
         ax.set_xticks(range(top), ["BC"] + [f"iter {k}" for k in range(1, top)])
         ax.set_title(f"{split} (mean over {n_worlds} worlds)")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"greedy success (%), seeds {', '.join(map(str, args.seeds))}: mean +- std")
+    axes[0][0].set_ylabel("greedy success (%)")
+    fig.suptitle(f"seeds {', '.join(map(str, args.seeds))}: the mean, and a band of +- one std over the seeds",
+                 fontsize=9)
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png",
