@@ -25,6 +25,7 @@ def sections(text):
 def table_numbers(path):
     """Every number written in a results table, as written and with trailing zeros dropped."""
     found = set(re.findall(r"[-+]?\d+(?:\.\d+)?", open(path, encoding="utf-8").read()))
+    found |= {n.lstrip("+") for n in found}  # a gain written +44.2 in a table, 44.2 in prose
     return found | {n.rstrip("0").rstrip(".") for n in found if "." in n}
 
 
