@@ -931,7 +931,7 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
 
 @pytest.mark.parametrize("setting, message", [
     ("EVAL_SPLITS=seen bogus", "unknown split 'bogus' for env 'household'"),
-    ("N_EVAL=100000", "N_EVAL=100000: household's split 'dev' has 100 tasks"),
+    ("N_EVAL=100000", "N_EVAL=100000: household's split 'seen' has 100 tasks"),
     ("N_EXPERT=5000", "N_EXPERT=5000: household's split 'train' has 1000 tasks"),
     ("ENV=nosuch", "unknown env 'nosuch'"), ('ENV_KWARGS={"n_seen": 1000000000}', "n_seen must be in"),
     ("OUTCOME_ARGS=--bogus 1", "OUTCOME_ARGS='--bogus 1': 05_bppo.py refuses it: unrecognized arguments: --bogus 1"),
