@@ -65,6 +65,7 @@ done
 
 if [ "$DRY" = 1 ]; then
   chain=(env SMOKE=1 BASE=tiny PRECISION=bf16 RFT_ARGS="${RFT_ARGS:-"--epochs 1"}"
+         EVAL_SPLITS="${EVAL_SPLITS:-seen unseen}"
          BC_ARGS="${BC_ARGS:-"--epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}")
   report="$LAB/gpu_lab.md"
 else
@@ -74,7 +75,8 @@ else
   # the allocator of every process here (the runs, the decode-step check, the tests): segments that grow, less memory
   # lost to fragments while up to 18 processes share the GPU
   export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" EVAL_WORLDS="0 1" CPU_OK=1
+  chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" EVAL_WORLDS="0 1" EVAL_SPLITS="${EVAL_SPLITS:-seen unseen}"
+         CPU_OK=1
          N_EXPERT="${N_EXPERT:-400}" N_SELF="${N_SELF:-128}" N_EVAL="${N_EVAL:-100}" THREADS="${THREADS:-2}"
          BC_ARGS="${BC_ARGS:-"--epochs 2 --lr 5e-5 --batch-size 16"}"
          CRITIC_ARGS="${CRITIC_ARGS:-"--epochs 1 --lr 1e-5 --batch-size 16"}"
