@@ -6,7 +6,7 @@ credit has a job). Each point is the mean over seeds of run_all.sh's runs at tha
 evaluated in). Reads the runs of bench/seeds.py, one prefix per number of decisions; writes the PNG and a
 table beside it. Needs matplotlib (requirements-plot.txt).
 
-    for D in 1 2 6; do ENV_KWARGS="{\"decisions\": $D}" ALGOS="qevolve rft outcome" \
+    for D in 1 2 6; do K=1 ENV_KWARGS="{\"decisions\": $D}" ALGOS="qevolve rft outcome" \
         python bench/seeds.py --parallel --prefix runs/sweep-d$D-s --out /tmp/sweep_d$D.md; done
     python bench/plot_sweep.py --decisions 1 2 4 6 --prefix 'runs/sweep-d{D}-s' --prefix4 runs/k
 """
@@ -84,7 +84,7 @@ def main():
              "on the machine its table names). "
              f"Greedy success in %, mean +- std over seeds {', '.join(map(str, args.seeds))}; each seed's value is "
              "its mean over the worlds it was evaluated in.", "",
-             "| method | " + " | ".join(f"{d} decisions {'/'.join(args.splits)}" for d in args.decisions) + " |",
+             "| method | " + " | ".join(f"{d} decision{'s' * (d > 1)} {'/'.join(args.splits)}" for d in args.decisions) + " |",
              "|---|" + "---|" * len(args.decisions)]
     for _, name, _ in methods:
         cells = [" / ".join(f"{points[s][name][j][0]:.1f} +- {points[s][name][j][1]:.1f}" for s in args.splits)
