@@ -84,7 +84,8 @@ def main():
              "on the machine its table names). "
              f"Greedy success in %, mean +- std over seeds {', '.join(map(str, args.seeds))}; each seed's value is "
              "its mean over the worlds it was evaluated in.", "",
-             "| method | " + " | ".join(f"{d} decision{'s' * (d > 1)} {'/'.join(args.splits)}" for d in args.decisions) + " |",
+             "| method | " + " | ".join(f"{d} decision{'s' * (d > 1)} {'/'.join(args.splits)}"
+                                     for d in args.decisions) + " |",
              "|---|" + "---|" * len(args.decisions)]
     for _, name, _ in methods:
         cells = [" / ".join(f"{points[s][name][j][0]:.1f} +- {points[s][name][j][1]:.1f}" for s in args.splits)
