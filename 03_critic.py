@@ -28,17 +28,19 @@ import argparse
 import bisect
 import copy
 import math
+import os
 import random
 import time
 
 import torch
+from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel
 
 from plumbing import (add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss, cost, die,
                       distribute, finish_distributed, fit_context, full_state, grad_checkpointing, held_out, is_main,
-                      length_batches, load_model, load_tokenizer, log_metrics, parts, read_episodes, save_critic, start,
-                      unsharded)
+                      length_batches, load_model, load_tokenizer, log_metrics, owned, parts, read_episodes, save_critic,
+                      start, unsharded)
 
 
 def parse_args(argv=None):
@@ -47,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--data", nargs="+", required=True, help="episode JSONL files: expert demos + self trajectories")
     p.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
     p.add_argument("--out", required=True, help="output critic directory")
+    p.add_argument("--init", default="",
+                   help="start from this critic of 03 (its transformer and heads), e.g. iteration k-1's: a warm start "
+                        "(default: --policy's transformer and fresh heads)")
     p.add_argument("--tau", type=float, default=0.7,
                    help="expectile of V over Q (0.5: the mean; > 0.5 leans to the better actions)")
     p.add_argument("--gamma", type=float, default=0.95, help="discount factor of the Bellman backup")
@@ -170,7 +175,12 @@ def prepare_critic(args, device):
         die(f"--holdout {args.holdout} leaves no episode to train on")
     print(f"03_critic: {len(episodes) - len(kept)} self episodes held out of training (--holdout {args.holdout})")
     episodes = kept
-    critic = Critic(grad_checkpointing(load_model(AutoModel, args.policy), args)).to(device).train()
+    if args.init and not owned(args.init, "critic"):
+        die(f"--init {args.init} is not a critic directory of 03_critic.py")
+    critic = Critic(grad_checkpointing(load_model(AutoModel, args.init or args.policy), args))
+    if args.init:  # the V and Q heads too; the transformer came from --init above
+        critic.load_state_dict(load_file(os.path.join(args.init, "heads.safetensors")), strict=False)
+    critic = critic.to(device).train()
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
     if not data:
         die("no trajectory fits the model's context")
@@ -183,7 +193,7 @@ def prepare_critic(args, device):
 
 def main(argv=None):
     args = parse_args(argv)
-    world, device, amp = start(args, "critic", args.data + [args.policy])
+    world, device, amp = start(args, "critic", args.data + [args.policy] + [args.init] * bool(args.init))
     tokenizer, critic, data = prepare_critic(args, device)
     target_q_head = copy.deepcopy(critic.q_head).requires_grad_(False)  # Qbar
     train_critic = distribute(critic, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the critic itself

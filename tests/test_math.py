@@ -532,6 +532,25 @@ def test_held_out_episodes_never_reach_the_critics_loss(stages, tiny_run, tmp_pa
     assert {key(ep) for ep in seen} == {key(ep) for ep in eps if not held_out(ep, 0.5)}
 
 
+def test_03_init_starts_from_the_given_critic_its_heads_too(stages, tiny_run, tmp_path, in_process):
+    """03 --init CRITIC: the transformer and both heads start as CRITIC's (a learning rate of ~0 keeps them there);
+    without it the heads start fresh; a policy directory as --init is refused in one line, exit 2."""
+    from safetensors.torch import load_file
+    c3 = stages["03_critic"]
+    run = lambda out, *more, check=True: in_process(
+        c3, "--data", tiny_run / "expert.jsonl", "--policy", tiny_run / "policy_0", "--out", tmp_path / out,
+        "--epochs", 1, "--threads", 1, *more, check=check)
+    run("first")
+    run("warm", "--init", tmp_path / "first", "--lr", 1e-12)
+    run("fresh", "--lr", 1e-12)
+    w = {n: {**load_file(tmp_path / n / "heads.safetensors"), **load_file(tmp_path / n / "model.safetensors")}
+         for n in ("first", "warm", "fresh")}
+    same = lambda a, b: all(torch.allclose(w[a][k], w[b][k], atol=1e-6) for k in w["first"])
+    assert same("warm", "first") and not same("fresh", "first")
+    bad = run("bad", "--init", tiny_run / "policy_0", check=False)
+    assert bad.returncode == 2 and "is not a critic directory" in bad.stderr and not (tmp_path / "bad").exists()
+
+
 def test_heldout_report_and_the_view_of_a_mistake_by_hand(stages):
     """04 on held-out kitchen episodes: explained variance on r_env returns, mean V and return, AUC, and V just after
     a harmful step (a flawed item used) against just after a correct one, with the mean A at each."""
