@@ -43,7 +43,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from envs.kitchen import judge
+from envs import judge
 from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_finite, check_flags, die, fit_context,
                       held_out, load_model, owned, read_episodes, read_json, save_episodes, start)
 
@@ -122,13 +122,13 @@ def auc(scores, labels):
 
 
 def mistake_view(episodes):
-    """Where the environment can tell a mistake (kitchen's judge: a flawed item used, against the good one): V just
+    """Where the environment can tell a mistake (envs.judge; kitchen: a flawed item used, against the good one): V just
     after a harmful step and just after a correct one, the mean A_t at each and its spread (std), how many steps."""
     after, adv = {"harmful": [], "correct": []}, {"harmful": [], "correct": []}
     for ep in episodes:
         prev = [ep["obs0"]] + [s["obs"] for s in ep["steps"]]
         for t, s in enumerate(ep["steps"]):
-            kind = judge(prev[t], s["action"]) if ep["env"] == "kitchen" else None
+            kind = judge(ep["env"], prev[t], s["action"])
             if kind:
                 adv[kind].append(s["adv"])
                 if t + 1 < len(ep["steps"]):  # V(s_{t+1}); the last step's next state is terminal

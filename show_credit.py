@@ -25,7 +25,7 @@ import math
 import os
 import sys
 
-from envs.kitchen import judge
+from envs import judge
 
 STEP_KEYS = ("action", "text", "obs", "label", "r_env", "r_aux", "v", "adv")
 EPISODE_KEYS = ("task_id", "task", "steps", "success", "source")
@@ -132,10 +132,10 @@ def reply_of(step):
 
 
 def harmful(ep):
-    """The steps of a kitchen episode that used the item the observation before them called flawed (judge)."""
+    """The steps the environment judges harmful (envs.judge; kitchen: the item the observation before called flawed)."""
     prev = [ep.get("obs0", "")] + [s["obs"] for s in ep["steps"]]
     return {t for t, s in enumerate(ep["steps"])
-            if ep.get("env") == "kitchen" and judge(prev[t], s["action"]) == "harmful"}
+            if judge(ep.get("env"), prev[t], s["action"]) == "harmful"}
 
 
 def outcome(ep):

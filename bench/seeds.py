@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import check_runs, eval_worlds  # noqa: E402
 from bench.mistakes import closed_arrivals  # noqa: E402
-from envs.kitchen import judge  # noqa: E402
+from envs import judge  # noqa: E402
 from plumbing import check_out, die, open_log, read_json, save_text  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
@@ -114,7 +114,7 @@ def main():
                         ep = json.loads(line)
                         verbs += [v for v, _ in closed_arrivals(ep)]
                         prev = [ep["obs0"]] + [st["obs"] for st in ep["steps"]]
-                        flaws += [judge(o, st["action"]) for o, st in zip(prev, ep["steps"]) if ep["env"] == "kitchen"]
+                        flaws += [judge(ep["env"], o, st["action"]) for o, st in zip(prev, ep["steps"])]
         flaws = [f for f in flaws if f]
         return (f"{verbs.count('examine') / len(verbs):.2f}" if verbs else
                 f"{flaws.count('harmful') / len(flaws):.2f}" if flaws else "-")

@@ -46,4 +46,12 @@ def make(name, **kwargs):
     return cls(**kwargs)
 
 
-__all__ = ["TextEnv", "REGISTRY", "make"]
+def judge(name, prev_obs, action):
+    """Environment `name`'s verdict on one step, from the observation before it and the command: 'harmful' (a valid
+    step it knows to be a mistake), 'correct' (the alternative), or None (no such decision, or a world without a
+    judge). Only kitchen has one (envs/kitchen.py); 04, show_credit.py and bench/seeds.py read mistakes through this."""
+    module = importlib.import_module(REGISTRY[name].split(":")[0]) if name in REGISTRY else None
+    return module.judge(prev_obs, action) if hasattr(module, "judge") else None
+
+
+__all__ = ["TextEnv", "REGISTRY", "judge", "make"]

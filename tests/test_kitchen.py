@@ -143,6 +143,10 @@ def test_judge_and_the_grammar():
                  "use bowl 2") == "correct"
     assert judge("Next: egg. You see rotten egg 1 and egg 2.", "look") is None
     assert judge("Next: egg. You see rotten egg 1 and egg 2.", "use milk 1") is None
+    # envs.judge, what 04, show_credit.py and bench/seeds.py call: kitchen's judge, None for a world without one
+    assert envs.judge("kitchen", "Next: egg. You see rotten egg 1 and egg 2.", "use egg 1") == "harmful"
+    assert envs.judge("household", "Next: egg. You see rotten egg 1 and egg 2.", "use egg 1") is None
+    assert envs.judge(None, "Next: egg. You see rotten egg 1 and egg 2.", "use egg 1") is None
     env = envs.make("kitchen")
     env.reset("train/00000")
     assert all(env.step(c)[0] != NOTHING or c == "look" for c in env.admissible_actions()[:1])
