@@ -18,7 +18,8 @@
 #   the others are worlds the run never saw; other envs: "0"), KEEP_OLD=0 (1: the buffer keeps every
 #   iteration's self data), EVAL=1 (0: train only, no evaluation and no results table; a later run with EVAL=1
 #   evaluates what exists), REF=bc (05's pi_ref: bc = policy_0, prev = pi_{k-1}), LATER_ARGS: 05's extra flags from
-#   iteration 2 on, for Q-Evolve and the outcome-level PG alike, THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
+#   iteration 2 on, for Q-Evolve and the outcome-level PG alike (household: "--lr 1.5e-4 --kl-coef 0.1", chosen on dev:
+#   bench/results/tuning_dev.md; others: none; LATER_ARGS= sets none), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
 #   PRECISION=auto (01-05's --precision: bf16 autocast on a GPU; bf16 takes that arithmetic on a CPU too)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
@@ -114,8 +115,9 @@ HOUSEHOLD_KWARGS='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "r
 # shop's default miniature (docs/environments.md, 'The shop miniature'): 3 results per page, 10 steps, and a
 # demonstrator that on half of the tasks buys before clicking the requested options
 SHOP_KWARGS='{"page_size": 3, "max_steps": 10, "hasty": 0.5}'
-if [ "$ENV" = household ]; then
-  ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"}
+if [ "$ENV" = household ]; then  # from iteration 2 on, half the lr and twice the KL weight (ETO's schedule; on dev)
+  ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} LATER_ARGS=${LATER_ARGS-"--lr 1.5e-4 \
+--kl-coef 0.1"}
 elif [ "$ENV" = kitchen ]; then  # the credit world (docs/design.md, 'The default miniature'): the env's defaults
   ENV_KWARGS=${ENV_KWARGS:-"{}"} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"}
 elif [ "$ENV" = shop ]; then  # longer episodes: budgets that fit ~20 minutes, replies of up to 64 tokens

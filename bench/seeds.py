@@ -36,7 +36,7 @@ from plumbing import check_out, die, open_log, read_json, save_text  # noqa: E40
 # K is always printed.
 RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS",
                     "EVAL_WORLDS", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS",
-                    "ALGOS", "RFT_ARGS", "OUTCOME_ARGS"]
+                    "ALGOS", "RFT_ARGS", "OUTCOME_ARGS", "REF", "LATER_ARGS"]
 NAMES = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level PG"}
 
 

@@ -208,6 +208,14 @@ def test_ref_and_later_args_reach_05_from_the_second_iteration(tmp_path):
         k = int(c.split("--out ")[1].split()[0][-1])
         prev = run / "policy_0" if k == 1 else (run if "outcome" not in c else run / "outcome") / "policy_1"
         assert f"--policy {prev} --ref {prev} " in c and c.endswith("--lr 1e-4") == (k == 2), c
+    # household's default from iteration 2 on (chosen on dev), and LATER_ARGS= for none
+    del env["LATER_ARGS"], env["REF"]
+    for later, want in ((None, "--lr 1.5e-4 --kl-coef 0.1"), ("", None)):
+        env.update(ENV="household", **({} if later is None else {"LATER_ARGS": later}))
+        out = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
+        ends = [c.endswith(" --lr 1.5e-4 --kl-coef 0.1") == bool(want and "policy_2 " in c) and "1.5e-4" not in c[:-27]
+                for c in out.splitlines() if c.startswith("== echo 05_bppo.py")]
+        assert len(ends) == 4 and all(ends), out[-2000:]
     env["REF"] = "pi0"
     proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("error: REF must be bc") and "== " not in proc.stdout
