@@ -180,9 +180,11 @@ def main():
                   "just after a harmful step against just after the correct one (kitchen), the mean A_t at each:", "",
                   "| seed | iteration | episodes | explained variance | V / return | AUC | V after harmful / correct "
                   "| A at harmful / correct |", "|---|---|---|---|---|---|---|---|"]
+        f = lambda x, spec: "-" if x != x else format(x, spec)  # NaN: no such step (a world without a judge)
         lines += [f"| {seed} | {k} | {h['episodes']} | {h['explained_variance']:.2f} | {h['v_mean']:.2f} / "
-                  f"{h['ret_mean']:.2f} | {h['auc_v']:.2f} | {h['v_after_harmful']:.2f} / {h['v_after_correct']:.2f} | "
-                  f"{h['adv_harmful']:+.3f} / {h['adv_correct']:+.3f} |" for seed, k, h in held]
+                  f"{h['ret_mean']:.2f} | {h['auc_v']:.2f} | {f(h['v_after_harmful'], '.2f')} / "
+                  f"{f(h['v_after_correct'], '.2f')} | {f(h['adv_harmful'], '+.3f')} / {f(h['adv_correct'], '+.3f')} |"
+                  for seed, k, h in held]
     text = "\n".join(lines) + "\n"
     save_text(os.path.join(ROOT, args.out), text)
     print(text)
