@@ -43,6 +43,8 @@ def parse_task_id(env, task_id, sizes):
     Raises ValueError naming what is valid."""
     try:
         split, index = task_id.split("/")
+        if not index.isdigit() or not index.isascii():  # int() would take ' 5', '+5' and '5_0'
+            raise ValueError
         index = int(index)
     except (AttributeError, ValueError):
         raise ValueError(f"bad task id {task_id!r}; expected '<split>/<index>' like 'train/00042'") from None

@@ -17,17 +17,26 @@ After the last station the dish is done: "The omelette is ready." (reward 1, ter
 omelette is ruined." (reward 0, terminated). With probability `outage` per task the power goes out
 after a step drawn from 1..decisions, whatever the agent did: "The power goes out. The omelette is
 ruined." (reward 0, terminated) - outcome noise, announced when it happens. There is no hidden budget:
-the step limit, 2 * decisions + 2, is one the demonstrator never reaches.
+the step limit, 3 * decisions + 2, is one the demonstrator never reaches.
+
+Wasted steps, the ones 02's retrospective labels see (they cost a step, never the dish):
+  - a command naming an item not on offer (`use egg 3`) does nothing: "Nothing happens. Next: egg.
+    You see ..." (the offer restated) - labelled `invalid`;
+  - `look` restates what is in view: with the offer in view the agent reads the same text again -
+    labelled `repeat` (after "Nothing happens." it shows the offer alone, a new text).
 
 The demonstrator is careless at each station with probability `careless`: it uses item 1 without
 reading; else it uses the good item. After a tool is put back it uses the other one. So where item 1
 is flawed its most common reply (what greedy behavior cloning copies) is the flawed one, when
-careless > 0.5; the good reply is in the buffer all the same.
+careless > 0.5; the good reply is in the buffer all the same. Before its choice it fumbles at a
+station with probability `slip` (`use egg 3`: one `invalid` step), else with probability `relook` it
+looks again (one `repeat` step): on the default world's stations, 10% invalid and 9% repeat.
 
 Splits: a task's pairings (dish, kind) decide them, as household's (object, goal) pairings do: a
 pairing is held out iff crc32("dish>kind") % 4 == 0; unseen tasks have at least one held-out pairing,
 train / dev / seen tasks none (separate random streams, so they share no task).
-A keyword value out of range is a ValueError naming the key.
+A keyword value out of range, or a number of decisions for which some split has no task, is a ValueError
+naming the key.
 """
 import random
 import zlib
@@ -49,24 +58,37 @@ def is_unseen_pairing(dish, kind):
     return zlib.crc32(f"{dish}>{kind}".encode()) % 4 == 0
 
 
+# The most decisions for which every split has tasks: the largest count of kinds one dish has without a held-out
+# pairing (train, dev and seen tasks hold none). Above it the generator could never draw a train task.
+MAX_DECISIONS = max(sum(not is_unseen_pairing(d, k) for k in FLAWS) for d in DISHES)
+
+
 class KitchenEnv(TextEnv):
     """See the module docstring. Knobs: decisions (stations per task), careless (the demonstrator's
-    slip rate), spoil (a flawed ingredient's chance to spoil the dish), outage (noise per task)."""
+    slip rate), spoil (a flawed ingredient's chance to spoil the dish), outage (noise per task), slip and
+    relook (the demonstrator's wasted steps: an invalid command, a needless look)."""
 
     name = "kitchen"
     splits = ("train", "dev", "seen", "unseen")
 
-    def __init__(self, seed=0, decisions=4, careless=0.7, spoil=0.6, outage=0.1, n_train=1000, n_dev=100,
-                 n_seen=100, n_unseen=100):
-        for key, value, low, high in [("decisions", decisions, 1, len(FLAWS)), ("careless", careless, 0, 1),
-                                      ("spoil", spoil, 0, 1), ("outage", outage, 0, 1),
+    def __init__(self, seed=0, decisions=4, careless=0.7, spoil=0.6, outage=0.1, slip=0.1, relook=0.1,
+                 n_train=1000, n_dev=100, n_seen=100, n_unseen=100):
+        for key, value, low, high in [("seed", seed, 0, 2**32 - 1), ("decisions", decisions, 1, MAX_DECISIONS),
+                                      ("careless", careless, 0, 1), ("spoil", spoil, 0, 1), ("outage", outage, 0, 1),
+                                      ("slip", slip, 0, 1), ("relook", relook, 0, 1),
                                       ("n_train", n_train, 1, 10**6), ("n_dev", n_dev, 1, 10**6),
                                       ("n_seen", n_seen, 1, 10**6), ("n_unseen", n_unseen, 1, 10**6)]:
-            if not low <= value <= high:  # NaN fails too
-                raise ValueError(f"kitchen: {key} must be in [{low}, {high}], got {value!r}")
+            counts = key == "seed" or key == "decisions" or key.startswith("n_")
+            if isinstance(value, bool) or not isinstance(value, int if counts else (int, float)) \
+                    or not low <= value <= high:  # NaN fails too
+                why = (f" (at most {MAX_DECISIONS}: above it no dish has that many kinds without a held-out "
+                       "pairing, so no train task exists)") if key == "decisions" else ""
+                raise ValueError(f"kitchen: {key} must be {'an integer' if counts else 'a number'} in [{low}, {high}]"
+                                 f"{why}, got {value!r}")
         self.seed, self.decisions, self.careless, self.spoil, self.outage = seed, decisions, careless, spoil, outage
+        self.slip, self.relook = slip, relook
         self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
-        self.max_steps = 2 * decisions + 2
+        self.max_steps = 3 * decisions + 2
         self.instruction = "Kitchen agent. Reply with 'Action: <command>'."
         self._task = None
 
@@ -81,11 +103,13 @@ class KitchenEnv(TextEnv):
         goes out (None: it stays on)."""
         split, index = parse_task_id(self, task_id, self.n_tasks)
         rng = random.Random(f"kitchen/{self.seed}/{split}/{index}")
-        while True:  # rejection: unseen tasks hold a held-out pairing, the others none
+        for _ in range(100_000):  # rejection: unseen tasks hold a held-out pairing, the others none
             dish = rng.choice(DISHES)
             kinds = rng.sample(sorted(FLAWS), self.decisions)
             if any(is_unseen_pairing(dish, k) for k in kinds) == (split == "unseen"):
                 break
+        else:  # unreachable for decisions <= MAX_DECISIONS (a draw succeeds with probability > 1e-3)
+            raise RuntimeError(f"kitchen: no {split} task found for {task_id}")
         flawed = [rng.choice([1, 2]) for _ in kinds]
         spoils = [rng.random() < self.spoil for _ in kinds]
         outage_at = rng.randint(1, self.decisions) if rng.random() < self.outage else None
@@ -96,7 +120,7 @@ class KitchenEnv(TextEnv):
     # ------------------------------------------------------------------ episode
     def reset(self, task_id):
         self._task = g = self.generate(task_id)
-        self.station, self.t, self.done, self.spoiled, self.put_back = 0, 0, False, False, False
+        self.station, self.t, self.done, self.spoiled, self.put_back, self.tries = 0, 0, False, False, False, 0
         self.last_obs = obs = f"You are in the kitchen. {self._offer()}"
         return obs, {"task": g["task"], "task_id": task_id}
 
@@ -112,11 +136,11 @@ class KitchenEnv(TextEnv):
     def _execute(self, cmd):
         """Apply one command -> (what the agent reads, whether the last station is done)."""
         g, i = self._task, self.station
-        if cmd == "look":
-            return self._offer(), False
+        if cmd == "look":  # what is in view, again: the same text (a `repeat`), or the offer after "Nothing happens."
+            return (self._offer() if self.is_invalid(self.last_obs) else self.last_obs), False
         kind = g["kinds"][i]
         if cmd not in (f"use {kind} 1", f"use {kind} 2"):
-            return NOTHING, False
+            return f"{NOTHING} {self._offer()}", False
         n = int(cmd[-1])
         if n == g["flawed"][i] and kind in TOOLS:
             self.put_back = True
@@ -125,14 +149,14 @@ class KitchenEnv(TextEnv):
         if n == g["flawed"][i]:  # a flawed ingredient: in the dish for good
             said += " It smells bad."
             self.spoiled = self.spoiled or g["spoils"][i]
-        self.station, self.put_back = i + 1, False
+        self.station, self.put_back, self.tries = i + 1, False, 0
         if self.station == self.decisions:
             return said, True
         return f"{said} {self._offer()}", False
 
     def step(self, action):
         self._check_step(self._task is not None)
-        self.t += 1
+        self.t, self.tries = self.t + 1, self.tries + 1
         obs, finished = self._execute(" ".join(str(action).strip().split()))
         dish, won = self._task["dish"], False
         if self._task["outage_at"] == self.t:  # the noise: whatever the agent did
@@ -177,15 +201,23 @@ class KitchenEnv(TextEnv):
         if self.put_back:  # it has just put a flawed tool back: it takes the other one
             return f"use {kind} {good}"
         rng = random.Random(f"careless/{self.seed}/{g['task_id']}/{i}")
-        return f"use {kind} 1" if rng.random() < self.careless else f"use {kind} {good}"
+        careless, slip, relook = (rng.random() < p for p in (self.careless, self.slip, self.relook))
+        if self.tries == 0 and slip:  # a fumble: an item not on offer, "Nothing happens." (`invalid`)
+            return f"use {kind} 3"
+        if self.tries == 0 and relook:  # a needless look: the same text again (`repeat`)
+            return "look"
+        return f"use {kind} 1" if careless else f"use {kind} {good}"
 
 
 
 def judge(prev_obs, action):
     """One step of a kitchen episode, from the observation before it and its command: 'harmful' if it used the
-    item that observation calls flawed, 'correct' if it used the other one, else None (04's view of a mistake)."""
-    words = action.split()
-    if len(words) != 3 or words[0] != "use" or words[1] not in FLAWS or f"Next: {words[1]}." not in prev_obs:
+    item that observation's offer calls flawed, 'correct' if it used the other one, else None - a command the world
+    does not accept (no item of the offer: `use egg 3`), `look`, or no offer in view (04's view of a mistake)."""
+    words = " ".join(action.split()).split(" ")
+    if len(words) != 3 or words[0] != "use" or words[2] not in ("1", "2") or "Next:" not in prev_obs:
         return None
     offer = prev_obs.rsplit("Next:", 1)[1]
+    if not offer.startswith(f" {words[1]}."):  # not the kind on offer: "Nothing happens."
+        return None
     return "harmful" if f"{FLAWS[words[1]]} {words[1]} {words[2]}" in offer else "correct"

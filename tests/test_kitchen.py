@@ -57,7 +57,8 @@ def test_a_flawed_tool_is_put_back_at_the_cost_of_a_step_and_a_second_try_is_a_r
     assert (r, done, cut, env.station) == (0.0, False, False, 0)
     assert env.step(f"use {kind} {bad}")[0] == obs1  # 02's retro_label: `repeat`
     assert env.expert_action() == f"use {kind} {3 - bad}"  # the demonstrator takes the other one
-    assert env.step("use nothing 1")[0] == NOTHING and env.is_invalid(NOTHING)
+    nothing = env.step("use nothing 1")[0]
+    assert nothing == f"{NOTHING} Next: {kind}. {obs1.split(f'Next: {kind}. ')[1]}" and env.is_invalid(nothing)
     assert env.step(good(env))[0].startswith(f"You use the {kind} {3 - bad}. Next: {g['kinds'][1]}.")
 
 
@@ -77,7 +78,7 @@ def test_the_good_item_always_succeeds_without_an_outage_and_no_budget_is_hidden
         for tid in env.task_ids("dev"):
             obs, reward, steps = play(env, tid, good)
             assert reward == (0.0 if env._task["outage_at"] else 1.0) and steps <= d
-            assert play(env, tid, lambda e: e.expert_action())[2] < env.max_steps == 2 * d + 2  # never reached
+            assert play(env, tid, lambda e: e.expert_action())[2] < env.max_steps == 3 * d + 2  # never reached
 
 
 def test_the_demonstrator_slips_at_its_known_rate_and_its_mode_is_the_flaw_where_item_1_is_flawed():
@@ -88,12 +89,45 @@ def test_the_demonstrator_slips_at_its_known_rate_and_its_mode_is_the_flaw_where
         while not env.done:
             bad, first_try = env._task["flawed"][env.station], not env.put_back
             cmd = env.expert_action()
-            if first_try:
+            if first_try and cmd[-1] in "12":  # its choice, after a fumble or a look if any
                 used[bad].append(cmd.endswith(str(bad)))
             env.step(cmd)
     assert statistics.mean(used[1]) == pytest.approx(0.7, abs=0.03) and statistics.mean(used[2]) == 0.0
     slip = (sum(used[1]) + sum(used[2])) / (len(used[1]) + len(used[2]))
     assert slip == pytest.approx(0.35, abs=0.02)
+
+
+def test_wasted_steps_are_labelled_at_their_stated_rates_and_never_cost_the_dish():
+    """02's retrospective labels (format > invalid > repeat > ok, from the next observation) on the demonstrator's
+    train episodes: `invalid` at about `slip` of the stations, `repeat` at about (1 - slip) * `relook`; and a
+    fumble or a look changes nothing but the step count: the same choices win or lose the same way."""
+    env = envs.make("kitchen")
+    labels, stations = {"ok": 0, "invalid": 0, "repeat": 0}, 0
+    for tid in env.task_ids("train"):
+        prev = env.reset(tid)[0]
+        while not env.done:
+            obs = env.step(env.expert_action())[0]
+            labels["invalid" if env.is_invalid(obs) else "repeat" if obs == prev else "ok"] += 1
+            prev = obs
+        stations += env.station + (not env._task["outage_at"] and env.station < env.decisions)
+    assert labels["invalid"] / stations == pytest.approx(0.1, abs=0.02)
+    assert labels["repeat"] / stations == pytest.approx(0.9 * 0.1, abs=0.02)
+    clean = envs.make("kitchen", slip=0.0, relook=0.0, outage=0.0)
+    for tid in clean.task_ids("dev")[:50]:
+        fumbles = lambda e: f"use {e._task['kinds'][e.station]} 3" if e.tries == 0 else ("look" if e.tries == 1
+                                                                                          else good(e))
+        assert play(clean, tid, fumbles)[1:] == (1.0, 3 * clean.decisions)
+        assert play(clean, tid, lambda e: e.expert_action())[1] == play(envs.make(
+            "kitchen", outage=0.0), tid, lambda e: e.expert_action())[1]
+
+
+def test_look_restates_what_is_in_view():
+    env = envs.make("kitchen")
+    obs0, _ = env.reset("dev/00000")
+    kind = env._task["kinds"][0]
+    assert env.step("look")[0] == obs0  # the offer was in view: the same text, a `repeat`
+    nothing = env.step(f"use {kind} 3")[0]
+    assert nothing.startswith(NOTHING) and env.step("look")[0] == nothing[len(NOTHING) + 1:]  # the offer, new text
 
 
 def test_several_decisions_successes_with_recovered_mistakes_and_failures_of_mostly_good_steps():
@@ -143,6 +177,10 @@ def test_judge_and_the_grammar():
                  "use bowl 2") == "correct"
     assert judge("Next: egg. You see rotten egg 1 and egg 2.", "look") is None
     assert judge("Next: egg. You see rotten egg 1 and egg 2.", "use milk 1") is None
+    for cmd in ("use egg 3", "use egg 0", "use egg one", "use egg -1", "use egg", "use  egg 1 2"):
+        assert judge("Next: egg. You see rotten egg 1 and egg 2.", cmd) is None, cmd  # "Nothing happens."
+    assert judge("Nothing happens. Next: egg. You see rotten egg 1 and egg 2.", "use egg  2") == "correct"
+    assert judge("Nothing happens.", "use egg 2") is None
     # envs.judge, what 04, show_credit.py and bench/seeds.py call: kitchen's judge, None for a world without one
     assert envs.judge("kitchen", "Next: egg. You see rotten egg 1 and egg 2.", "use egg 1") == "harmful"
     assert envs.judge("household", "Next: egg. You see rotten egg 1 and egg 2.", "use egg 1") is None
@@ -154,3 +192,15 @@ def test_judge_and_the_grammar():
     assert all(isinstance(env.random_action(rng), str) for _ in range(10))
     with pytest.raises(ValueError, match="decisions"):
         envs.make("kitchen", decisions=0)
+
+
+@pytest.mark.parametrize("kwargs", [{"decisions": 12}, {"decisions": 2.5}, {"decisions": True}, {"seed": "abc"},
+                                    {"slip": 1.5}, {"relook": float("nan")}])
+def test_a_value_no_split_can_be_made_with_is_refused_at_construction(kwargs):
+    from envs.kitchen import MAX_DECISIONS, KitchenEnv
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        KitchenEnv(**kwargs)
+    env = KitchenEnv(decisions=MAX_DECISIONS)  # the largest value: every split has its tasks, drawn in finite time
+    assert all(len(env.generate(env.task_ids(s)[0])["kinds"]) == MAX_DECISIONS for s in env.splits)
+    with pytest.raises(ValueError, match="bad task id"):
+        env.reset("train/ 5")
