@@ -35,7 +35,6 @@ import argparse
 import bisect
 import math
 import os
-from collections import defaultdict
 
 import numpy as np
 import torch
@@ -43,9 +42,9 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from envs import judge
+import critic_report
 from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_finite, check_flags, die, fit_context,
-                      held_out, load_model, owned, read_episodes, read_json, save_episodes, start)
+                      load_model, owned, read_episodes, read_json, save_episodes, start)
 
 
 def parse_args(argv=None):
@@ -108,84 +107,6 @@ def outcome_advantages(episodes):
     return [dict(ep, steps=[dict(s, v=b, q=R, adv=R - b) for s in ep["steps"]]) for ep, R in zip(episodes, returns)]
 
 
-def auc(scores, labels):
-    """Probability that a random positive scores above a random negative, ties counting 1/2
-    (the Mann-Whitney statistic, from the average ranks of the scores)."""
-    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
-    n_pos, n_neg = labels.sum(), (~labels).sum()
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    avg_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based rank, averaged over ties
-    rank_sum = avg_rank[inverse][labels].sum()
-    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def mistake_view(episodes):
-    """Where the environment can tell a mistake (envs.judge; kitchen: a flawed item used, against the good one): V just
-    after a harmful step and just after a correct one, the mean A_t at each and its spread (std), how many steps."""
-    after, adv = {"harmful": [], "correct": []}, {"harmful": [], "correct": []}
-    for ep in episodes:
-        prev = [ep["obs0"]] + [s["obs"] for s in ep["steps"]]
-        for t, s in enumerate(ep["steps"]):
-            kind = judge(ep["env"], prev[t], s["action"])
-            if kind:
-                adv[kind].append(s["adv"])
-                if t + 1 < len(ep["steps"]):  # V(s_{t+1}); the last step's next state is terminal
-                    after[kind].append(ep["steps"][t + 1]["v"])
-    mean = lambda x: float(np.mean(x)) if len(x) else float("nan")
-    return {**{f"v_after_{k}": mean(x) for k, x in after.items()}, **{f"adv_{k}": mean(x) for k, x in adv.items()},
-            **{f"adv_{k}_std": float(np.std(x)) if x else float("nan") for k, x in adv.items()},
-            **{f"steps_{k}": len(x) for k, x in adv.items()}}
-
-
-def heldout_report(episodes, gamma):
-    """The critic on self episodes it never trained on (03 --holdout), where it can fail as it would on the policy's
-    next states: the explained variance of the discounted return on r_env by V(s_t), mean V against mean return
-    (V far above it: GAE blames most steps), the AUC of V(s_t) for the episode's success over every state; and its
-    view of a mistake (mistake_view)."""
-    rows = []
-    for ep in episodes:
-        g = 0.0
-        for s in reversed(ep["steps"]):  # g_t = r_env_t + gamma * g_{t+1}
-            g = s["r_env"] + gamma * g
-            rows.append((s["v"], g, ep["success"]))
-    v, g, won = np.array(rows, dtype=np.float64).T
-    return {"episodes": len(episodes), "explained_variance": float(1 - np.var(g - v) / max(np.var(g), 1e-8)),
-            "v_mean": float(v.mean()), "ret_mean": float(g.mean()), "auc_v": auc(v, won.astype(bool)),
-            **mistake_view(episodes)}
-
-
-def advantage_report(episodes, gamma, learned_aux):
-    """Do V and the process rewards make sense? The explained variance of the discounted return-to-go g_t (on the
-    critic's rewards) by V (1 = all, 0 = no better than a constant); V, Q and g_t by source (V far above the return
-    is optimistic: GAE then blames the last steps of failed episodes); the mean A_t by source and by label (invalid,
-    format, repeat below ok; self below expert); the AUC of V(s_t) for the self episodes' success at s_0..s_3 and
-    over every state (0.5 = none, 1 = perfect): it should rise once a mistake is in the context."""
-    by_source, by_label, critic = defaultdict(list), defaultdict(list), defaultdict(list)
-    for ep in episodes:
-        g = 0.0
-        for s in reversed(ep["steps"]):  # g_t = r_t + gamma * g_{t+1}, g_T = 0 (the step limit ends the task)
-            g = s["r_env"] + (s["r_aux"] if learned_aux else 0.0) + gamma * g
-            critic[ep["source"]].append((s["v"], s["q"], g))
-        for s in ep["steps"]:
-            by_source[ep["source"]].append(s["adv"])
-            by_label[s["label"]].append(s["adv"])
-    vqg = {src: np.array(rows) for src, rows in sorted(critic.items())}  # (steps, 3): V, Q, g_t
-    v, g = np.concatenate(list(vqg.values()))[:, [0, 2]].T
-    own = [ep for ep in episodes if ep["source"] != "expert"]
-    return {"explained_variance": float(1 - np.var(g - v) / max(np.var(g), 1e-8)),
-            "critic_by_source": {src: {"v_mean": float(np.mean(x[:, 0])), "v_std": float(np.std(x[:, 0])),
-                                       "q_mean": float(np.mean(x[:, 1])), "q_std": float(np.std(x[:, 1])),
-                                       "ret_mean": float(np.mean(x[:, 2]))} for src, x in vqg.items()},
-            "adv_mean_by_source": {k: float(np.mean(v)) for k, v in sorted(by_source.items())},
-            "adv_mean_by_label": {k: float(np.mean(v)) for k, v in sorted(by_label.items())},
-            "steps_by_label": {k: len(v) for k, v in sorted(by_label.items())},
-            "auc_v_self_by_step": [auc([ep["steps"][t]["v"] for ep in own if len(ep["steps"]) > t],
-                                       [ep["success"] for ep in own if len(ep["steps"]) > t]) for t in range(4)],
-            "auc_v_self_every_state": auc([s["v"] for ep in own for s in ep["steps"]],
-                                          [ep["success"] for ep in own for s in ep["steps"]])}
-
 # ----------------------------------------------------------------------------------------
 # The critic of 03 (copied byte-identical from 03_critic.py), and load_critic, which reads the directory 03 writes.
 # ----------------------------------------------------------------------------------------
@@ -230,16 +151,14 @@ def load_critic(path, device):
 
 
 def critic_advantages(args, episodes, device, amp):
-    """V and Q of every step from the critic (one forward pass per batch), then A_t -> (gamma, whether the
-    critic learned on r_aux, whether A_t uses it, the share of self episodes 03 held out, the episodes with "v",
-    "q" and "adv")."""
+    """V and Q of every step from the critic (one forward pass per batch), then A_t -> (gamma, whether A_t uses
+    r_aux, the share of self episodes 03 held out, the episodes with "v", "q" and "adv")."""
     critic, tokenizer = load_critic(args.critic, device)
     trained = read_json(os.path.join(args.critic, "args.json"))  # the flags 03 trained the critic with
     gamma = trained.get("gamma") if args.gamma is None else args.gamma
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
         die(f"{args.critic}/args.json: gamma must be a number in [0, 1], got {gamma!r}; or pass --gamma")
-    learned_aux = not trained.get("no_aux", False)  # the critic learned on r_env + r_aux (03 --no-aux: r_env)
-    with_aux = args.rewards == "critic" and learned_aux  # r_t of the advantage
+    with_aux = args.rewards == "critic" and not trained.get("no_aux", False)  # r_t of the advantage (03 --no-aux: none)
     holdout = trained.get("holdout", 0.0)  # 03 --holdout: these self episodes never reached its loss
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
     if not data:
@@ -255,7 +174,7 @@ def critic_advantages(args, episodes, device, amp):
                 n = len(data[j][0]["steps"])
                 out_eps[j] = episode_advantages(data[j][0], v_all[row, :n + 1], q[row, :n], gamma, args.lam,
                                                 args.advantage, with_aux)
-    return gamma, learned_aux, with_aux, holdout, out_eps
+    return gamma, with_aux, holdout, out_eps
 
 
 def main(argv=None):
@@ -267,58 +186,24 @@ def main(argv=None):
     _, device, amp = start(args, "04_gae", args.data + [args.critic] * bool(args.critic))  # --out, seed, device
     episodes = read_episodes(args.data)
     if args.advantage == "outcome":
-        gamma, learned_aux, with_aux, holdout = 1.0 if args.gamma is None else args.gamma, False, False, 0.0
+        gamma, with_aux, holdout = 1.0 if args.gamma is None else args.gamma, False, 0.0
         out_eps = outcome_advantages(episodes)
+        if len({ep["reward"] for ep in episodes}) == 1:  # one outcome for all: A_t = 0 everywhere
+            print(f"04_gae: every episode has the return {episodes[0]['reward']:g}: nothing to compare (the outcome "
+                  "advantage needs episodes of different returns, one success and one failure); every A_t is 0")
     else:
-        gamma, learned_aux, with_aux, holdout, out_eps = critic_advantages(args, episodes, device, amp)
+        gamma, with_aux, holdout, out_eps = critic_advantages(args, episodes, device, amp)
     if not all(math.isfinite(s["v"] + s["q"]) and abs(s["adv"]) <= MAX_REWARD for ep in out_eps for s in ep["steps"]):
         die(f"the critic gives a non-finite V or Q, or an advantage that is not a finite number of at most "
             f"{MAX_REWARD:g} in size; nothing written")
 
-    trained = [ep for ep in out_eps if not held_out(ep, holdout)]  # what the critic learned on: in-sample
-    unseen = [ep for ep in out_eps if held_out(ep, holdout)]
-    summary = {"stage": "04_gae", "advantage": args.advantage, "rewards": args.rewards, "with_aux": with_aux,
-               "gamma": gamma, "lam": args.lam, **advantage_report(trained, gamma, learned_aux),
-               "heldout": heldout_report(unseen, gamma) if unseen else None,
-               "mistakes_self": mistake_view([ep for ep in out_eps if ep["source"] == "self"])}
-    save_episodes(args.out, out_eps, summary, args, args.metrics)  # and FILE.json, the summary
     how = {"qv": "Q - V", "outcome": "R - mean(R), the outcome-level baseline (no critic)"}.get(
         args.advantage, "GAE on r_env + r_aux" if with_aux else "GAE on r_env")
-    src = "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
-    lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
-    aucs = ", ".join(f"s_{t} {a:.3f}" for t, a in enumerate(summary["auc_v_self_by_step"]))
-    if any(math.isnan(a) for a in [*summary["auc_v_self_by_step"], summary["auc_v_self_every_state"]]):
-        aucs += " (nan: the self episodes there are all successes or all failures, one class only)"
-    crit = "  ".join(f"{k}: V {c['v_mean']:+.3f}+-{c['v_std']:.3f} Q {c['q_mean']:+.3f}+-{c['q_std']:.3f} "
-                     f"(return {c['ret_mean']:+.3f})" for k, c in summary["critic_by_source"].items())
-    if args.advantage != "outcome":
-        print(f"04_gae: the critic in-sample (the {len(trained)} episodes it trained on): explained variance of "
-              f"returns {summary['explained_variance']:.3f}; {crit}")
-    elif len({ep["reward"] for ep in episodes}) == 1:  # one outcome for all: A_t = 0 everywhere
-        print(f"04_gae: every episode has the return {episodes[0]['reward']:g}: nothing to compare (the outcome "
-              "advantage needs episodes of different returns, one success and one failure); every A_t is 0")
-    view = summary["mistakes_self"]
-    if view["steps_harmful"] and view["steps_correct"]:
-        print(f"04_gae: A_t at harmful steps (a flawed item used) {view['adv_harmful']:+.3f} +- "
-              f"{view['adv_harmful_std']:.3f} (n={view['steps_harmful']}), at correct ones "
-              f"{view['adv_correct']:+.3f} +- {view['adv_correct_std']:.3f} (n={view['steps_correct']}), over the self "
-              "episodes (mean +- std)")
-    if unseen:
-        h = summary["heldout"]
-        print(f"04_gae: the critic on {h['episodes']} self episodes it never trained on (03 --holdout {holdout}): "
-              f"explained variance of the return {h['explained_variance']:.3f}, mean V {h['v_mean']:+.3f} against a "
-              f"return of {h['ret_mean']:+.3f}, AUC of V for success {h['auc_v']:.3f}")
-        if h["steps_harmful"] and h["steps_correct"]:
-            print(f"04_gae: its view of a mistake (held out): V just after a harmful step {h['v_after_harmful']:+.3f}"
-                  f", after the correct one {h['v_after_correct']:+.3f}; mean A at harmful steps "
-                  f"{h['adv_harmful']:+.3f} (n={h['steps_harmful']}), at correct ones {h['adv_correct']:+.3f} "
-                  f"(n={h['steps_correct']})")
-        if h["explained_variance"] < 0.2 or not h["auc_v"] > 0.6:
-            print("04_gae: warning: on episodes it never saw the critic barely beats a constant (explained variance "
-                  "< 0.2 or AUC <= 0.6): its step credit here is mostly noise")
-    print(f"04_gae: A_t = {how}\n04_gae: mean advantage by source: {src}\n04_gae: mean advantage by label:  {lab}\n"
-          f"04_gae: AUC of V(s_t) for the episode's success (self): {aucs}, every state "
-          f"{summary['auc_v_self_every_state']:.3f} -> {args.out}")
+    summary = {"stage": "04_gae", "advantage": args.advantage, "rewards": args.rewards, "with_aux": with_aux,
+               "how": how, "gamma": gamma, "lam": args.lam,
+               **critic_report.report(out_eps, gamma, holdout, critic_report.env_kwargs_of(args.data))}
+    save_episodes(args.out, out_eps, summary, args, args.metrics)  # and FILE.json, the summary
+    critic_report.show(summary, args.out)
 
 
 # ----------------------------------------------------------------------------------------

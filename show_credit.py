@@ -132,10 +132,11 @@ def reply_of(step):
 
 
 def harmful(ep):
-    """The steps the environment judges harmful (envs.judge; kitchen: the item the observation before called flawed)."""
+    """The steps the environment judges a mistake (envs.judge; kitchen: the item the observation before called flawed,
+    a lasting 'harmful' ingredient or a 'recoverable' tool)."""
     prev = [ep.get("obs0", "")] + [s["obs"] for s in ep["steps"]]
     return {t for t, s in enumerate(ep["steps"])
-            if judge(ep.get("env"), prev[t], s["action"]) == "harmful"}
+            if judge(ep.get("env"), prev[t], s["action"]) in ("harmful", "recoverable")}
 
 
 def outcome(ep):

@@ -117,7 +117,7 @@ def main():
                         flaws += [judge(ep["env"], o, st["action"]) for o, st in zip(prev, ep["steps"])]
         flaws = [f for f in flaws if f]
         return (f"{verbs.count('examine') / len(verbs):.2f}" if verbs else
-                f"{flaws.count('harmful') / len(flaws):.2f}" if flaws else "-")
+                f"{1 - flaws.count('correct') / len(flaws):.2f}" if flaws else "-")
 
     mean, sd = statistics.mean, (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
     algos = os.environ.get("ALGOS", "qevolve").split()

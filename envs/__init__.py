@@ -48,10 +48,22 @@ def make(name, **kwargs):
 
 def judge(name, prev_obs, action):
     """Environment `name`'s verdict on one step, from the observation before it and the command: 'harmful' (a valid
-    step it knows to be a mistake), 'correct' (the alternative), or None (no such decision, or a world without a
-    judge). Only kitchen has one (envs/kitchen.py); 04, show_credit.py and bench/seeds.py read mistakes through this."""
+    step it knows to be a lasting mistake), 'recoverable' (a mistake the world lets it undo at the cost of a step),
+    'correct' (the alternative), or None (no such decision, or a world without a judge). Only kitchen has one
+    (envs/kitchen.py); critic_report.py, show_credit.py and bench/seeds.py read mistakes through this."""
     module = importlib.import_module(REGISTRY[name].split(":")[0]) if name in REGISTRY else None
     return module.judge(prev_obs, action) if hasattr(module, "judge") else None
 
 
-__all__ = ["TextEnv", "REGISTRY", "judge", "make"]
+def bayes_critic(name, fit, episodes, gamma, env_kwargs):
+    """The exact Bayes critic of environment `name`: V*(s_t) = E[G_t | what the agent has read], G_t the discounted
+    return on r_env, for each state of each of `episodes`, under the behaviour policy estimated from the episodes
+    `fit` - or None for a world without one. Only kitchen has one (envs/kitchen.py: behaviour, bayes_values)."""
+    module = importlib.import_module(REGISTRY[name].split(":")[0]) if name in REGISTRY else None
+    if not hasattr(module, "bayes_values"):
+        return None
+    taken, wasted = module.behaviour(fit, gamma)
+    return [module.bayes_values(ep, gamma, taken, wasted, **env_kwargs) for ep in episodes]
+
+
+__all__ = ["TextEnv", "REGISTRY", "bayes_critic", "judge", "make"]

@@ -38,6 +38,7 @@ train / dev / seen tasks none (separate random streams, so they share no task).
 A keyword value out of range, or a number of decisions for which some split has no task, is a ValueError
 naming the key.
 """
+import math
 import random
 import zlib
 
@@ -212,12 +213,79 @@ class KitchenEnv(TextEnv):
 
 def judge(prev_obs, action):
     """One step of a kitchen episode, from the observation before it and its command: 'harmful' if it used the
-    item that observation's offer calls flawed, 'correct' if it used the other one, else None - a command the world
-    does not accept (no item of the offer: `use egg 3`), `look`, or no offer in view (04's view of a mistake)."""
+    ingredient that observation's offer calls flawed (in the dish for good), 'recoverable' if the flawed tool (put
+    back, a step lost), 'correct' if it used the other item, else None - a command the world does not accept (no
+    item of the offer: `use egg 3`), `look`, or no offer in view (04's view of a mistake)."""
     words = " ".join(action.split()).split(" ")
     if len(words) != 3 or words[0] != "use" or words[2] not in ("1", "2") or "Next:" not in prev_obs:
         return None
     offer = prev_obs.rsplit("Next:", 1)[1]
     if not offer.startswith(f" {words[1]}."):  # not the kind on offer: "Nothing happens."
         return None
-    return "harmful" if f"{FLAWS[words[1]]} {words[1]} {words[2]}" in offer else "correct"
+    if f"{FLAWS[words[1]]} {words[1]} {words[2]}" not in offer:
+        return "correct"
+    return "harmful" if words[1] in INGREDIENTS else "recoverable"
+
+
+# ---------------------------------------------------------------------- the exact Bayes critic
+def behaviour(episodes, gamma):
+    """What bayes_values assumes of the policy, estimated from its episodes: the share of first choices at a station
+    that took the flawed item where item 1 is flawed and where item 2 is ({1: p1, 2: p2}), and E[gamma^W], W the
+    steps a station wastes before its first choice (a fumble, a look)."""
+    taken, waste = {1: [], 2: []}, []
+    for ep in episodes:
+        prev, station, fresh = ep["obs0"], None, 0
+        for s in ep["steps"]:
+            if "Next:" in prev and prev.rsplit("Next:", 1)[1] != station:
+                station, fresh = prev.rsplit("Next:", 1)[1], 0  # a new station's offer
+            verdict = judge(prev, s["action"])
+            if verdict and fresh is not None:  # its first choice: where is the flaw, was it taken?
+                flawed = 1 if f"{FLAWS[s['action'].split()[1]]} " in station.split(" and ")[0] else 2
+                taken[flawed].append(verdict != "correct")
+                waste.append(gamma ** fresh)
+                fresh = None
+            elif fresh is not None:
+                fresh += 1
+            prev = s["obs"]
+    mean = lambda x: sum(x) / len(x) if x else 0.0
+    return {1: mean(taken[1]), 2: mean(taken[2])}, mean(waste) if waste else 1.0
+
+
+def bayes_values(ep, gamma, taken, wasted, decisions=4, spoil=0.6, outage=0.1, **policy_knobs):
+    """V*(s_t) = E[G_t | what the agent has read before step t], for t = 0..T-1 of a kitchen episode on a train, dev or
+    seen task, G_t = sum_k gamma^(k-t) r_env_k: the best any critic can do on this return. Read: the dish, the kinds
+    and offers so far, the flawed ingredients taken ("It smells bad."; each spoils the dish with probability
+    `spoil`), a tool put back, that the power has not gone out yet. Unread: the rest, drawn as the generator draws it
+    (the dish's kinds without a held-out pairing, uniformly without replacement; the flaw on item 1 or 2 alike). The
+    policy (behaviour()): at a fresh station E[gamma^W] = wasted, then the flawed item with probability taken[n]
+    where item n is flawed, the good one after a tool is put back (the world's other knobs shape the policy alone).
+        V*(s_t) = (1 - P(outage pending)) (1 - spoil)^bad / gamma * E[gamma^(steps left) * no spoil from now on]"""
+    dish = ep["task"].split()[-1].rstrip(".")
+    allowed = [k for k in FLAWS if not is_unseen_pairing(dish, k)]
+    g = lambda kind, n: (1 - taken[n] * spoil) if kind in INGREDIENTS else (1 - taken[n] + taken[n] * gamma)
+    station_factor = {kind: wasted * gamma * (g(kind, 1) + g(kind, 2)) / 2 for kind in FLAWS}
+    values, prev, seen, bad, env_steps, tries, put_back, flawed = [], ep["obs0"], [], 0, 0, 0, False, 1
+    for s in ep["steps"]:
+        if "Next: " in prev:  # an offer in view (not after a format error): its kind, and which item is flawed
+            offer = prev.rsplit("Next: ", 1)[1]
+            kind = offer.split(".")[0]
+            flawed = 1 if f"{FLAWS[kind]} {kind} 1" in offer else 2
+            if not seen or kind != seen[-1]:
+                seen, tries, put_back = seen + [kind], 0, False
+        kind = seen[-1]
+        now = gamma if put_back else (wasted if tries == 0 else 1.0) * gamma * g(kind, flawed)
+        rest = [k for k in allowed if k not in seen]  # the kinds still to come are drawn from these
+        m, n_ing = decisions - len(seen), sum(k in INGREDIENTS for k in rest)
+        f_ing = sum(station_factor[k] for k in rest if k in INGREDIENTS) / max(n_ing, 1)
+        f_tool = sum(station_factor[k] for k in rest if k in TOOLS) / max(len(rest) - n_ing, 1)
+        future = sum(math.comb(n_ing, a) * math.comb(len(rest) - n_ing, m - a) / math.comb(len(rest), m)
+                     * f_ing ** a * f_tool ** (m - a) for a in range(m + 1)) if m > 0 else 1.0
+        done = min(env_steps, decisions) / decisions  # the outage's step is uniform on 1..decisions
+        pending = outage * (1 - done) / (1 - outage * done)
+        values.append((1 - pending) * (1 - spoil) ** bad / gamma * now * future)
+        if s["label"] != "format":  # a format error does not step the world (02)
+            env_steps += 1
+        bad += "It smells bad." in s["obs"]
+        put_back = put_back or "you put it back" in s["obs"]
+        tries, prev = tries + 1, s["obs"]
+    return values

@@ -128,13 +128,13 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     stages_logged = {json.loads(line)["stage"] for line in open(run / "metrics.jsonl")}
     assert stages_logged == {"01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"}
     assert "Results:" in out
-    # 04 reports the mean discounted return (r_env + r_aux) per source beside V, to read V's calibration.
+    # 04 reports the mean discounted return (on r_env) per source beside V, to read V's calibration.
     summary = [r for r in map(json.loads, open(run / "metrics.jsonl")) if r["stage"] == "04_gae"][-1]
     gamma, returns = json.load(open(run / "iter_1/critic/args.json"))["gamma"], []
-    for ep in map(json.loads, open(run / "iter_1/self.jsonl")):  # by hand: g_t = r_env + r_aux + gamma * g_{t+1}
+    for ep in map(json.loads, open(run / "iter_1/self.jsonl")):  # by hand: g_t = r_env + gamma * g_{t+1}
         g, ep_returns = 0.0, []
         for s in reversed(ep["steps"]):
-            g = s["r_env"] + s["r_aux"] + gamma * g
+            g = s["r_env"] + gamma * g
             ep_returns.append(g)
         returns += ep_returns
     assert summary["critic_by_source"]["self"]["ret_mean"] == pytest.approx(sum(returns) / len(returns), abs=1e-6)

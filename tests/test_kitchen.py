@@ -161,6 +161,54 @@ def test_greedy_copying_of_the_demonstrators_mode_lands_between_30_and_60_percen
         assert 0.3 <= mode <= 0.6 and best >= 0.85, (world, mode, best)
 
 
+def record(env, task_id, choose):
+    """One episode in 02's format (the keys bayes_values and behaviour read), and its discounted returns G_t."""
+    obs0, _ = env.reset(task_id)
+    steps = []
+    while not env.done:
+        cmd = choose(env)
+        obs, r, *_ = env.step(cmd)
+        steps.append({"action": cmd, "obs": obs, "r_env": r, "label": "ok"})
+    returns, g = [], 0.0
+    for s in reversed(steps):
+        g = s["r_env"] + 0.95 * g
+        returns.insert(0, g)
+    return {"task": env._task["task"], "obs0": obs0, "steps": steps}, returns
+
+
+def test_the_bayes_critic_by_hand_and_against_monte_carlo_returns():
+    from envs.kitchen import bayes_values, behaviour
+    one = envs.make("kitchen", decisions=1, outage=0.0, spoil=1.0)
+    tid = find(one, lambda g: g["kinds"][0] in INGREDIENTS and g["flawed"][0] == 1)
+    ep, _ = record(one, tid, good)
+    assert bayes_values(ep, 0.95, {1: 0.7, 2: 0.2}, 1.0, decisions=1, spoil=1.0, outage=0.0) == [
+        pytest.approx(1 - 0.7)]  # the flawed egg 1 taken 70% of the time spoils the dish: V = 0.3
+    gamma, p, rng = 0.95, {1: 0.7, 2: 0.2}, random.Random(0)
+
+    def policy(e):  # at a fresh station a fumble 10% of the time, then the flawed item with probability p[n]
+        g, i = e._task, e.station
+        if e.tries == 0 and rng.random() < 0.1:
+            return f"use {g['kinds'][i]} 3"
+        return good(e) if e.put_back or rng.random() >= p[g["flawed"][i]] else f"use {g['kinds'][i]} {g['flawed'][i]}"
+    data = [record(env, t, policy) for world in range(4) for env in [envs.make("kitchen", seed=world)]
+            for t in env.task_ids("train")]
+    taken, wasted = behaviour([ep for ep, _ in data], gamma)
+    assert taken[1] == pytest.approx(0.7, abs=0.02) and taken[2] == pytest.approx(0.2, abs=0.02)
+    assert wasted == pytest.approx(0.9 + 0.1 * gamma, abs=0.003)
+    groups = {}  # states the agent cannot tell apart in these features: mean G_t - V*(s_t) is 0 in each
+    for ep, returns in data:
+        v = bayes_values(ep, gamma, p, 0.9 + 0.1 * gamma)
+        bad = 0
+        for t, s in enumerate(ep["steps"]):
+            groups.setdefault((min(t, 5), bad), []).append(returns[t] - v[t])
+            bad += "It smells bad." in s["obs"]
+    for key, diff in groups.items():
+        if len(diff) > 200:
+            assert abs(statistics.mean(diff)) < 3 * statistics.stdev(diff) / len(diff) ** 0.5 + 0.005, key
+    alls = [d for diff in groups.values() for d in diff]
+    assert abs(statistics.mean(alls)) < 0.01
+
+
 def test_splits_share_no_task_and_unseen_holds_out_pairings():
     env = envs.make("kitchen")
     tasks = {s: {(g["dish"], tuple(g["kinds"]), tuple(g["flawed"])) for g in map(env.generate, env.task_ids(s))}

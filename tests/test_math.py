@@ -233,23 +233,23 @@ def test_gae_matches_plain_loop(stages):
         assert np.allclose(gae(r, v, d, 0.97, 0.8), loop_gae(r, v, d, 0.97, 0.8))
 
 
-def test_critic_report_by_hand(stages):
-    """04's report on V: the returns g_t with the critic's rewards, their mean per source, and the explained
+def test_critic_report_by_hand():
+    """04's report on V: the returns g_t on r_env (r_aux left out), their mean per source, and the explained
     variance 1 - Var(g - V) / Var(g)."""
-    report = stages["04_gae"].advantage_report
+    from critic_report import advantage_report, explained_variance
     st = lambda r_env, r_aux, v: {"r_env": r_env, "r_aux": r_aux, "v": v, "q": v + 1, "adv": 0.0, "label": "ok"}
     eps = [{"source": "self", "success": True, "steps": [st(0.0, -0.1, 0.4), st(1.0, 0.0, 1.0)]},
            {"source": "expert", "success": True, "steps": [st(1.0, 0.0, 0.0)]}]
-    g = [-0.1 + 0.5 * 1.0, 1.0, 1.0]  # gamma 0.5, with r_aux
-    out = report(eps, 0.5, True)
+    g = [0.5 * 1.0, 1.0, 1.0]  # gamma 0.5, without r_aux
+    out = advantage_report(eps, 0.5)
     assert out["critic_by_source"]["self"]["ret_mean"] == pytest.approx((g[0] + g[1]) / 2)
     assert out["critic_by_source"]["self"]["q_mean"] == pytest.approx(1.7)
     assert out["explained_variance"] == pytest.approx(1 - np.var(np.subtract(g, [0.4, 1.0, 0.0])) / np.var(g))
-    assert report(eps, 0.5, False)["critic_by_source"]["self"]["ret_mean"] == pytest.approx((0.5 + 1.0) / 2)
+    assert np.isnan(explained_variance([0.2, 0.9], [1.0, 1.0]))  # every return equal: nothing to explain
 
 
-def test_auc_by_hand_and_against_pair_counting(stages):
-    auc = stages["04_gae"].auc
+def test_auc_by_hand_and_against_pair_counting():
+    from critic_report import auc
     # positives 0.9, 0.4; negatives 0.5, 0.1: pairs won 2 + 1 of 4
     assert auc([0.9, 0.5, 0.4, 0.1], [1, 0, 1, 0]) == pytest.approx(0.75)
     assert auc([0.3, 0.3], [1, 0]) == pytest.approx(0.5)          # a tie counts 1/2
@@ -551,10 +551,11 @@ def test_03_init_starts_from_the_given_critic_its_heads_too(stages, tiny_run, tm
     assert bad.returncode == 2 and "is not a critic directory" in bad.stderr and not (tmp_path / "bad").exists()
 
 
-def test_heldout_report_and_the_view_of_a_mistake_by_hand(stages):
+def test_heldout_report_and_the_view_of_a_mistake_by_hand():
     """04 on held-out kitchen episodes: explained variance on r_env returns, mean V and return, AUC, and V just after
-    a harmful step (a flawed item used) against just after a correct one, with the mean A at each."""
-    report = stages["04_gae"].heldout_report
+    a harmful step (a flawed ingredient used) against just after a correct one, with the mean A at each; beside them
+    the same figures of a given V* (the exact Bayes critic's place)."""
+    from critic_report import heldout_report as report
     st = lambda action, r, v, adv, obs="Next: egg. You see egg 1 and rotten egg 2.": {
         "action": action, "r_env": r, "v": v, "adv": adv, "obs": obs}
     offer = "You are in the kitchen. Next: egg. You see egg 1 and rotten egg 2."
@@ -570,3 +571,7 @@ def test_heldout_report_and_the_view_of_a_mistake_by_hand(stages):
     assert (out["adv_harmful"], out["adv_correct"], out["steps_harmful"], out["steps_correct"]) == \
         pytest.approx((-0.3, (0.2 + 0.1 - 0.1) / 3, 1, 3))
     assert (out["adv_harmful_std"], out["adv_correct_std"]) == pytest.approx((0.0, np.std([0.2, 0.1, -0.1])))
+    assert out["v_gap"] == pytest.approx(0.1 - 0.8) and "bayes" not in out
+    best = report(eps, 0.5, bayes=[[0.5, 1.0], [0.2, 0.0]])["bayes"]  # V* = g on the success: a gap of 0.0 - 1.0
+    assert best["v_gap"] == pytest.approx(-1.0)
+    assert best["explained_variance"] == pytest.approx(1 - np.var(g - [0.5, 1.0, 0.2, 0.0]) / np.var(g))
