@@ -223,6 +223,7 @@ def test_judge_and_the_grammar():
     assert judge("Next: egg. You see rotten egg 1 and egg 2.", "use egg 1") == "harmful"
     assert judge("The dirty bowl 1 is no use; you put it back. Next: bowl. You see dirty bowl 1 and bowl 2.",
                  "use bowl 2") == "correct"
+    assert judge("Next: bowl. You see dirty bowl 1 and bowl 2.", "use bowl 1") == "recoverable"  # put back
     assert judge("Next: egg. You see rotten egg 1 and egg 2.", "look") is None
     assert judge("Next: egg. You see rotten egg 1 and egg 2.", "use milk 1") is None
     for cmd in ("use egg 3", "use egg 0", "use egg one", "use egg -1", "use egg", "use  egg 1 2"):
