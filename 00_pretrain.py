@@ -23,9 +23,8 @@ The loss is next-token prediction on every token after the system turn:
 01_bc.py --model DIR fine-tunes the result on the demonstrations (run_all.sh builds it once per
 environment and settings, under runs/base/):
 
-    KW='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'  # run_all.sh's household
-    python 00_pretrain.py --env-kwargs "$KW" --out runs/demo/base
-    python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
+    python 00_pretrain.py --out runs/demo/base
+    python 02_collect.py --policy expert --split train --episodes 1000 \
         --out runs/demo/data/expert.jsonl
     python 01_bc.py --model runs/demo/base --lr 1e-3 --data runs/demo/data/expert.jsonl --out runs/demo/policy_0
 """
@@ -51,7 +50,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Stage 00: pretrain the tiny base language model on environment text.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="output model directory (save_pretrained format)")
-    p.add_argument("--env", default="household",
+    p.add_argument("--env", default="kitchen",
                    help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
     p.add_argument("--env-seed", type=int, default=0, help="the environment's world seed (which tasks exist)")

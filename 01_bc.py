@@ -15,12 +15,11 @@ keeps only the trajectories that reached the goal: rejection-sampling fine-tunin
 --model tiny (default) trains a byte-level BPE tokenizer on the data and builds a small Llama from scratch
 (models/tiny.py); --model DIR fine-tunes any local causal LM that has a chat template. Nothing is downloaded.
 
-The run_all.sh way: the demonstrations of household's default miniature (its demonstrator's habit
-is what the later stages unlearn), and the base 00_pretrain.py built on the same settings:
+The run_all.sh way: the demonstrations of the default world (kitchen, the credit world: its careless
+demonstrator's flawed choices are what the later stages unlearn), and the base 00_pretrain.py built on it:
 
-    KW='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'  # run_all.sh's household
-    python 00_pretrain.py --env-kwargs "$KW" --out runs/demo/base
-    python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
+    python 00_pretrain.py --out runs/demo/base
+    python 02_collect.py --policy expert --split train --episodes 1000 \
         --out runs/demo/data/expert.jsonl
     python 01_bc.py --data runs/demo/data/expert.jsonl --model runs/demo/base --lr 1e-3 --out runs/demo/policy_0
 """

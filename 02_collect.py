@@ -18,12 +18,11 @@ Retrospective reward labeling (the paper), from the next observation only, prece
     r_aux_t = --r-fmt / --r-inv / --r-repeat for those labels, else 0.
 The critic learns on r_t = r_env + r_aux (03); 04's advantages take r_env alone (its docstring).
 
-    KW='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'  # run_all.sh's household
-    python 02_collect.py --policy expert --env-kwargs "$KW" --split train --episodes 1000 \
+    python 02_collect.py --policy expert --split train --episodes 1000 \
         --out runs/demo/data/expert.jsonl
-    python 02_collect.py --policy runs/demo/policy_0 --env-kwargs "$KW" --split train --episodes 300 --seed 1 \
+    python 02_collect.py --policy runs/demo/policy_0 --split train --episodes 300 --seed 1 \
         --out runs/demo/iter_1/self.jsonl
-    python 02_collect.py --policy runs/demo/policy_0 --env-kwargs "$KW" --split seen --greedy \
+    python 02_collect.py --policy runs/demo/policy_0 --split seen --greedy \
         --out runs/demo/eval/policy_0_seen.jsonl
 
 --rerank CRITIC_DIR --candidates M (rerank.py, QLASS-style): the critic of 03 picks the argmax-Q of M sampled replies.
@@ -55,13 +54,13 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True,
                    help="output episode JSONL; the summary goes to the same name with .json. With several --env-seed "
                         "or --split values, one pair per (world, split): the path names them with {world} and {split}")
-    p.add_argument("--env", default="household",
+    p.add_argument("--env", default="kitchen",
                    help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
     p.add_argument("--env-seed", type=int, nargs="+", default=[0],
                    help="the environment's world seed(s) (which tasks exist); several: one model load for all")
     p.add_argument("--split", nargs="+", default=["train"],
-                   help="task split(s): train, dev (household: for tuning), seen or unseen")
+                   help="task split(s): train, dev (for tuning), seen or unseen")
     p.add_argument("--episodes", type=int, default=0,
                    help="number of tasks, drawn without replacement with --seed (0: every task of the split, in order)")
     p.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")

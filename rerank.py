@@ -7,9 +7,8 @@ executes the argmax. Only executed replies step the environment, but generated_t
 candidate's. At the next turn every row of an environment continues from the chosen reply (the KV
 cache's Session.sync drops the rest).
 
-    KW='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'  # run_all.sh's household
     python 02_collect.py --policy runs/demo/policy_0 --rerank runs/demo/iter_1/critic --candidates 4 \
-        --env-kwargs "$KW" --split seen --out runs/demo/eval/policy_0_rerank_seen.jsonl
+        --split seen --out runs/demo/eval/policy_0_rerank_seen.jsonl
 """
 import importlib
 

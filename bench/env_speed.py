@@ -39,7 +39,7 @@ def run(env, policy, task_ids, rng):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="world seed and random-policy seed")
-    p.add_argument("--env", default="household", choices=["household", "kitchen", "shop"],
+    p.add_argument("--env", default="kitchen", choices=["household", "kitchen", "shop"],
                    help="the embedded environment")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of the env's keyword arguments (as in 02_collect.py)")
     args = p.parse_args()

@@ -24,7 +24,7 @@ from bench._stages import load_stage  # noqa: E402
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a base model directory (00_pretrain.py's --out)")
-    p.add_argument("--env", default="household", help="the environment the base was pretrained on")
+    p.add_argument("--env", default="kitchen", help="the environment the base was pretrained on")
     p.add_argument("--env-kwargs", default="{}", help="its keyword arguments (JSON), as run_all.sh's ENV_KWARGS")
     p.add_argument("--tasks", type=int, default=40, help="dev tasks to read (one explorer transcript each)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")

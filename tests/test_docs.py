@@ -76,3 +76,20 @@ def test_every_docstring_command_parses_and_writes_outside_its_inputs(stages):
         inputs = [v for k in ("policy", "model", "ref", "critic", "rerank") for v in [getattr(args, k, None)]
                   if isinstance(v, str) and v not in ("", "tiny", "expert")]
         assert not any(os.path.normpath(args.out).startswith(os.path.normpath(i) + os.sep) for i in inputs), (f, argv)
+
+
+def test_one_default_world_every_stage_and_page():
+    """run_all.sh's ENV default is every stage's --env default, and no page or --help calls the control world
+    (household) the default."""
+    import subprocess
+    import sys
+    default = re.search(r"^ENV=\$\{ENV:-(\w+)\}$", open(os.path.join(ROOT, "run_all.sh")).read(), re.M).group(1)
+    assert default == "kitchen"
+    for stage in ("00_pretrain", "02_collect"):
+        usage = subprocess.run([sys.executable, f"{stage}.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+        assert re.search(r"--env ENV\s.*?\(default: (\w+)\)", usage.stdout, re.S).group(1) == default, stage
+    for page in PAGES + ["course/TEACHER.md"]:
+        text = " ".join(open(os.path.join(ROOT, page)).read().split())
+        called = re.search(r"household`?\s*\(default|household[^.]{0,30}\bthe default\b|\bthe default (world|"
+                           r"environment|env)\b[^.]{0,30}household", text, re.I)
+        assert not called, (page, called and called.group(0))
