@@ -41,9 +41,9 @@ from tqdm import tqdm
 
 import envs
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (add_machine_flags, autocast, check_finite, check_flags, check_loss, check_memory, check_out, die,
-                      length_batches, log_metrics, lr_at, model_bytes, parse_env_kwargs, pick_device, seed_everything,
-                      write_atomic)
+from plumbing import (add_machine_flags, autocast, by_rows, check_finite, check_flags, check_loss, check_memory,
+                      check_out, die, length_batches, log_metrics, lr_at, model_bytes, parse_env_kwargs, pick_device,
+                      seed_everything, write_atomic)
 
 
 def parse_args(argv=None):
@@ -95,8 +95,10 @@ def tokenize_transcript(tokenizer, msgs):
 
 
 def token_logprobs(logits, targets):
-    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...)."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...), by chunks of rows
+    (by_rows): the fp32 softmax over the vocabulary exists for one chunk at a time."""
+    return by_rows(lambda x, y: torch.log_softmax(x.float(), dim=-1).gather(-1, y[..., None]).squeeze(-1),
+                   logits, targets)
 
 
 def lm_loss(logp, mask):

@@ -34,10 +34,10 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (add_lora, add_machine_flags, autocast, average_info, by_rows, check_finite, check_flags,
-                      check_loss, check_memory, cost, die, distribute, finish_distributed, fit_context, full_state,
+from plumbing import (accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite, check_flags,
+                      check_memory, cost, die, distribute, finish_distributed, fit_context, full_state,
                       grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics, lr_at,
-                      model_bytes, parts, read_episodes, save_policy, start)
+                      model_bytes, read_episodes, save_policy, start)
 
 
 def parse_args(argv=None):
@@ -93,8 +93,10 @@ def reply_logits(model, batch):
 
 
 def token_logprobs(logits, targets):
-    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...)."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...), by chunks of rows
+    (by_rows): the fp32 softmax over the vocabulary exists for one chunk at a time."""
+    return by_rows(lambda x, y: torch.log_softmax(x.float(), dim=-1).gather(-1, y[..., None]).squeeze(-1),
+                   logits, targets)
 
 
 def bc_loss(logp):
@@ -128,7 +130,7 @@ def evaluate(model, data, pad_id, batch_size, device, amp):
             b = {k: v.to(device) for k, v in collate(data[i:i + batch_size], pad_id).items()}
             with autocast(device, amp):
                 logits = reply_logits(model, b)  # (N, V) at the N reply tokens
-            total += -by_rows(token_logprobs, logits, b["input_ids"][b["action_step"] >= 0]).sum().item()
+            total += -token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]).sum().item()
             count += len(logits)
             ok = reply_matches(logits, b)
             n = b["step_mask"].sum(1).long()
@@ -178,25 +180,23 @@ def main(argv=None):
     total_steps = args.epochs * math.ceil(len(train) / args.batch_size)
     rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=total_steps, desc="01_bc", unit="step", disable=not is_main())
+
+    def batch_loss(ids):  # forward -> loss, on trajectories `ids`
+        b = {k: v.to(device) for k, v in collate([train[j] for j in ids], tokenizer.pad_token_id).items()}
+        with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
+            logits = reply_logits(train_model, b)  # (N, V) at the reply tokens
+        return *bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0])), int(b["attention_mask"].sum())
+
     for epoch in range(args.epochs):
         losses = []
         for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):  # one step's batch
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            infos = []
-            for ids, share in parts(idx, n_loss, train_model, args):  # alone, no --grad-accum: (idx, 1.0)
-                b = {k: v.to(device) for k, v in collate([train[j] for j in ids], tokenizer.pad_token_id).items()}
-                with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
-                    logits = reply_logits(train_model, b)  # (N, V) at the reply tokens; by_rows: no fp32 (N, V)
-                loss, info = bc_loss(by_rows(token_logprobs, logits, b["input_ids"][b["action_step"] >= 0]))
-                check_loss(loss, step)
-                (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)
-                infos.append((info, share))
-                n_tok += int(b["attention_mask"].sum())
+            info, tokens = accumulate(idx, n_loss, train_model, args, batch_loss, step)  # forward, loss, backward
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            info, step = average_info(infos), step + 1  # torchrun: the numbers of the whole batch
+            step, n_tok = step + 1, n_tok + tokens
             losses.append(info["loss"])
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.3f}")

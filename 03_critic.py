@@ -37,9 +37,9 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel
 
-from plumbing import (add_machine_flags, autocast, average_info, check_finite, check_flags, check_loss, cost, die,
+from plumbing import (accumulate, add_machine_flags, autocast, check_finite, check_flags, cost, die,
                       distribute, finish_distributed, fit_context, full_state, grad_checkpointing, held_out, is_main,
-                      length_batches, load_model, load_tokenizer, log_metrics, owned, parts, read_episodes, save_critic,
+                      length_batches, load_model, load_tokenizer, log_metrics, owned, read_episodes, save_critic,
                       start, unsharded)
 
 
@@ -202,26 +202,25 @@ def main(argv=None):
     rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="03_critic", unit="step",
                disable=not is_main())
+
+    def batch_loss(ids):  # forward -> loss, on trajectories `ids`
+        eps = [data[j][0] for j in ids]
+        batch = {k: v.to(device) for k, v in collate([data[j][1] for j in ids], tokenizer.pad_token_id).items()}
+        traj, weights = trajectory_tensors(eps, device), batch_weights(eps, args.uniform_weights, device)
+        with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights (the heads stay fp32)
+            loss, info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
+                                    not args.no_aux)
+        return loss, info, int(batch["attention_mask"].sum())
+
     for epoch in range(args.epochs):
         epoch_infos = []
         for idx in length_batches([len(x["input_ids"]) for _, x in data], args.batch_size, rng):  # one step's batch
-            infos = []
-            for ids, share in parts(idx, n_loss, train_critic, args):  # alone, no --grad-accum: (idx, 1.0)
-                eps = [data[j][0] for j in ids]
-                batch = {k: v.to(device) for k, v in collate([data[j][1] for j in ids], tokenizer.pad_token_id).items()}
-                traj, weights = trajectory_tensors(eps, device), batch_weights(eps, args.uniform_weights, device)
-                with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights (the heads stay fp32)
-                    loss, info = iql_losses(train_critic, target_q_head, batch, traj, weights, args.tau, args.gamma,
-                                            not args.no_aux)
-                check_loss(loss, step)
-                (loss * share).backward()  # share: this part's step weights / the batch's (times world)
-                infos.append((info, share))
-                n_tok += int(batch["attention_mask"].sum())
+            info, tokens = accumulate(idx, n_loss, train_critic, args, batch_loss, step)  # forward, loss, backward
             torch.nn.utils.clip_grad_norm_(critic.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             polyak_update(target_q_head, critic.q_head, args.polyak)
-            info, step = average_info(infos), step + 1  # torchrun: the numbers of the whole batch
+            step, n_tok = step + 1, n_tok + tokens
             epoch_infos.append(info)
             bar.update(1)
             bar.set_postfix(L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}", V=f"{info['v_mean']:+.3f}",

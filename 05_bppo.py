@@ -37,9 +37,9 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from plumbing import (STEP_KEYS, add_lora, add_machine_flags, autocast, average_info, by_rows, check_finite,
-                      check_flags, check_loss, cost, die, distribute, finish_distributed, fit_context, full_state,
-                      grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics, parts,
+from plumbing import (STEP_KEYS, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite,
+                      check_flags, cost, die, distribute, finish_distributed, fit_context, full_state,
+                      grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics,
                       read_episodes, save_policy, start)
 
 
@@ -103,11 +103,14 @@ def awr_loss(logp, adv, mask, beta, max_weight):
     return -masked_mean(weight * logp, mask)
 
 
-def kl_to_ref(logits, logr):
-    """Exact KL(pi_theta || pi_ref) of the next-token distributions, averaged over the reply tokens. logits (N, V)
-    of pi_theta where a reply token is predicted (reply_logits); logr (N, V) log pi_ref there."""
-    logq = torch.log_softmax(logits.float(), dim=-1)
-    return (logq.exp() * (logq - logr)).sum(-1).mean()
+def kl_to_ref(logits, ref_logits):
+    """Exact KL(pi_theta || pi_ref) = sum_y pi_theta(y) (log pi_theta(y) - log pi_ref(y)) of the next-token
+    distributions, averaged over the reply tokens. logits (N, V) of pi_theta where a reply token is predicted
+    (reply_logits), ref_logits (N, V) pi_ref's there (log-probabilities do as well); by chunks of rows (by_rows)."""
+    def kl(x, r):
+        logq, logr = torch.log_softmax(x.float(), dim=-1), torch.log_softmax(r.float(), dim=-1)
+        return (logq.exp() * (logq - logr)).sum(-1).mean()
+    return by_rows(kl, logits, ref_logits, mean=True)
 
 
 def reply_logits(model, batch):
@@ -120,8 +123,10 @@ def reply_logits(model, batch):
 
 
 def token_logprobs(logits, targets):
-    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...)."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    """log pi(target | context) of each predicted token: logits (..., V), targets (...) -> (...), by chunks of rows
+    (by_rows): the fp32 softmax over the vocabulary exists for one chunk at a time."""
+    return by_rows(lambda x, y: torch.log_softmax(x.float(), dim=-1).gather(-1, y[..., None]).squeeze(-1),
+                   logits, targets)
 
 
 def normalize_advantages(episodes, how):
@@ -145,14 +150,15 @@ def policy_loss(logits, ref_logits, batch, logp_old, args):
     logits (N, V): pi_theta's at the batch's N reply tokens (reply_logits); ref_logits (N, V): pi_ref's (None when
     alpha = 0; log-probabilities do as well); logp_old (N,); batch["adv"] (N,). info: the loss, the fraction of tokens
     each clip holds (clip_low: A < 0, eta < 1 - eps_low; clip_high: A > 0, eta > 1 + eps_high), approx KL(pi_old ||
-    pi_theta), KL(pi_theta || pi_ref), the mean ratio eta. log pi and the KL by row chunks (by_rows): less memory."""
-    logp = by_rows(token_logprobs, logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,)
+    pi_theta), KL(pi_theta || pi_ref), the mean ratio eta."""
+    logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,) log pi_theta
     adv, mask = batch["adv"], torch.ones_like(batch["adv"])
-    loss_pi = (bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip)
-               if args.objective == "bppo" else awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight))
-    kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else by_rows(
-        lambda x, r: kl_to_ref(x, torch.log_softmax(r.float(), dim=-1)), logits, ref_logits, mean=True)
-    loss = loss_pi + args.kl_coef * kl_ref
+    if args.objective == "bppo":
+        pg = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip)
+    else:
+        pg = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
+    kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else kl_to_ref(logits, ref_logits)
+    loss = pg + args.kl_coef * kl_ref
     with torch.no_grad():
         log_ratio = logp - logp_old
         eta = log_ratio.exp()
@@ -186,7 +192,7 @@ def old_logprobs(policy, data, pad_id, batch_size, device, amp):
         idx = by_length[i:i + batch_size]
         b = make_batch([data[j] for j in idx], pad_id, device)
         with autocast(device, amp):
-            logp = by_rows(token_logprobs, reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
+            logp = token_logprobs(reply_logits(policy, b), b["input_ids"][b["action_step"] >= 0])
         for j, lp in zip(idx, logp.cpu().split((b["action_step"] >= 0).sum(1).tolist())):
             out[j] = lp
     policy.train()
@@ -225,25 +231,24 @@ def main(argv=None):
     rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
     bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="05_bppo", unit="step",
                disable=not is_main())
+
+    def batch_loss(ids):  # forward -> loss, on trajectories `ids`
+        b = make_batch([data[j] for j in ids], tokenizer.pad_token_id, device)
+        with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
+            logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
+            with torch.no_grad():  # (N, V) pi_ref's logits, for the KL anchor
+                ref_logits = reply_logits(ref, b) if args.kl_coef > 0 else None
+        loss, info = policy_loss(logits, ref_logits, b, torch.cat([logp_old[j] for j in ids]).to(device), args)
+        return loss, info, int(b["attention_mask"].sum())
+
     for epoch in range(args.epochs):
         epoch_infos = []
         for idx in length_batches([len(x["input_ids"]) for _, x in data], args.batch_size, rng):  # one step's batch
-            infos = []
-            for ids, share in parts(idx, n_loss, train_policy, args):  # alone, no --grad-accum: (idx, 1.0)
-                b = make_batch([data[j] for j in ids], tokenizer.pad_token_id, device)
-                with autocast(device, amp):  # fp32, or bf16 matmuls on fp32 weights
-                    logits = reply_logits(train_policy, b)  # (N, V): only where a reply token is predicted
-                    with torch.no_grad():  # (N, V) pi_ref's logits, for the KL anchor
-                        ref_logits = reply_logits(ref, b) if args.kl_coef > 0 else None
-                loss, info = policy_loss(logits, ref_logits, b, torch.cat([logp_old[j] for j in ids]).to(device), args)
-                check_loss(loss, step)
-                (loss * share).backward()  # share: this part's reply tokens / the batch's (times world)
-                infos.append((info, share))
-                n_tok += int(b["attention_mask"].sum())
+            info, tokens = accumulate(idx, n_loss, train_policy, args, batch_loss, step)  # forward, loss, backward
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            info, step = average_info(infos), step + 1  # torchrun: the numbers of the whole batch
+            step, n_tok = step + 1, n_tok + tokens
             epoch_infos.append(info)
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")

@@ -180,19 +180,26 @@ def env_kwargs_of(paths):
     return None
 
 
+def report_of(buffer, root=""):
+    """The summary 04 wrote beside `buffer` (its FILE.json), its report computed anew from the buffer's steps (the
+    figures this module computes today, the exact Bayes critic included): what `python critic_report.py` prints.
+    Paths the summary names are relative to root (run_all.sh's folder)."""
+    summary = read_json(buffer[:-1]) if buffer.endswith(".jsonl") else None
+    if not summary or summary.get("stage") != "04_gae":
+        die(f"{buffer}: not a buffer of 04_gae.py (its summary {buffer[:-1]} is missing)")
+    critic = summary["args"]["critic"]
+    holdout = (read_json(os.path.join(root, critic, "args.json")) or {}).get("holdout", 0.0) if critic else 0.0
+    episodes = read_episodes([buffer], {**STEP_KEYS, "v": float, "q": float, "adv": float})
+    world = env_kwargs_of([os.path.join(root, p) for p in summary["args"]["data"]])
+    return {**summary, **report(episodes, summary["gamma"], holdout, world)}
+
+
 def main():
     p = argparse.ArgumentParser(description="04_gae.py's report of a buffer it wrote, printed again (with the exact "
                                             "Bayes critic where the world has one).")
     p.add_argument("buffer", help="the JSONL 04_gae.py wrote (e.g. runs/default/iter_1/adv.jsonl)")
-    args = p.parse_args()
-    summary = read_json(args.buffer[:-1]) if args.buffer.endswith(".jsonl") else None
-    if not summary or summary.get("stage") != "04_gae":
-        die(f"{args.buffer}: not a buffer of 04_gae.py (its summary {args.buffer[:-1]} is missing)")
-    critic = read_json(os.path.join(summary["args"]["critic"], "args.json")) or {} if summary["args"]["critic"] else {}
-    episodes = read_episodes([args.buffer], {**STEP_KEYS, "v": float, "q": float, "adv": float})
-    world = env_kwargs_of(summary["args"]["data"])
-    summary.update(report(episodes, summary["gamma"], critic.get("holdout", 0.0), world))
-    show(summary, args.buffer)
+    buffer = p.parse_args().buffer
+    show(report_of(buffer), buffer)
 
 
 if __name__ == "__main__":

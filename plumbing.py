@@ -783,6 +783,21 @@ def parts(idx, n_loss, model, args):
         yield ids, keep * w * world * sum(n_loss[j] for j in ids) / max(total, 1e-8)
 
 
+def accumulate(idx, n_loss, model, args, batch_loss, step):
+    """One optimizer step's gradient, behind one call: for each part of batch `idx` this process computes (parts;
+    alone without --grad-accum: the whole batch), batch_loss(ids) -> (loss, info, tokens) is the forward and the
+    loss, then the backward of loss * share. -> (the parts' info averaged over the whole batch: the single-process
+    numbers, the tokens this process read)."""
+    infos, tokens = [], 0
+    for ids, share in parts(idx, n_loss, model, args):
+        loss, info, n = batch_loss(ids)
+        check_loss(loss, step)
+        (loss * share).backward()  # share: this part's count / the batch's (times world)
+        infos.append((info, share))
+        tokens += n
+    return average_info(infos), tokens
+
+
 def average_info(infos):
     """[(info, share)] of the step's parts -> their info dicts averaged with the shares over the global batch:
     the single-process numbers."""

@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import check_runs, eval_worlds  # noqa: E402
 from bench.mistakes import closed_arrivals  # noqa: E402
+from critic_report import report_of  # noqa: E402
 from envs import judge  # noqa: E402
 from plumbing import check_out, die, open_log, read_json, save_text  # noqa: E402
 
@@ -172,19 +173,30 @@ def main():
         lines.append(f"| {r['seed']} | {wall} | {span} |")
     if any(r["fresh"] for r in runs):
         lines += ["", f"Peak memory of the largest single stage process: {peak_mib:.0f} MiB."]
-    held = [(r["seed"], k, h) for r in runs for k in range(1, K + 1)
-            for h in [(read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "adv.json")) or {}).get("heldout")] if h]
-    if held:  # 04's check of each Q-Evolve critic on the self episodes 03 held out (03 --holdout)
-        lines += ["", "Each Q-Evolve critic on the self episodes it never trained on (04's held-out printout): the "
-                  "explained variance of the return, mean V against the mean return, the AUC of V for success, V "
-                  "just after a harmful step against just after the correct one (kitchen), the mean A_t at each:", "",
-                  "| seed | iteration | episodes | explained variance | V / return | AUC | V after harmful / correct "
+    held = [(r["seed"], k, report_of(path, ROOT)["heldout"]) for r in runs for k in range(1, K + 1)
+            for path in [os.path.join(ROOT, r["run"], f"iter_{k}", "adv.jsonl")] if os.path.exists(path)]
+    if any(h for *_, h in held):  # each Q-Evolve critic on the self episodes 03 held out (critic_report.py)
+        f = lambda x, spec=".2f": "-" if x != x else format(x, spec)  # NaN: no such step (a world without a judge)
+        best = lambda h, key: f" ({f(h['bayes'][key])}: {f(h[key] / h['bayes'][key])})" if h.get("bayes") else ""
+        lines += ["", "Each Q-Evolve critic on the self episodes it never trained on (critic_report.py, 04's held-out "
+                  "printout): the explained variance of the return on r_env and the V gap after a mistake (V just "
+                  "after a harmful step - after a correct one), each with (the exact Bayes critic's: the learned "
+                  "critic's share of it) where the world has one; mean V against the mean return, the AUC of V for "
+                  "success, the mean A_t at harmful / correct steps:", "",
+                  "| seed | iteration | episodes | explained variance | V gap after a mistake | V / return | AUC "
                   "| A at harmful / correct |", "|---|---|---|---|---|---|---|---|"]
-        f = lambda x, spec: "-" if x != x else format(x, spec)  # NaN: no such step (a world without a judge)
-        lines += [f"| {seed} | {k} | {h['episodes']} | {h['explained_variance']:.2f} | {h['v_mean']:.2f} / "
-                  f"{h['ret_mean']:.2f} | {h['auc_v']:.2f} | {f(h['v_after_harmful'], '.2f')} / "
-                  f"{f(h['v_after_correct'], '.2f')} | {f(h['adv_harmful'], '+.3f')} / {f(h['adv_correct'], '+.3f')} |"
-                  for seed, k, h in held]
+        lines += [f"| {seed} | {k} | {h['episodes']} | {f(h['explained_variance'])}{best(h, 'explained_variance')} | "
+                  f"{f(h['v_gap'])}{best(h, 'v_gap')} | {h['v_mean']:.2f} / {h['ret_mean']:.2f} | {f(h['auc_v'])} | "
+                  f"{f(h['adv_harmful'], '+.3f')} / {f(h['adv_correct'], '+.3f')} |" for seed, k, h in held if h]
+    labels = [(r["seed"], k, (read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "self.json")) or {}).get("labels"))
+              for r in runs for k in range(1, K + 1)]
+    if any(lab for *_, lab in labels):  # 02's retrospective labels in each Q-Evolve iteration's self episodes
+        lines += ["", "The retrospective labels of each Q-Evolve iteration's self episodes (pi_{k-1}'s, on train): the "
+                  "share of steps per label.", "", "| seed | iteration | steps | ok | invalid | repeat | format |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {seed} | {k} | {sum(lab.values())} | " + " | ".join(
+            f"{lab[x] / sum(lab.values()):.3f}" for x in ("ok", "invalid", "repeat", "format")) + " |"
+            for seed, k, lab in labels if lab]
     text = "\n".join(lines) + "\n"
     save_text(os.path.join(ROOT, args.out), text)
     print(text)
