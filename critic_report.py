@@ -191,7 +191,9 @@ def report_of(buffer, root=""):
     holdout = (read_json(os.path.join(root, critic, "args.json")) or {}).get("holdout", 0.0) if critic else 0.0
     episodes = read_episodes([buffer], {**STEP_KEYS, "v": float, "q": float, "adv": float})
     world = env_kwargs_of([os.path.join(root, p) for p in summary["args"]["data"]])
-    return {**summary, **report(episodes, summary["gamma"], holdout, world)}
+    how = {"qv": "Q - V", "outcome": "R - mean(R)"}.get(summary["advantage"], "GAE on r_env" + " + r_aux" * bool(
+        summary.get("with_aux")))  # a summary 04 wrote before it named it
+    return {"how": how, **summary, **report(episodes, summary["gamma"], holdout, world)}
 
 
 def main():
