@@ -100,8 +100,8 @@ def token_logprobs(logits, targets):
 
 
 def bc_loss(logp):
-    """L_BC: the NLL of the reply tokens. logp (N,): log pi of each reply token of the batch
-    -> (loss, info), info: the loss as a number (what the stage prints)."""
+    """L_BC = -mean over the reply tokens y of log pi(y | prefix), the NLL of the replies. logp (N,): log pi of
+    each reply token of the batch -> (loss, info), info: the loss as a number (what the stage prints)."""
     loss = -logp.mean()
     return loss, {"loss": loss.item()}
 

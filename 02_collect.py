@@ -105,7 +105,7 @@ def parse_action(text):
 
 def retro_label(action, prev_obs, next_obs, invalid):
     """Paper: retrospective reward labeling, from the next observation only.
-    action is None for a format error; precedence format > invalid > repeat > ok."""
+    action is None for a format error; precedence format > invalid > repeat (next_obs == prev_obs) > ok."""
     if action is None:
         return "format"
     if invalid:
@@ -117,8 +117,9 @@ def retro_label(action, prev_obs, next_obs, invalid):
 
 def take_step(env, text, prev_obs, aux):
     """One step: the action of reply `text` steps the environment (a format error does not: the agent reads
-    FORMAT_ERROR_OBS), retro_label labels it from the observation it brought -> (the step's record {text, action,
-    obs, r_env, label, r_aux, done}, whether the episode is over, whether it was won: info["won"], else True)."""
+    FORMAT_ERROR_OBS), retro_label labels it from the observation it brought, r_aux = aux[label] -> (the step's record
+    {text, action, obs, r_env, label, r_aux, done}, whether the episode is over, whether it was won: info["won"],
+    else True)."""
     action = parse_action(text)
     if action is None:  # format error: the environment is not stepped
         obs, r_env, terminated, truncated, info, invalid = FORMAT_ERROR_OBS, 0.0, False, False, {}, False

@@ -85,8 +85,8 @@ def step_weights(T, d):
 
 
 def expectile_loss(u, tau, weight=None):
-    """Paper eq. (IQL value loss): the mean of |tau - 1(u < 0)| * u^2, weighted by weight
-    (None: uniform; a zero weight drops an entry, e.g. padding)."""
+    """Paper eq. (IQL value loss): L2_tau(u) = |tau - 1(u < 0)| * u^2, its mean weighted by weight:
+    sum(weight * L2_tau(u)) / sum(weight) (None: uniform; a zero weight drops an entry, e.g. padding)."""
     loss = torch.abs(tau - (u < 0).float()) * u ** 2
     if weight is None:
         return loss.mean()
@@ -94,12 +94,12 @@ def expectile_loss(u, tau, weight=None):
 
 
 def weighted_mse(u, weight):
-    """Paper eq. (IQL Q loss), weighted like expectile_loss."""
+    """Paper eq. (IQL Q loss), weighted like expectile_loss: L_Q = sum(weight * u^2) / sum(weight)."""
     return (weight * u ** 2).sum() / weight.sum().clamp(min=1e-8)
 
 
 def trajectory_tensors(episodes, device):
-    """Per-step tensors (B, T), zero on padding: r_env, r_aux, done, mask. The last step is done
+    """Per-step tensors (B, T), zero on padding: r_env, r_aux, done, mask. done = 1 on the last step
     whether it reached a true terminal or the step limit: the limit ends the task, V = 0 after it."""
     T = max(len(ep["steps"]) for ep in episodes)
     out = {k: torch.zeros((len(episodes), T), device=device) for k in ("r_env", "r_aux", "done", "mask")}
@@ -122,8 +122,11 @@ def batch_weights(episodes, uniform, device):
 
 
 def iql_losses(critic, target_q_head, batch, traj, weights, tau, gamma, use_aux):
-    """One forward pass -> (L_V + L_Q, info); traj and weights are (B, T). info: L_V, L_Q and the
-    mean V(s_t) and Q(s_t, a_t) over the batch's real steps."""
+    """One forward pass -> (L_V + L_Q, info); traj and weights are (B, T), w_t = weights:
+    L_V = expectile_loss(Qbar(s_t, a_t) - V(s_t), tau, w), Qbar from target_q_head, and
+    L_Q = weighted_mse(r_t + gamma * (1 - done_t) * V(s_{t+1}) - Q(s_t, a_t), w), r_t = r_env (+ r_aux if use_aux),
+    with no gradient through Qbar or V(s_{t+1}). info: L_V, L_Q and the mean V(s_t) and Q(s_t, a_t) over the
+    batch's real steps."""
     h_action, v_all, q = critic(batch)                 # v_all (B, T+1), q (B, T)
     v, v_next = v_all[:, :-1], v_all[:, 1:].detach()
     with torch.no_grad(), torch.autocast(h_action.device.type, enabled=False):

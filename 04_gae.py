@@ -77,7 +77,8 @@ def parse_args(argv=None):
 # ALGO LOGIC: generalized advantage estimation on the critic's V.
 # ----------------------------------------------------------------------------------------
 def gae(rewards, values, dones, gamma, lam):
-    """Paper eq. (GAE process reward). rewards (T,), values (T+1,) = V(s_0)..V(s_T), dones (T,)
+    """Paper eq. (GAE process reward): delta_t = r_t + gamma * (1 - done_t) * V(s_{t+1}) - V(s_t),
+    A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1}. rewards (T,), values (T+1,) = V(s_0)..V(s_T), dones (T,)
     with 1 where step t ends the trajectory -> advantages (T,). The backward recursion is the
     algorithm's one loop over steps (docs/design.md, 'Conventions')."""
     rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
@@ -91,8 +92,8 @@ def gae(rewards, values, dones, gamma, lam):
 
 def episode_advantages(ep, values, q, gamma, lam, advantage, with_aux):
     """ep with "v" = V(s_t), "q" = Q(s_t, a_t) and "adv" = A_t on every step; values (T+1,) =
-    V(s_0)..V(s_T), q (T,). A_t is GAE on r_env (with_aux: r_env + r_aux), or with advantage 'qv'
-    the single-step Q(s_t, a_t) - V(s_t). The last step is done: a true terminal or the step limit."""
+    V(s_0)..V(s_T), q (T,). A_t = gae(r, values, done) with r_t = r_env_t (with_aux: r_env_t + r_aux_t), or with
+    advantage 'qv' A_t = Q(s_t, a_t) - V(s_t). done_{T-1} = 1: a true terminal or the step limit."""
     rewards = [s["r_env"] + (s["r_aux"] if with_aux else 0.0) for s in ep["steps"]]
     dones = [float(s["done"]) for s in ep["steps"][:-1]] + [1.0]
     adv = gae(rewards, values, dones, gamma, lam) if advantage == "gae" else q - values[:-1]

@@ -139,8 +139,8 @@ def normalize_advantages(episodes, how):
 
 
 def token_advantages(batch, step_adv):
-    """Each step's A_t on every token of its reply: step_adv (B, T) -> (N,), row-major over the
-    batch's reply tokens (the order of reply_logits' rows)."""
+    """Each step's A_t on every token of its reply, A_y = step_adv[b, t] for each token y of reply t of row b:
+    step_adv (B, T) -> (N,), row-major over the batch's reply tokens (the order of reply_logits' rows)."""
     reply = batch["action_step"] >= 0  # (B, L)
     return step_adv[reply.nonzero()[:, 0], batch["action_step"][reply]]
 
@@ -183,9 +183,9 @@ def make_batch(items, pad_id, device):
 
 @torch.no_grad()
 def old_logprobs(policy, data, pad_id, batch_size, device, amp):
-    """log pi_old(y) of every reply token y of every trajectory, computed once before any update (pi_old is
-    the policy as it entered the stage: eta's denominator must not move with pi_theta) -> a list with one
-    (n_j,) tensor per trajectory j (n_j: its reply tokens, in reply_logits' order), on the CPU."""
+    """logp_old(y) = log pi_old(y | prefix) of every reply token y of every trajectory, computed once before any
+    update (pi_old is the policy as it entered the stage: eta's denominator must not move with pi_theta) -> a list
+    with one (n_j,) tensor per trajectory j (n_j: its reply tokens, in reply_logits' order), on the CPU."""
     policy.eval()
     by_length, out = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"])), [None] * len(data)
     for i in range(0, len(data), batch_size):

@@ -22,7 +22,8 @@ exactly one thing and redoes only the stages downstream of it:
     A centred          05_bppo.py --adv-norm center (the buffer's mean advantage removed: the gain left is step credit)
     symmetric clip     05_bppo.py --eps-low 0.2 (= --eps-high)
 
-    python bench/ablation.py --parallel          # seeds 0 1 2: runs/seed<k> (made by bench/seeds.py if missing)
+    python bench/ablation.py --parallel          # seeds 0 1 2: runs/seed<k> (made by bench/seeds.py if missing,
+                                                 # its table runs/seed0_1_2.seeds.md)
     python bench/ablation.py --seeds 0           # one seed, one process
     python bench/ablation.py --parallel --variants rft awr   # only some rows (the others: 'not run')
 
@@ -132,7 +133,8 @@ def run_all_variants(args, runs):
     """Make any missing default run (bench/seeds.py), then every variant of every seed."""
     missing = [s for s, r in zip(args.seeds, runs) if not os.path.exists(os.path.join(ROOT, r, "results.md"))]
     if missing:  # the shared artifacts: the default chain and its baselines, K=1
-        cmd = [sys.executable, "bench/seeds.py", "--seeds", *map(str, missing), "--prefix", args.prefix]
+        cmd = [sys.executable, "bench/seeds.py", "--seeds", *map(str, missing), "--prefix", args.prefix,
+               "--out", f"{args.prefix}{'_'.join(map(str, missing))}.seeds.md"]  # beside the runs, not bench/results
         subprocess.run(cmd + (["--parallel"] if args.parallel else []), cwd=ROOT, check=True,
                        env={**os.environ, "K": "1", "ALGOS": "qevolve rft outcome"})
     threads = 1 if args.parallel else 2

@@ -25,7 +25,8 @@ from plumbing import die, write_atomic  # noqa: E402
 EXERCISES = {
     "01_bc.py": ["tokenize_episode", "collate", "bc_loss"],
     "02_collect.py": ["retro_label", "take_step"],
-    "03_critic.py": ["step_weights", "expectile_loss", "trajectory_tensors", "iql_losses", "polyak_update"],
+    "03_critic.py": ["step_weights", "expectile_loss", "weighted_mse", "trajectory_tensors", "iql_losses",
+                     "polyak_update"],
     "04_gae.py": ["gae", "episode_advantages"],
     "05_bppo.py": ["token_advantages", "old_logprobs", "bppo_loss", "kl_to_ref"],
 }
@@ -39,19 +40,24 @@ VERBATIM = ["00_pretrain.py", "plumbing.py", "kv_cache.py", "rerank.py", "rollou
 TESTS = {"tests/conftest.py": None, "tests/test_math.py": None, "tests/test_layout.py": None,
          "tests/test_stage_copies.py": ["top_level_sources", "test_copied_helpers_are_identical"]}
 DROP = ["loop_gae", "test_gae_matches_plain_loop"]
-GRADE = '''"""Grade the exercises: python grade.py [pytest options, e.g. -k gae]. Exit 0 when every test passes."""
+GRADE = r'''"""Grade the exercises: python grade.py [pytest options, e.g. -k gae]. Exit 0 when all it ran pass."""
 import os
 import re
+import shlex
 import subprocess
 import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
-proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *sys.argv[1:]],
+proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfEp", "-p", "no:cacheprovider", *sys.argv[1:]],
                       cwd=here, capture_output=True, text=True)
 print(proc.stdout + proc.stderr)
-todo = sorted(set(re.findall(r"exercise: (\\w+\\.\\w+)", proc.stdout)))
-print(f"grade: {len(todo)} exercises still to write: {', '.join(todo)}" if todo else
-      "grade: every test passes" if proc.returncode == 0 else "grade: some tests fail (above)")
+ran = re.findall(r"^(?:PASSED|FAILED|ERROR) \S+::(\w+)", proc.stdout, re.M)
+what = f"{len(ran)} tests selected by {shlex.join(sys.argv[1:])}" if sys.argv[1:] else f"all {len(ran)} tests"
+todo = sorted(set(re.findall(r"exercise: (\w+\.\w+)", proc.stdout)))
+print(f"grade: {what}: {len(todo)} exercises still to write: {', '.join(todo)}" if todo else
+      f"grade: no test selected by {shlex.join(sys.argv[1:])}" if not ran else
+      f"grade: {what}: all pass ({', '.join(sorted(set(ran)))})" if proc.returncode == 0 and sys.argv[1:] else
+      f"grade: {what}: all pass" if proc.returncode == 0 else f"grade: {what}: some fail (above)")
 sys.exit(proc.returncode)
 '''
 README = """# Q-Evolve: the exercises

@@ -5,6 +5,7 @@ bodies put back the folder is the reference again: it grades itself green and it
 import ast
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -15,11 +16,13 @@ from conftest import ROOT, load_module
 mx = load_module("course/make_exercises.py", "make_exercises")
 EXERCISES = {f"{stage[:-3]}.{name}" for stage, names in mx.EXERCISES.items() for name in names}
 STAGE_FILES = sorted(f for f in os.listdir(ROOT) if f[:2].isdigit() and f.endswith(".py"))
+PAGES = ["docs/course.md", "course/TEACHER.md"]
+TABLE = re.findall(r"^\| (\d+) \| `(\w+)\.(\w+)\(.*\| `-k (\w+)` \|$", open(os.path.join(ROOT, PAGES[0])).read(), re.M)
 
 
-def grade(folder):
-    """`cd folder && python grade.py`, as a student runs it (outside the repository: nothing of it is read)."""
-    return subprocess.run([sys.executable, "grade.py"], cwd=folder, capture_output=True, text=True,
+def grade(folder, *args):
+    """`cd folder && python grade.py ARGS`, as a student runs it (outside the repository: nothing of it is read)."""
+    return subprocess.run([sys.executable, "grade.py", *args], cwd=folder, capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "400", "OMP_NUM_THREADS": "1"})
 
 
@@ -85,6 +88,17 @@ def test_the_kit_grades_itself_has_no_solution_and_put_back_is_the_reference(tmp
     assert failed and all("NotImplementedError: exercise: " in line for line in failed), out[-3000:]
     assert set(re.findall(r"exercise: (\w+\.\w+) \(docs/course\.md\)", out)) == EXERCISES
     assert re.search(r"\d+ passed", out)  # the tests of functions that are not exercises
+    one = grade(ex, "-k", "gae")  # a selection says what it ran and names what is left to write
+    assert one.returncode != 0 and "tests selected by -k gae: 1 exercises still to write: 04_gae.gae" in one.stdout
+
+    # The exercises in course.md's order: each check passes with that exercise and the ones before it written
+    # (the data contract copied on into 03, 04 and 05, as course.md says).
+    for _, stage, name, k in TABLE:
+        for f in [f"{stage}.py"] + [f for f in STAGE_FILES if name in mx.COPIES and f != f"{stage}.py"
+                                    and name in mx.exercises_of(f, open(os.path.join(ROOT, f)).read())]:
+            (ex / f).write_text(put_back((ex / f).read_text(), open(os.path.join(ROOT, f)).read(), [name]))
+        proc = grade(ex, "-k", k)
+        assert proc.returncode == 0 and f"selected by -k {k}: all pass (test_" in proc.stdout, proc.stdout[-3000:]
 
     # Put back, the files are the reference byte for byte; the kit grades itself green; the chain runs.
     for stage in STAGE_FILES:
@@ -92,7 +106,10 @@ def test_the_kit_grades_itself_has_no_solution_and_put_back_is_the_reference(tmp
         (ex / stage).write_text(put_back((ex / stage).read_text(), reference, mx.exercises_of(stage, reference)))
         assert (ex / stage).read_text() == reference
     proc = grade(ex)
-    assert proc.returncode == 0 and "grade: every test passes" in proc.stdout, proc.stdout[-3000:]
+    assert proc.returncode == 0 and re.search(r"grade: all \d+ tests: all pass", proc.stdout), proc.stdout[-3000:]
+    one = grade(ex, "-k", "gae")
+    assert one.returncode == 0 and "grade: 3 tests selected by -k gae: all pass (test_gae_lambda_one_is_return_minus" \
+        "_value, test_gae_terminal_by_hand, test_gae_truncated_bootstraps_last_value)" in one.stdout, one.stdout[-3000:]
     env = {k: v for k, v in os.environ.items() if k not in ("RUN", "ENV_KWARGS", "EVAL_WORLDS", "BASE", "K")}
     env.update(SMOKE="1", K="1", EVAL_WORLDS="0", BASE_CACHE=str(tmp_path / "base"), PYTHON=sys.executable,
                OMP_NUM_THREADS="1")
@@ -108,3 +125,79 @@ def test_a_kit_with_only_the_copies_unsolved_tells_the_student_to_copy(tmp_path)
         stubbed = mx.stub(source, stage, mx.exercises_of(stage, source))
         assert stubbed.count('"exercise: 01_bc.tokenize_episode (docs/course.md)"') == 1
         assert stubbed.count('"exercise: 01_bc.collate (docs/course.md)"') == 1
+
+
+def test_the_exercises_are_the_paper_equations_each_docstring_states_its_own():
+    """No helper left unstubbed solves an exercise: every stage function whose docstring cites the paper is an
+    exercise; and each exercise's docstring (the stub keeps it) carries its equation ('=' or '<-'), but the data
+    contract's, whose docstring is its layout."""
+    for stage in STAGE_FILES:
+        for node in ast.parse(open(os.path.join(ROOT, stage)).read()).body:
+            doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+            name = f"{stage[:-3]}.{getattr(node, 'name', '')}"
+            assert not (doc or "").startswith("Paper") or name in EXERCISES, f"{name} cites the paper: stub it too"
+            if name in EXERCISES and node.name not in mx.COPIES:
+                assert re.search(r"=|<-", doc), f"{name}'s docstring has no equation"
+
+
+def test_course_md_lists_every_exercise_in_order_and_counts_them():
+    text = open(os.path.join(ROOT, "docs/course.md")).read()
+    assert [f"{stage}.{name}" for _, stage, name, _ in TABLE] == \
+        [f"{stage[:-3]}.{name}" for stage, names in mx.EXERCISES.items() for name in names]
+    assert [int(n) for n, *_ in TABLE] == list(range(1, len(EXERCISES) + 1))
+    experiments = re.findall(r"^\*\*(\d+)\. [^*]+\*\* \(([^)]*)\)", text, re.M)
+    assert [int(n) for n, _ in experiments] == list(range(1, len(experiments) + 1))
+    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \
+            "seventeen eighteen nineteen twenty".split()
+    assert f"{words[len(EXERCISES)]} exercises and {words[len(experiments)]} experiments" in text.splitlines()[0]
+    for n, where in experiments:  # each names its world and its run time on 2 cores
+        assert re.search(r"(credit|habit) world, (TIME\?|seconds|\d+ min)", where), f"experiment {n}: ({where})"
+    for page in PAGES:  # no development words on a course page
+        assert not re.search(r"\bissue", open(os.path.join(ROOT, page)).read(), re.I), page
+
+
+def shell_commands(text):
+    """The shell commands of a markdown page: the lines of its ```bash blocks (continuations joined) and the
+    inline code spans that start with a command; each split at &&, ; and |."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    rest = re.sub(r"```.*?```", "", text, flags=re.S)
+    lines += [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", rest)
+              if re.match(r"(\w+=\S+ )*(python|bash|cd|grep) ", span.replace("\n", " "))]
+    lines = [re.sub(r"\s#\s.*$", "", line) for line in lines]  # a comment, which may hold a ';'
+    return [part.strip() for line in lines for part in re.split(r"&&|;|\|", line) if part.strip()]
+
+
+def writes_into_bench_results(command):
+    """Whether `command` can write into bench/results/: a redirection or a path option there, or a bench script
+    whose --out default is there, called without --out."""
+    argv = shlex.split(command, comments=True)
+    while argv and re.match(r"\w+=", argv[0]):  # VAR=value before the command
+        argv = argv[1:]
+    for flag, value in zip(argv, argv[1:]):
+        if (flag.startswith("--") or flag.startswith(">")) and value.startswith("bench/results"):
+            return True
+    if any(a.startswith(">bench/results") or a.startswith(">>bench/results") for a in argv):
+        return True
+    if len(argv) > 1 and argv[0].startswith("python") and os.path.isfile(os.path.join(ROOT, argv[1])) \
+            and "--out" not in argv:  # not in the repository: the kit's grade.py, which writes nothing
+        source = open(os.path.join(ROOT, argv[1])).read()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args \
+                    and getattr(node.args[0], "value", None) == "--out":
+                default = [kw.value for kw in node.keywords if kw.arg == "default"]
+                return bool(default) and "bench/results" in ast.get_source_segment(source, default[0])
+    return False
+
+
+def test_no_course_command_writes_into_bench_results():
+    """Running the course leaves bench/results/ as it is: every bench command gets an --out under runs/."""
+    assert writes_into_bench_results("K=1 python bench/seeds.py --seeds 0 --prefix runs/c")  # the check can fail
+    assert writes_into_bench_results("python bench/ablation.py --seeds 0 --out bench/results/ablation.md")
+    assert writes_into_bench_results("python show_credit.py x.jsonl > bench/results/credit.txt")
+    assert not writes_into_bench_results("python bench/seeds.py --seeds 0 --out runs/course_seeds.md")
+    for page in PAGES:
+        commands = shell_commands(open(os.path.join(ROOT, page)).read())
+        assert any("bench/seeds.py" in c for c in commands) and any("bench/ablation.py" in c for c in commands)
+        bad = [c for c in commands if writes_into_bench_results(c)]
+        assert not bad, f"{page}: {bad}"

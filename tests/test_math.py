@@ -30,6 +30,13 @@ def test_expectile_weights_are_a_weighted_mean(stages):
     assert torch.isclose(expectile_loss(u, 0.7, w), torch.tensor(1.7 / 3))
 
 
+def test_weighted_mse_is_a_weighted_mean_of_squares(stages):
+    weighted_mse = stages["03_critic"].weighted_mse
+    u, w = torch.tensor([1.0, -2.0, 5.0]), torch.tensor([2.0, 1.0, 0.0])  # the last entry is padding
+    assert torch.isclose(weighted_mse(u, w), torch.tensor((2 * 1 + 1 * 4) / 3))  # the sign does not matter
+    assert weighted_mse(u, torch.zeros(3)) == 0  # no real entry: no division by zero
+
+
 def test_expectile_minimizer_is_the_expectile(stages):
     """V trained by expectile regression on samples of Q goes above the mean for tau > 0.5."""
     expectile_loss = stages["03_critic"].expectile_loss
