@@ -171,7 +171,7 @@ def test_04_keeps_r_aux_out_of_the_advantage_unless_asked(stages, tiny_run, tmp_
     eps = [json.loads(line) for line in open(tiny_run / "expert.jsonl")][:3]
     for ep in eps:  # an invalid step and a repeat in every episode, with their r_aux
         ep["steps"][0].update(label="invalid", r_aux=-0.1)
-        ep["steps"][1].update(label="repeat", r_aux=-0.25)
+        ep["steps"][1].update(label="repeat", r_aux=-0.1)  # as 02 labels the demonstrator's own repeats
     data = tmp_path / "buf.jsonl"
     data.write_text("".join(json.dumps(ep) + "\n" for ep in eps))
 

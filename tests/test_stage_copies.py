@@ -35,6 +35,7 @@ def test_stages_import_no_other_stage():
                "peft",  # peft: optional, imported only under --lora (01, 05)
                "plumbing",  # the shared plumbing: no algorithm in it
                "kv_cache", "rerank", "rollout",  # 02's speed-ups and its --rerank extension, off the reading path
+               "critic_report",  # 04's printout: diagnostics, off the reading path
                "models"}  # models/tiny.py: the tiny model's tokenizer and Llama (00, 01)
     for name in STAGES:
         tree = ast.parse(open(os.path.join(ROOT, f"{name}.py")).read())
