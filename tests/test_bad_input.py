@@ -54,6 +54,7 @@ BAD_BUFFERS = {
     "success_unfinished": episode(success=True, reward=1.0, steps=[{**GOOD_STEP, "r_env": 1.0}]),
     "reward_not_the_steps_sum": episode(reward=0.5),
     "task_id_bool": episode(task_id=True),
+    "null_line": "null",  # issue 83: skipped silently
 }
 # issue 52: lines that json.loads takes silently (a duplicate key, a lone surrogate) or crashes on (nesting)
 ODD_JSON = {"duplicate_key": episode()[:-1] + ', "reward": 1.0}', "lone_surrogate": episode(task="\ud800"),
@@ -139,6 +140,11 @@ def world(tiny_run, stages, tmp_path_factory):
     (B / "critic_no_gamma/args.json").write_text("{}")
     shutil.copytree(R / "iter_1/critic", B / "critic_truncated_heads")
     (B / "critic_truncated_heads/heads.safetensors").write_bytes(b"\x10\x00")
+    heads = load_file(R / "iter_1/critic/heads.safetensors")  # issue 83: 03 --init took these (04 did not)
+    for name, damaged in (("empty", {}), ("nan", {k: torch.full_like(v, float("nan")) for k, v in heads.items()}),
+                          ("wrong_shape", {k: torch.zeros(2, *v.shape[1:]) for k, v in heads.items()})):
+        shutil.copytree(R / "iter_1/critic", B / f"critic_{name}_heads")
+        save_file(damaged, B / f"critic_{name}_heads/heads.safetensors")
 
     (policy_copy("policy_with_notes") / "notes.txt").write_text("my notes on this policy\n")
     (B / "empty.jsonl").write_text("")
@@ -312,6 +318,15 @@ PROBES = {
                                       "--out", "{T}/a.jsonl"], "is not a critic directory"),
     "04_critic_truncated_heads": (["04_gae", "--data", EXPERT, "--critic", "{B}/critic_truncated_heads",
                                    "--out", "{T}/a.jsonl"], "cannot load heads.safetensors"),
+    # -- issue 83: 03 --init checks a critic as 04 does
+    **{f"03_init_{name}_heads": (CRITIC_ + ["--out", "{T}/c", "--init", f"{{B}}/critic_{name}_heads"], message)
+       for name, message in (("truncated", "cannot load heads.safetensors"), ("empty", "not the heads of this"),
+                             ("nan", "heads.safetensors: the checkpoint holds non-finite"),
+                             ("wrong_shape", "not the heads of this transformer"))},
+    "04_critic_empty_heads": (GAE[:3] + ["--critic", "{B}/critic_empty_heads", "--out", "{T}/a.jsonl"],
+                              "not the heads of this transformer"),
+    "04_outcome_lam_at_its_default": (["04_gae", "--data", EXPERT, "--advantage", "outcome", "--lam", "0.3",
+                                       "--out", "{T}/a.jsonl"], "has no use for --lam"),
     # -- issue 61, cause 2: the files a path names, not its string
     "02_two_pairs_one_file": (COLLECT + ["--split", "seen", "unseen", "--out", "{T}/d/{split}/../eval_{world}.jsonl"],
                               "naming a file of its own"),
@@ -659,7 +674,10 @@ RUN_ALL_PROBES = {"SEED=08": "SEED must be", "SEED=010": "SEED must be", "EVAL_W
                   "BASE_CACHE=-o": "BASE_CACHE must be", "SMOLLM2_DIR=~/m": "SMOLLM2_DIR must be",
                   "PRECISION=--help": "PRECISION must be", "SEED=99999999999": "SEED must be",
                   "SEED=4294967": "SEED must be at most 4294966", "CPU_OK=yes": "CPU_OK must be",
-                  "SMOKE=2": "SMOKE must be 0 or 1", "KEEP_OLD=2": "KEEP_OLD must be 0 or 1"}
+                  "SMOKE=2": "SMOKE must be 0 or 1", "KEEP_OLD=2": "KEEP_OLD must be 0 or 1",
+                  # issue 83: 0 meant every train task; a duplicate made a column twice
+                  "N_SELF=0": "N_EXPERT and N_SELF must be at least 1", "N_EXPERT=0": "N_EXPERT and N_SELF must be",
+                  "EVAL_WORLDS=0 0": "EVAL_WORLDS names one twice", "EVAL_SPLITS=seen seen": "EVAL_SPLITS names one"}
 
 
 @pytest.mark.parametrize("setting", sorted(RUN_ALL_PROBES))
@@ -926,7 +944,8 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
                   "KEEP_OLD": "0", "BASE": "pretrained", "PRETRAIN_ARGS": "--episodes 16 --d-model 32 --n-heads 2",
                   "BC_ARGS": "--epochs 1", "COLLECT_ARGS": "--max-new-tokens 16 --num-envs 6", "CRITIC_ARGS": "",
                   "GAE_ARGS": "", "BPPO_ARGS": "--epochs 1", "RFT_ARGS": "--epochs 2 --lr 1e-3",
-                  "OUTCOME_ARGS": "--epochs 1", "EVAL_SPLITS": "seen unseen", "EVAL_WORLDS": "0 1", "N_EVAL": "4"}
+                  "OUTCOME_ARGS": "--epochs 1", "LATER_ARGS": "", "REF": "bc", "EVAL_SPLITS": "seen unseen",
+                  "EVAL_WORLDS": "0 1", "N_EVAL": "4"}
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -943,7 +962,18 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("BPPO_ARGS=--help", "BPPO_ARGS=--help: 05_bppo.py refuses it: --help prints the stage's help"),
     ("GAE_ARGS=--lam 5", "GAE_ARGS='--lam 5': 04_gae.py refuses it: --lam must be in [0, 1], got 5.0"),
     ("COLLECT_ARGS=--num-envs 0", "02_collect.py refuses it: --num-envs must be at least 1, got 0"),
-    ("PRETRAIN_ARGS=--d-model 0", "00_pretrain.py refuses it: --d-model must be at least 1, got 0")])
+    ("PRETRAIN_ARGS=--d-model 0", "00_pretrain.py refuses it: --d-model must be at least 1, got 0"),
+    # issue 83: a flag run_all.sh sets itself (however spelled), a glob, a critic that is not one, all before any work
+    ("LATER_ARGS=--out X", "LATER_ARGS='--out X': run_all.sh sets --out itself"),
+    ("BPPO_ARGS=--dat F", "BPPO_ARGS='--dat F': run_all.sh sets --data itself"),
+    ("COLLECT_ARGS=--env-seed=3", "run_all.sh sets --env-seed itself"),
+    ("COLLECT_ARGS=--split dev", "run_all.sh sets --split itself"),
+    ("RFT_ARGS=--lr 1e-3 --threads 4", "run_all.sh sets --threads itself"),
+    ("BC_ARGS=--model x", "run_all.sh sets --model itself"), ("GAE_ARGS=--seed 3", "run_all.sh sets --seed itself"),
+    ("PRETRAIN_ARGS=--env shop", "run_all.sh sets --env itself"),
+    ("CRITIC_ARGS=--init /nonexistent", "--init /nonexistent is not a critic directory written by 03_critic.py"),
+    ("CRITIC_ARGS=--init *", "CRITIC_ARGS='--init *': no glob characters"),
+    ("GAE_ARGS=--advantage outcome", "04_gae.py refuses it: --critic is required, except with --advantage outcome")])
 def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
     """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
     default run), OUTCOME_ARGS='--bogus 1' after 02 and 04 with argparse's 12-line usage, and no other *_ARGS was
@@ -955,6 +985,91 @@ def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_pr
     proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
     assert one_line(proc) and message in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_the_stages_flags_that_run_all_does_not_set_pass(in_process, tmp_path):
+    """Issue 83's refusals refuse no more: a stage's own flags pass, --model too where BASE=tiny leaves 01 its tiny
+    model's flags, and a critic of 03 as --init."""
+    critic = tmp_path / "critic"
+    critic.mkdir()
+    (critic / "heads.safetensors").write_bytes(b"")
+    (critic / "args.json").write_text(json.dumps({"stage": "03_critic"}))
+    settings = {**SMOKE_SETTINGS, "BASE": "tiny", "BC_ARGS": "--d-model 32 --n-heads 2 --lr 1e-3",
+                "GAE_ARGS": "--advantage qv --lam 0.5", "CRITIC_ARGS": f"--init {critic} --epochs 2",
+                "COLLECT_ARGS": "--greedy --max-new-tokens 8", "LATER_ARGS": "--lr 1e-4 --kl-coef 0.1"}
+    proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in {**settings, "BC_ARGS": "--model x"}
+                                                            .items()], check=False)
+    assert one_line(proc) and "BC_ARGS='--model x': run_all.sh sets --model itself" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def smoke_start(run, **changes):
+    return ["start", str(run), *[f"{k}={v}" for k, v in {**SMOKE_SETTINGS, **changes}.items()]]
+
+
+def test_run_goes_through_the_write_rule(in_process, tmp_path, monkeypatch):
+    """Issue 83: RUN=/, $HOME, ., .., envs and a user's folder took a whole run; a RUN with {split} put 02's outputs
+    outside it; a regular file passed --check. RUN is a new folder, an empty one (but for a killed start's .lock) or
+    one a run made (its settings.json): under --check (here) and before any work alike."""
+    monkeypatch.chdir(ROOT)  # as run_all.sh runs it
+    mine = tmp_path / "my proj ü"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes\n")
+    (mine / "results.md").write_text("# my results\n")
+    (tmp_path / "file").write_text("a file\n")
+    refused = {"/": "is the current directory, the home directory or one above",
+               os.path.expanduser("~"): "the home directory or one above", ".": "is the current directory",
+               "..": "is the current directory", "envs": "is the checkout or lies in one of its folders",
+               "tests/x": "lies in one of its folders", str(tmp_path / "x{split}"): "has no {...} field",
+               str(mine): "holds files that no run of run_all.sh made", str(tmp_path / "file"): "is not a folder"}
+    before = snapshot(tmp_path)
+    for run, message in refused.items():
+        proc = in_process(plumbing, *smoke_start(run), check=False)
+        assert one_line(proc) and message in proc.stderr, (run, proc.stderr)
+    assert snapshot(tmp_path) == before
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "killed/.lock").write_text("")
+    (tmp_path / "own/data").mkdir(parents=True)
+    (tmp_path / "own/settings.json").write_text(json.dumps({"stage": "run_all.sh", **SMOKE_SETTINGS}))
+    for run in ("new", "empty", "killed", "own"):
+        proc = in_process(plumbing, *smoke_start(tmp_path / run), check=False)
+        assert proc.returncode == 0 and proc.stderr == "", (run, proc.stderr)
+
+
+def test_run_all_refuses_a_users_folder_before_any_work(tmp_path):
+    """The issue's probe as a user runs it: SMOKE=1 K=0 RUN='my proj ü' (a folder with notes.txt and a results.md)
+    wrote the expert data, BC and its evaluation there, then refused results.md."""
+    run = tmp_path / "my proj ü"
+    run.mkdir()
+    (run / "notes.txt").write_text("my notes\n")
+    (run / "results.md").write_text("# my results\n")
+    before = snapshot(tmp_path)
+    env = {**os.environ, "RUN": str(run), "BASE_CACHE": str(tmp_path / "base"), "SMOKE": "1", "K": "0",
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    for how in ([], ["--check"]):
+        proc = subprocess.run(["bash", "run_all.sh", *how], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert one_line(proc) and "holds files that no run of run_all.sh made" in proc.stderr, proc.stderr
+        assert proc.stdout == "" and snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"SEED": 1}, "SEED is not a string"), ({"SEED": ["0"]}, "SEED is not a string"),
+    ({"SEED": None}, "SEED is missing"), ({"N_SELF": 6}, "N_SELF is not a string"),
+    ({"SEED": "0"}, "was made with SEED=0; this run has SEED=5")])
+def test_settings_json_is_read_strictly(edit, message, in_process, tmp_path):
+    """Issue 83: a hand-edited RUN/settings.json - "SEED": 1 or ["0"] was a TypeError traceback, "SEED": 0 was reported
+    as SEED='', and a missing key let a resume with SEED=5 through. Every key is there and a string, or one line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"stage": "run_all.sh", **{k: v for k, v in SMOKE_SETTINGS.items() if k not in plumbing.EVAL_ONLY}, **edit}
+    (run / "settings.json").write_text(json.dumps({k: v for k, v in record.items() if v is not None}))
+    before = snapshot(tmp_path)
+    proc = in_process(plumbing, *smoke_start(run, SEED="5"), check=False)
+    assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
 
 
 def test_run_all_checks_the_stages_flags_as_a_user_sees_it(tmp_path):
@@ -1010,7 +1125,7 @@ def test_settings_that_mean_nothing_are_refused_and_a_table_says_what_made_it(st
     recorded --lam and --rewards critic, which do nothing there, and on an all-failure buffer printed 'explained
     variance of returns 1.000' and a critic's line; seeds.py --table-only on a K=1 run wrote 'K=2, default settings'
     in its header and 'not run' for a seed that ran."""
-    for name, value, message in (("ALGOS", "qevolve qevolve", "ALGOS names an algorithm twice"),
+    for name, value, message in (("ALGOS", "qevolve qevolve", "ALGOS names one twice"),
                                  ("NPROC", "0", "NPROC must be at least 1")):
         env = {**os.environ, "RUN": str(tmp_path / "r"), "BASE_CACHE": str(tmp_path / "b"), "PYTHON": "echo",
                "SMOKE": "1", name: value}
@@ -1062,3 +1177,18 @@ def test_stage_times_takes_the_start_of_run_all_for_no_launch(tmp_path):
                    "0.5,0.4,0.1,python plumbing.py results r 1 0 qevolve seen\n")
     launches = load_module("bench/stage_times.py", "stage_times").launches(str(log))
     assert [(stage, wall) for stage, _, wall, _ in launches] == [("01_bc", 1.0), ("results table", 0.5)]
+
+
+def test_04_says_when_the_held_out_returns_say_nothing(world, stages, in_process, tmp_path):
+    """Issue 83: 04 printed a held-out explained variance of -62524.482 when every held-out return was equal (the
+    formula divides by their variance): 'n/a' now."""
+    critic = tmp_path / "critic"
+    shutil.copytree(world / "R/iter_1/critic", critic)
+    (critic / "args.json").write_text(json.dumps({"stage": "03_critic", "gamma": 0.95, "holdout": 0.5}))
+    buffer = tmp_path / "failures.jsonl"
+    buffer.write_text("".join(episode(task_id=f"train/{i:05d}") + "\n" for i in range(12)))
+    assert any(plumbing.held_out(json.loads(line), 0.5) for line in open(buffer))
+    proc = in_process(stages["04_gae"], "--data", buffer, "--critic", critic, "--out", tmp_path / "adv.jsonl",
+                      "--threads", 1)
+    assert "explained variance of the return n/a (every return equal)" in proc.stdout, proc.stdout
+
