@@ -3,6 +3,7 @@ leaves every file as it was. Each probe runs a stage's main() in this process (n
 cost) against a small run directory, a directory of broken inputs and a git checkout; all
 three must be byte-identical afterwards, and no file or directory may appear."""
 import errno
+import glob
 import json
 import os
 import shutil
@@ -646,7 +647,8 @@ def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
              ({"DRY": f"a[$(touch {tmp_path}/pwned)]"}, "DRY must be 0 or 1"),
              ({"K": "0"}, "K must be an iteration"), ({"MPS": "yes"}, "MPS must be 0 or 1"),
              ({"CUDA_GRAPH": "2"}, "CUDA_GRAPH must be 0 or 1"), ({"SEEDS": "0 01"}, "SEEDS must be seeds"),
-             ({"SEEDS": "../x"}, "SEEDS must be seeds")]
+             ({"SEEDS": "../x"}, "SEEDS must be seeds"),
+             ({"TESTS": "tests/no_such_test.py"}, "TESTS='tests/no_such_test.py': pytest collects no test")]
     if not torch.cuda.is_available():
         cases.append(({"DRY": "0"}, "no GPU here"))
     for bad, message in cases:
@@ -1192,3 +1194,68 @@ def test_04_says_when_the_held_out_returns_say_nothing(world, stages, in_process
                       "--threads", 1)
     assert "explained variance of the return n/a (every return equal)" in proc.stdout, proc.stdout
 
+
+ENTRY_POINTS = sorted(f for f in glob.glob("*.py", root_dir=ROOT) + glob.glob("bench/*.py", root_dir=ROOT)
+                      + glob.glob("models/*.py", root_dir=ROOT) if "\ndef main(" in open(os.path.join(ROOT, f)).read())
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_every_entry_point_refuses_a_bad_flag_in_one_line(script, in_process, monkeypatch):
+    """Issue 83: argparse's refusals printed its usage, then the error: 2-12 lines where the README promises one
+    `error:` line. Every script's main() with a flag it does not take: one line, exit 2."""
+    monkeypatch.chdir(ROOT)
+    module = load_module(script, "entry_" + os.path.splitext(script)[0].replace("/", "_"))
+    proc = in_process(module, "--no-such-flag", check=False)
+    assert one_line(proc) and proc.stdout == "", proc.stderr
+
+
+def test_bench_scripts_check_every_input_before_work(tmp_path, in_process, monkeypatch):
+    """Issue 83: ablation.py --candidates -1 was refused after every other variant had run; seeds.py --table-only gave
+    a KeyError on an unknown ALGOS, a TypeError on an int in settings.json and a table of 'not run' for an unknown
+    EVAL_SPLITS; plot_sweep.py took duplicate seeds and decisions, negative decisions and a --prefix without {D}; a
+    stray eval/worldX folder was a ValueError. Each is one line and exit 2 now, nothing written; the stray folder is
+    not a world."""
+    bench_run(tmp_path / "run0", k=1)
+    (tmp_path / "run0/eval/worldX").mkdir()
+    (tmp_path / "settings_int").mkdir()
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("EVAL_SPLITS", "seen")
+    seeds, ablation, sweep = (load_module(f"bench/{n}.py", n) for n in ("seeds", "ablation", "plot_sweep"))
+    table = ["--table-only", "--seeds", "0", "--prefix", tmp_path / "run", "--out", tmp_path / "t.md"]
+    assert in_process(seeds, *table).returncode == 0 and "| Q-Evolve iter 1 (policy_1) | 50.0" in (
+        tmp_path / "t.md").read_text()
+    (tmp_path / "t.md").unlink()
+    before = snapshot(tmp_path)
+    record = json.loads((tmp_path / "run0/settings.json").read_text())
+    for module, args, env, message in (
+            (ablation, ["--seeds", "0", "--prefix", tmp_path / "run", "--candidates", "-1"], {},
+             "--candidates must be at least 1"),
+            (seeds, table, {"ALGOS": "qevolve bogus"}, "ALGOS must be words of"),
+            (seeds, table, {"EVAL_SPLITS": "seen bogus"}, "EVAL_SPLITS names 'bogus', on which no run"),
+            (seeds, table, {"settings": {**record, "N_SELF": 6}}, "N_SELF is not a string"),
+            (sweep, ["--seeds", "0", "0"], {}, "--seeds must be distinct integers of at least 0, got 0 0"),
+            (sweep, ["--decisions", "2", "2"], {}, "--decisions must be distinct"),
+            (sweep, ["--decisions", "-3", "0"], {}, "--decisions must be distinct integers of at least 1"),
+            (sweep, ["--prefix", "runs/sweep-s"], {}, "--prefix must name the decisions as {D}")):
+        settings = env.pop("settings", None)
+        if settings:
+            (tmp_path / "run0/settings.json").write_text(json.dumps(settings))
+            before = snapshot(tmp_path)
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            proc = in_process(module, *args, check=False)
+        assert one_line(proc) and message in proc.stderr, (args, proc.stderr)
+        assert snapshot(tmp_path) == before
+
+
+def test_bench_runs_check_run_alls_settings_before_any_run(tmp_path):
+    """Issue 83: seeds.py with a bad ENV_KWARGS exited 1, its error only in its log; stage_times.py left launches.log
+    behind on a refused start, so every retry was refused. Both ask run_all.sh --check first: one line, exit 2."""
+    env = {**os.environ, "ENV_KWARGS": "{bad", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    before = snapshot(tmp_path)
+    for script, args in (("bench/seeds.py", ["--seeds", "0", "--prefix", f"{tmp_path}/s", "--out", f"{tmp_path}/t.md"]),
+                         ("bench/stage_times.py", ["--run", f"{tmp_path}/timed", "--out", f"{tmp_path}/t.md"])):
+        proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert one_line(proc) and "--env-kwargs must be a JSON object" in proc.stderr, proc.stderr
+        assert snapshot(tmp_path) == before
