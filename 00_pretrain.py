@@ -41,14 +41,14 @@ from tqdm import tqdm
 
 import envs
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (add_machine_flags, autocast, by_rows, check_finite, check_flags, check_loss, check_memory,
+from plumbing import (Parser, add_machine_flags, autocast, by_rows, check_finite, check_flags, check_loss, check_memory,
                       check_out, die, length_batches, log_metrics, lr_at, model_bytes, parse_env_kwargs, pick_device,
                       seed_everything, write_atomic)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Stage 00: pretrain the tiny base language model on environment text.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description="Stage 00: pretrain the tiny base language model on environment text.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="output model directory (save_pretrained format)")
     p.add_argument("--env", default="kitchen",
                    help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")

@@ -34,15 +34,15 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite, check_flags,
+from plumbing import (Parser, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite, check_flags,
                       check_memory, cost, die, distribute, finish_distributed, fit_context, full_state,
                       grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics, lr_at,
                       model_bytes, read_episodes, save_policy, start)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Stage 01: behavior cloning on expert demonstrations.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description="Stage 01: behavior cloning on expert demonstrations.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", nargs="+", required=True, help="episode JSONL file(s) to imitate")
     p.add_argument("--out", required=True, help="output policy directory (save_pretrained format)")
     p.add_argument("--model", default="tiny",

@@ -38,9 +38,9 @@ from transformers import AutoModelForCausalLM
 
 import envs
 from kv_cache import GraphStep, generate_cached, generate_plain
-from plumbing import (add_machine_flags, autocast, check_flags, check_memory, check_out, die, finish_distributed,
-                      is_main, kv_bytes, load_model, load_tokenizer, parse_env_kwargs, peak_mem_gb, pick_device,
-                      save_episodes, seed_everything, setup_distributed)
+from plumbing import (Parser, add_machine_flags, autocast, check_flags, check_memory, check_out, die,
+                      finish_distributed, is_main, kv_bytes, load_model, load_tokenizer, parse_env_kwargs, peak_mem_gb,
+                      pick_device, save_episodes, seed_everything, setup_distributed)
 from rerank import Reranker, add_rerank_flags, check_rerank
 from rollout import plan_runs, run_lockstep
 
@@ -48,8 +48,8 @@ FORMAT_ERROR_OBS = "Invalid reply. End your reply with one line: Action: <comman
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Stage 02: collect labeled trajectories or evaluate a policy.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description="Stage 02: collect labeled trajectories or evaluate a policy.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--policy", required=True, help="'expert' or a policy directory (save_pretrained)")
     p.add_argument("--out", required=True,
                    help="output episode JSONL; the summary goes to the same name with .json. With several --env-seed "

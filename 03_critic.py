@@ -28,24 +28,22 @@ import argparse
 import bisect
 import copy
 import math
-import os
 import random
 import time
 
 import torch
-from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel
 
-from plumbing import (accumulate, add_machine_flags, autocast, check_finite, check_flags, cost, die,
+from plumbing import (Parser, accumulate, add_machine_flags, autocast, check_finite, check_flags, cost, die,
                       distribute, finish_distributed, fit_context, full_state, grad_checkpointing, held_out, is_main,
-                      length_batches, load_model, load_tokenizer, log_metrics, owned, read_episodes, save_critic,
-                      start, unsharded)
+                      length_batches, load_heads, load_model, load_tokenizer, log_metrics, owned, read_episodes,
+                      save_critic, start, unsharded)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Stage 03: weighted IQL critic on the hybrid buffer.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description="Stage 03: weighted IQL critic on the hybrid buffer.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", nargs="+", required=True, help="episode JSONL files: expert demos + self trajectories")
     p.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
     p.add_argument("--out", required=True, help="output critic directory")
@@ -181,8 +179,8 @@ def prepare_critic(args, device):
     if args.init and not owned(args.init, "critic"):
         die(f"--init {args.init} is not a critic directory of 03_critic.py")
     critic = Critic(grad_checkpointing(load_model(AutoModel, args.init or args.policy), args))
-    if args.init:  # the V and Q heads too; the transformer came from --init above
-        critic.load_state_dict(load_file(os.path.join(args.init, "heads.safetensors")), strict=False)
+    if args.init:  # the V and Q heads too (checked as 04 checks them); the transformer came from --init above
+        load_heads(critic, args.init)
     critic = critic.to(device).train()
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
     if not data:

@@ -38,18 +38,17 @@ import os
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 import critic_report
-from plumbing import (ARTIFACTS, MAX_REWARD, add_machine_flags, autocast, check_finite, check_flags, die, fit_context,
-                      load_model, owned, read_episodes, read_json, save_episodes, start)
+from plumbing import (ARTIFACTS, MAX_REWARD, Parser, add_machine_flags, autocast, check_flags, die, fit_context,
+                      load_heads, load_model, owned, read_episodes, read_json, save_episodes, start)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Stage 04: per-step process rewards (GAE) from the critic.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description="Stage 04: per-step process rewards (GAE) from the critic.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", nargs="+", required=True, help="episode JSONL files (the buffer the critic learned on)")
     p.add_argument("--critic", default="", help="critic directory from 03_critic.py (not with --advantage outcome)")
     p.add_argument("--out", required=True, help="output JSONL: the buffer with 'v', 'q' and 'adv' on every step")
@@ -67,9 +66,12 @@ def parse_args(argv=None):
     args = p.parse_args(argv)  # every flag is checked before any work
     check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", seed="a seed in [0, 2**32)",
                 threads="non-negative")
-    moot = [f"--{k}" for k in ("gamma", "lam", "rewards") if getattr(args, k) != p.get_default(k)]
+    given = p.parse_args(argv, argparse.Namespace(gamma=None, lam=None, rewards=None))  # None: a flag not given
+    moot = [f"--{k}" for k in ("gamma", "lam", "rewards") if getattr(given, k) is not None]
     if args.advantage == "outcome" and moot:  # R - mean(R): no discount, no GAE, no critic
         die(f"--advantage outcome (R - mean(R)) has no use for {' '.join(moot)}; drop it")
+    if (args.advantage == "outcome") == bool(args.critic):
+        die("--critic is required, except with --advantage outcome, which uses none")
     return args
 
 
@@ -136,18 +138,11 @@ def load_critic(path, device):
     """A critic directory of 03 -> (the critic in eval mode, its tokenizer); refuses a missing or cut tensor."""
     if not owned(path, "critic"):
         die(f"{path} is not {ARTIFACTS['critic'][0]}")
-    try:  # the small files first: a broken one is one line before the transformer is loaded
-        heads = load_file(os.path.join(path, "heads.safetensors"))
+    try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:
-        die(f"{path}: cannot load heads.safetensors or the tokenizer ({e})")
-    check_finite(heads.values(), f"{path}/heads.safetensors", loaded=True)
-    critic = Critic(load_model(AutoModel, path))
-    try:
-        for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
-            head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
-    except RuntimeError as e:  # a head tensor missing, or of another size than the transformer's
-        die(f"{path}/heads.safetensors: not the heads of this transformer ({e})")
+        die(f"{path}: cannot load the tokenizer ({e})")
+    critic = load_heads(Critic(load_model(AutoModel, path)), path)  # a cut, empty or non-finite one: one line
     return critic.to(device).eval(), tokenizer
 
 
@@ -182,8 +177,6 @@ def main(argv=None):
     args = parse_args(argv)
     # Every input is checked before any work (the flags: parse_args); --out and its summary are written once every
     # advantage is in.
-    if (args.advantage == "outcome") == bool(args.critic):
-        die("--critic is required, except with --advantage outcome, which uses none")
     _, device, amp = start(args, "04_gae", args.data + [args.critic] * bool(args.critic))  # --out, seed, device
     episodes = read_episodes(args.data)
     if args.advantage == "outcome":

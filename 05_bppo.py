@@ -37,15 +37,15 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from plumbing import (STEP_KEYS, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite,
+from plumbing import (STEP_KEYS, Parser, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite,
                       check_flags, cost, die, distribute, finish_distributed, fit_context, full_state,
                       grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics,
                       read_episodes, save_policy, start)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Stage 05: BPPO policy improvement on the labeled buffer.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description="Stage 05: BPPO policy improvement on the labeled buffer.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", nargs="+", required=True, help="episode JSONL with 'adv' on every step (04 output)")
     p.add_argument("--policy", required=True, help="pi_old: the policy entering this stage (also the starting weights)")
     p.add_argument("--ref", required=True, help="pi_ref: the behavior-cloning policy anchoring the KL term")

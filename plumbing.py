@@ -6,6 +6,7 @@ of its own kind (check_out, owned), atomically (write_atomic, save_text, log_met
 saves a diverged update (check_finite). The torchrun helpers at the bottom are a no-op for a plain
 `python` run (docs/distributed.md).
 """
+import argparse
 import contextlib
 import importlib
 import io
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 import torch.utils.checkpoint
 from filelock import FileLock, Timeout
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -42,6 +43,12 @@ def die(msg):
         time.sleep(10)
     print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
     sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse for every entry point, whose refusal is one `error:` line too (its usage is --help's)."""
+    def error(self, message):
+        die(f"{message} (see --help)")
 
 
 def quiet_interrupt(kind, value, tb, default=sys.excepthook):
@@ -457,12 +464,14 @@ def read_episodes(paths, step_keys=STEP_KEYS):
             die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
                 try:
-                    ep = loads(line.decode("utf-8")) if line.strip() else None
+                    ep = loads(line.decode("utf-8"))
                 except (UnicodeDecodeError, ValueError) as e:
                     die(f"{path}:{lineno}: not a line of JSON text ({type(e).__name__}: {e})")
-                problem = None if ep is None else episode_error(ep, step_keys)
-                for t, s in enumerate([] if problem or ep is None else ep["steps"]):
+                problem = episode_error(ep, step_keys)
+                for t, s in enumerate([] if problem else ep["steps"]):
                     key = json.dumps([ep.get("policy"), ep.get("seed"), ep.get("split"), s["label"]])
                     if aux.setdefault(key, s["r_aux"]) != s["r_aux"]:
                         problem = (f"step {t} has r_aux {s['r_aux']} for label {s['label']!r}, but "
@@ -470,7 +479,7 @@ def read_episodes(paths, step_keys=STEP_KEYS):
                         break
                 if problem:
                     die(f"{path}:{lineno}: episode {problem}; is this an episode JSONL from 02_collect.py / 04_gae.py?")
-                episodes += [] if ep is None else [ep]
+                episodes.append(ep)
     if not episodes:
         die(f"no episodes in {', '.join(paths)}; collect some with 02_collect.py first")
     return episodes
@@ -560,6 +569,22 @@ def check_finite(tensors, what, loaded=False):
     if not all(torch.isfinite(t).all() for t in tensors):
         die(f"{what}: the checkpoint holds non-finite weights (NaN or inf); it is broken - pass another" if loaded
             else f"{what} has non-finite weights (the update diverged); nothing written - lower --lr")
+
+
+def load_heads(critic, path):
+    """03's heads.safetensors (the V and Q heads) into critic (04's load_critic, 03 --init): a cut, empty or
+    non-finite file, or heads of another size than the transformer's, is one line."""
+    try:
+        heads = load_file(os.path.join(path, "heads.safetensors"))
+    except Exception as e:
+        die(f"{path}: cannot load heads.safetensors ({e})")
+    check_finite(heads.values(), f"{path}/heads.safetensors", loaded=True)
+    try:
+        for name, head in (("v_head.", critic.v_head), ("q_head.", critic.q_head)):
+            head.load_state_dict({k[len(name):]: v for k, v in heads.items() if k.startswith(name)})
+    except RuntimeError as e:  # a head tensor missing (an empty file), or of another size than the transformer's
+        die(f"{path}/heads.safetensors: not the heads of this transformer ({e})")
+    return critic
 
 
 def seed_everything(seed):
@@ -920,22 +945,40 @@ def become(command, **env):
 
 
 EVAL_ONLY = ("EVAL_SPLITS", "EVAL_WORLDS", "N_EVAL")  # settings that only add evaluations: not in a run's record
-# each *_ARGS setting -> the stage that takes its flags and what run_all.sh puts before them (paths: placeholders)
-STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "x"]),
-               "BC_ARGS": ("01_bc", ["--data", "x", "--out", "x"]),
-               "RFT_ARGS": ("01_bc", ["--data", "x", "--filter", "success", "--model", "x", "--out", "x"]),
-               "COLLECT_ARGS": ("02_collect", ["--policy", "x", "--out", "x.jsonl"]),
-               "CRITIC_ARGS": ("03_critic", ["--data", "x", "--policy", "x", "--out", "x"]),
-               "GAE_ARGS": ("04_gae", ["--data", "x", "--critic", "x", "--out", "x.jsonl"]),
-               "BPPO_ARGS": ("05_bppo", ["--data", "x", "--policy", "x", "--ref", "x", "--out", "x"])}
+COMMON = ["--seed", "--threads", "--precision", "--metrics"]  # run_all.sh's COMMON, given to every stage but 00
+# each *_ARGS -> the stage that takes its flags, and the flags run_all.sh sets itself in that stage's calls: refused in
+# *_ARGS (which come after them and would override them)
+STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "--env", "--env-kwargs", "--threads"]),
+               "BC_ARGS": ("01_bc", ["--data", "--out", "--model", *COMMON]),
+               "RFT_ARGS": ("01_bc", ["--data", "--filter", "--model", "--out", *COMMON]),
+               "COLLECT_ARGS": ("02_collect", ["--policy", "--out", "--env", "--env-kwargs", "--env-seed", "--split",
+                                               "--episodes", *COMMON]),
+               "CRITIC_ARGS": ("03_critic", ["--data", "--policy", "--out", *COMMON]),
+               "GAE_ARGS": ("04_gae", ["--data", "--critic", "--out", *COMMON]),
+               "BPPO_ARGS": ("05_bppo", ["--data", "--policy", "--ref", "--out", *COMMON])}
 STAGE_FLAGS["OUTCOME_ARGS"] = STAGE_FLAGS["LATER_ARGS"] = STAGE_FLAGS["BPPO_ARGS"]  # each after BPPO_ARGS
+# two values of each of those flags (others: 1 and 2): *_ARGS set one when the stage reads the same after either
+VALUES = {"--precision": ("fp32", "bf16"), "--env": ("household", "kitchen"), "--split": ("train", "dev"),
+          "--filter": ("success", "all")}
+
+
+def stage_args(name, value, stage, argv):
+    """The stage's parse_args(argv) (which checks the flags too where the stage does) -> its args; argparse's usage or
+    the stage's error line said as one line naming the setting."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            return importlib.import_module(stage).parse_args(argv)
+    except SystemExit:  # a stage's check or argparse's (Parser): 'error: WHY'; --help: nothing on stderr
+        why = (said.getvalue().strip().splitlines() or ["--help prints the stage's help"])[-1].split("error: ")[-1]
+        die(f"{name}={shlex.quote(value)}: {stage}.py refuses it: {why}")
 
 
 def check_settings(s):
     """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
     made), N_EXPERT and N_SELF against the tasks of its train split, EVAL_SPLITS (its splits) and N_EVAL against
-    their tasks, and each *_ARGS by the stage that takes the flags: its parse_args (which checks them too where the
-    stage does), argparse's usage or the stage's error line said as one line naming the setting."""
+    their tasks, and each *_ARGS by the stage that takes the flags (stage_args), without a glob, a flag run_all.sh
+    sets itself (STAGE_FLAGS) or a critic a flag names (--init, --rerank) that is not one."""
     import envs
     try:
         env = envs.make(s["ENV"], **parse_env_kwargs(s["ENV_KWARGS"]))
@@ -947,38 +990,80 @@ def check_settings(s):
         env.close()
     except (ValueError, ImportError) as e:  # an unknown env or split, a keyword it does not take, a package
         die(e)
-    for name, (stage, argv) in STAGE_FLAGS.items():
+    for name, (stage, sets) in STAGE_FLAGS.items():
+        said = f"{name}={shlex.quote(s[name])}"
+        if re.search(r"[*?[]", s[name]):
+            die(f"{said}: no glob characters (* ? [): bash would expand them to file names")
         flags = s[name].split()  # as bash splits an unquoted $NAME
         if name in ("OUTCOME_ARGS", "LATER_ARGS"):
             flags = s["BPPO_ARGS"].split() + flags
-        if name == "BC_ARGS" and s["BASE"] != "tiny":
-            argv = argv + ["--model", "x"]
-        said = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
-                importlib.import_module(stage).parse_args(argv + flags)
-        except SystemExit:  # argparse: its usage, then 'PROG: error: WHY'; a stage's check: 'error: WHY'
-            why = (said.getvalue().strip().splitlines() or ["--help prints the stage's help"])[-1].split("error: ")[-1]
-            die(f"{name}={shlex.quote(s[name])}: {stage}.py refuses it: {why}")
+        values = lambda f: ("tiny", "2") if f == "--model" and s["BASE"] == "tiny" and name == "BC_ARGS" else \
+            VALUES.get(f, ("1", "2"))
+        args = [stage_args(name, s[name], stage, [a for f in sets for a in (f, values(f)[i])] + flags) for i in (0, 1)]
+        for f in sets:
+            if getattr(args[0], f[2:].replace("-", "_")) == getattr(args[1], f[2:].replace("-", "_")):
+                die(f"{said}: run_all.sh sets {f} itself (bash run_all.sh --help names the setting for it)")
+        for f in ("init", "rerank"):
+            if getattr(args[0], f, "") and not owned(getattr(args[0], f), "critic"):
+                die(f"{said}: --{f} {getattr(args[0], f)} is not {ARTIFACTS['critic'][0]}")
+
+
+CHECKOUT = os.path.dirname(os.path.realpath(__file__))
+SHIPPED = (".ci", ".git", "bench", "course", "docs", "envs", "models", "tests")  # the checkout's own folders
+
+
+def check_run(run):
+    """run_all.sh's RUN, by the write rule (check_path): a new folder, an empty one (but for the .lock of a killed start
+    and bench/stage_times.py's launches.log) or one a run made (its settings.json: read_settings); never the checkout
+    or one of its own folders, a file, or a path with a {...} field (02 fills those in)."""
+    if re.search(r"[{}]", run):
+        die(f"RUN={run}: a run's folder has no {{...}} field; name a plain folder")
+    check_path(run)
+    rel = os.path.relpath(os.path.realpath(run), CHECKOUT).split(os.sep)
+    if rel == ["."] or rel[0] in SHIPPED:
+        die(f"RUN={run} is the checkout or lies in one of its folders ({', '.join(SHIPPED)}); pick a new folder, "
+            "e.g. runs/NAME")
+    if os.path.lexists(run) and not os.path.isdir(run):
+        die(f"RUN={run} is not a folder; pick a new folder")
+    try:
+        names = set(os.listdir(run)) - {".lock", "launches.log"} if os.path.isdir(run) else set()
+    except OSError as e:
+        die(f"cannot read RUN={run} ({e.strerror})")
+    if names and "settings.json" not in names:
+        die(f"RUN={run} holds files that no run of run_all.sh made (it has no settings.json); a run writes into a new "
+            "folder or its own: pick another RUN")
+
+
+def read_settings(run, keys=()):
+    """RUN/settings.json, read strictly: run_all.sh's record, its every value a string, each of keys there; else one
+    line that says what to do."""
+    path = os.path.join(run, "settings.json")
+    record = read_json(path) if owned(path, "settings") else None
+    if record is None:
+        die(f"{path} exists and is not {ARTIFACTS['settings'][0]}; refusing to replace it (pick another RUN)")
+    for k in [*keys, *record]:
+        if not isinstance(record.get(k), str):
+            die(f"{path}: {k} is {'not a string' if k in record else 'missing'}; run_all.sh records every setting as a "
+                f"string: write the value the run was made with (\"{k}\": \"...\"), or pick another RUN")
+    return record
 
 
 def start_run(run, settings, command):
-    """run_all.sh's first step, `python plumbing.py start RUN NAME=VALUE... [-- COMMAND...]`: its settings checked
-    (check_settings), and those that shape what the run writes (all but EVAL_ONLY) compared with RUN/settings.json,
-    which its first start recorded: a resume with others would mix two runs. With COMMAND (run_all.sh again): RUN
-    locked first (lock), the record written when new, then this process becomes COMMAND, holding the lock. Without
-    (run_all.sh --check) nothing is written. A RUN held by the caller (bench/gpu_lab.sh) had its settings checked by
-    the caller (run_all.sh --check), which starts many runs of it."""
+    """run_all.sh's first step, `python plumbing.py start RUN NAME=VALUE... [-- COMMAND...]`: RUN checked (check_run),
+    its settings checked (check_settings), and those that shape what the run writes (all but EVAL_ONLY) compared with
+    RUN/settings.json, which its first start recorded: a resume with others would mix two runs. With COMMAND
+    (run_all.sh again): RUN locked first (lock), the record written when new, then this process becomes COMMAND,
+    holding the lock. Without (run_all.sh --check) nothing is written. A RUN held by the caller (bench/gpu_lab.sh) had
+    its settings checked by the caller (run_all.sh --check), which starts many runs of it."""
+    check_run(run)
     if os.path.realpath(run) not in os.environ.get("QEVOLVE_LOCKED", "").split("\n"):
         check_settings(settings)
     if command:
         lock([run])
     path, record = os.path.join(run, "settings.json"), {k: v for k, v in settings.items() if k not in EVAL_ONLY}
     if os.path.lexists(path):
-        if not owned(path, "settings"):
-            die(f"{path} exists and is not {ARTIFACTS['settings'][0]}; refusing to replace it (pick another RUN)")
-        old = read_json(path)
-        differ = [k for k in record if k in old and old[k] != record[k]]
+        old = read_settings(run, record)
+        differ = [k for k in record if old[k] != record[k]]
         if differ:
             said = lambda r: " ".join(f"{k}={shlex.quote(r[k])}" for k in differ)
             die(f"{run} was made with {said(old)}; this run has {said(record)}: resume it with the settings it was "

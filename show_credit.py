@@ -87,6 +87,10 @@ def read_buffer(path):
         if not isinstance(ep, dict) or any(k not in ep for k in EPISODE_KEYS) or not isinstance(ep["steps"], list) \
                 or not ep["steps"]:
             die(f"{where}: not an episode with {', '.join(EPISODE_KEYS)}; pass the JSONL that 04_gae.py wrote")
+        odd = [k for k in ("env", "obs0", "task", "source") if not isinstance(ep.get(k, ""), str)]
+        if odd or not is_number(ep.get("reward", 0.0)):
+            die(f"{where}: {(odd or ['reward'])[0]} is not a {'string' if odd else 'finite number'}; pass the JSONL "
+                "that 04_gae.py wrote")
         for t, s in enumerate(ep["steps"]):
             missing = [k for k in STEP_KEYS if not isinstance(s, dict) or k not in s]
             if missing:

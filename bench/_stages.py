@@ -9,6 +9,7 @@ worlds a run of run_all.sh was evaluated in.
 """
 import importlib.util
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,4 +40,5 @@ def check_runs(prefix, seeds, made):
 
 def eval_worlds(run):
     """The world seeds run_all.sh evaluated RUN in (its EVAL_WORLDS: eval/world<w>/), as strings, in order."""
-    return sorted((d[5:] for d in os.listdir(os.path.join(ROOT, run, "eval")) if d.startswith("world")), key=int)
+    return sorted((d[5:] for d in os.listdir(os.path.join(ROOT, run, "eval")) if re.fullmatch(r"world(0|[1-9]\d*)", d)),
+                  key=int)

@@ -44,7 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import check_runs, eval_worlds  # noqa: E402
-from plumbing import check_out, die, open_log, save_text  # noqa: E402
+from plumbing import Parser, check_flags, check_out, die, open_log, save_text  # noqa: E402
 
 SPLITS = ("seen", "unseen")
 
@@ -158,7 +158,7 @@ def run_all_variants(args, runs):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories --prefix<seed>)")
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix, as bench/seeds.py writes them")
     p.add_argument("--candidates", type=int, default=4, help="w/o PI: candidate replies per step for the rerank")
@@ -169,6 +169,7 @@ def main():
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table from the variants finished so far (others: 'not run')")
     args = p.parse_args()
+    check_flags(args, candidates="at least 1")
     if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
         die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
     check_runs(args.prefix, args.seeds, made=args.table_only)

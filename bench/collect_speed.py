@@ -15,6 +15,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from plumbing import Parser  # noqa: E402
 
 
 def collect(args, num_envs, out, *flags):
@@ -25,7 +27,7 @@ def collect(args, num_envs, out, *flags):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", required=True, help="policy directory (01 or 05 output)")
     p.add_argument("--episodes", type=int, default=96, help="tasks of the split to run")
     p.add_argument("--batch", type=int, default=32, help="environments in lockstep for the batched runs")

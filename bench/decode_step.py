@@ -11,7 +11,6 @@ weights and so a bf16 KV cache.
 
     python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128 --cuda-graph
 """
-import argparse
 import os
 import sys
 import time
@@ -21,11 +20,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from kv_cache import GRAPH_WIDTH, GraphStep  # noqa: E402
-from plumbing import autocast, die, load_model, pick_device  # noqa: E402
+from plumbing import Parser, autocast, die, load_model, pick_device  # noqa: E402
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Time one decode step of a causal LM at several batch sizes.")
+    p = Parser(description="Time one decode step of a causal LM at several batch sizes.")
     p.add_argument("--model", required=True, help="a Hugging Face model directory (its config alone with --random)")
     p.add_argument("--random", action="store_true", help="random weights of the model's config (no weights read)")
     p.add_argument("--batch", type=int, nargs="+", default=[16, 128], help="rows decoded at once")

@@ -17,6 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import envs  # noqa: E402
+from plumbing import Parser  # noqa: E402
 
 
 def run(env, policy, task_ids, rng):
@@ -37,7 +38,7 @@ def run(env, policy, task_ids, rng):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="world seed and random-policy seed")
     p.add_argument("--env", default="kitchen", choices=["household", "kitchen", "shop"],
                    help="the embedded environment")

@@ -94,6 +94,8 @@ done; logs+=("$LAB/$env-s$seed".qevolve.it0{,.eval}.log "$LAB/$env-s$seed.second
 runs=()
 for env in $ENVS; do for seed in $SEEDS; do runs+=("$LAB/$env-s$seed"); done; done
 if [ -z "${QEVOLVE_LOCKED:-}" ]; then  # first: the checks, then this script again holding each run's folder
+  [ -z "$TESTS" ] || $PYTHON -m pytest -q --co -p no:cacheprovider $TESTS >/dev/null 2>&1 || bad "TESTS='$TESTS': \
+pytest collects no test from it (python -m pytest --co $TESTS says why)"
   $PYTHON plumbing.py check run_log "${logs[@]}"
   $PYTHON plumbing.py check table "$report"
   seeds=($SEEDS)

@@ -19,7 +19,6 @@ quadratic term and gradient checkpointing's recomputed forward left out); 05 add
 
     python bench/gpu_report.py --lab runs/gpu_lab --out bench/results/gpu_lab.md
 """
-import argparse
 import json
 import os
 import platform
@@ -32,7 +31,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from plumbing import check_out, die, save_text  # noqa: E402
+from plumbing import Parser, check_out, die, save_text  # noqa: E402
 
 PEAK_TFLOPS = {"H200": 989, "H100": 989, "A100": 312, "L40S": 362, "A10": 125, "L4": 121, "T4": 65}  # dense bf16
 FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
@@ -120,7 +119,7 @@ def launches(records, stage):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Write the lab's report (bench/gpu_lab.sh runs it).")
+    p = Parser(description="Write the lab's report (bench/gpu_lab.sh runs it).")
     p.add_argument("--lab", required=True, help="the lab's directory (LAB in bench/gpu_lab.sh)")
     p.add_argument("--out", required=True, help="the markdown page to write")
     p.add_argument("--command", default="bash bench/gpu_lab.sh", help="the command the page says it measured")

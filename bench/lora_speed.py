@@ -16,6 +16,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from plumbing import Parser  # noqa: E402
+
 
 def one(model_dir, rank, threads):
     import torch
@@ -44,7 +47,7 @@ def one(model_dir, rank, threads):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/smollm2-135m", help="directory written by python -m models.smollm2")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--ranks", type=int, nargs="+", default=[0, 16], help="LoRA ranks to measure (0: full fine-tuning)")

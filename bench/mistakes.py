@@ -26,7 +26,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plumbing import die, loads  # noqa: E402
+from plumbing import Parser, die, loads  # noqa: E402
 
 
 def closed_arrivals(episode):
@@ -116,7 +116,7 @@ def shop_summary(episodes):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="episode JSONL files (02_collect.py or 04_gae.py output)")
     for path in p.parse_args(argv).files:
         try:

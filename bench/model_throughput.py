@@ -30,7 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from bench._stages import ROOT, load_stage  # noqa: E402
 from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
-from plumbing import check_out, die, save_text  # noqa: E402
+from plumbing import Parser, check_out, die, save_text  # noqa: E402
 
 STAGES = ["bc", "collect", "critic", "gae", "bppo"]
 NAMES = {"bc": "01 BC step", "collect": "02 collection", "critic": "03 critic step", "gae": "04 critic forward",
@@ -210,7 +210,7 @@ def measure(a, models, tmp):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smollm2", default="models/smollm2-135m", help="directory written by python -m models.smollm2")
     p.add_argument("--models", default="tiny,smollm2", help="which models to measure, comma-separated")
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per training stage (after 1 warm-up)")

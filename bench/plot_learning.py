@@ -15,7 +15,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import eval_worlds  # noqa: E402
-from plumbing import STAMP, check_out, die, write_atomic  # noqa: E402
+from plumbing import STAMP, Parser, check_out, die, write_atomic  # noqa: E402
 
 ALGOS = {"": ("Q-Evolve", "tab:blue"), "outcome_": ("outcome-level PG", "tab:orange"),
          "rft_": ("iterated RFT", "tab:green")}  # run_all.sh's policy name prefix -> the line's name and colour
@@ -34,7 +34,7 @@ def curve(run, split, tag=""):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories --prefix<seed>)")
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix, as bench/seeds.py writes them")
     p.add_argument("--splits", nargs="+", default=["seen", "unseen"], help="one panel each")

@@ -20,11 +20,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.plot_learning import ALGOS, curve  # noqa: E402
-from plumbing import STAMP, check_out, die, save_text, write_atomic  # noqa: E402
+from plumbing import STAMP, Parser, check_out, die, save_text, write_atomic  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--decisions", type=int, nargs="+", default=[1, 2, 4, 6], help="kitchen's decisions, one point each")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories PREFIX<seed>)")
     p.add_argument("--prefix", default="runs/sweep-d{D}-s", help="run directory prefix, {D} = the decisions")
@@ -33,6 +33,11 @@ def main():
     p.add_argument("--splits", nargs="+", default=["seen", "unseen"], help="one panel each")
     p.add_argument("--out", default="docs/img/sweep.png", help="the PNG (and its table: the same name, .md)")
     args = p.parse_args()
+    for flag, xs, least in (("--seeds", args.seeds, 0), ("--decisions", args.decisions, 1)):
+        if min(xs) < least or len(set(xs)) < len(xs):
+            die(f"{flag} must be distinct integers of at least {least}, got {' '.join(map(str, xs))}")
+    if "{D}" not in args.prefix:
+        die(f"--prefix must name the decisions as {{D}} (one run folder per number of decisions), got {args.prefix!r}")
     if not args.out.endswith(".png") or args.iteration < 1:
         die(f"--out must end in .png and --iteration be at least 1, got {args.out!r} and {args.iteration}")
     table = args.out[:-4] + ".md"

@@ -19,10 +19,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import envs  # noqa: E402
 from bench._stages import load_stage  # noqa: E402
+from plumbing import Parser  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a base model directory (00_pretrain.py's --out)")
     p.add_argument("--env", default="kitchen", help="the environment the base was pretrained on")
     p.add_argument("--env-kwargs", default="{}", help="its keyword arguments (JSON), as run_all.sh's ENV_KWARGS")

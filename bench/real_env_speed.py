@@ -21,6 +21,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import envs  # noqa: E402
+from plumbing import Parser  # noqa: E402
 
 
 def ms(xs):
@@ -117,7 +118,7 @@ def bench_alfworld(n, cache):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--envs", nargs="+", default=["sciworld", "textworld", "alfworld"],
                     choices=["sciworld", "textworld", "alfworld"], help="which environments to time")
     ap.add_argument("--episodes", type=int, default=10, help="expert episodes per environment")

@@ -31,7 +31,7 @@ from bench._stages import check_runs, eval_worlds  # noqa: E402
 from bench.mistakes import closed_arrivals  # noqa: E402
 from critic_report import report_of  # noqa: E402
 from envs import judge  # noqa: E402
-from plumbing import check_out, die, open_log, read_json, save_text  # noqa: E402
+from plumbing import Parser, check_out, die, open_log, read_json, read_settings, save_text  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.
@@ -42,7 +42,7 @@ NAMES = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run")
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix (seed number appended)")
     p.add_argument("--out", default="bench/results/seeds.md", help="markdown table to write")
@@ -56,6 +56,11 @@ def main():
     check_out(os.path.join(ROOT, args.out), "table")  # before any run: a table a bench script wrote, or new
     for seed in [] if args.table_only else args.seeds:  # each run's log: new, or one this script wrote (stamped)
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
+    for seed in [] if args.table_only else args.seeds:  # every setting and RUN, as run_all.sh checks them
+        check = subprocess.run(["bash", "run_all.sh", "--check"], cwd=ROOT, capture_output=True, text=True,
+                               env={**os.environ, "RUN": f"{args.prefix}{seed}", "SEED": str(seed)})
+        if check.returncode:
+            die(f"seed {seed}: {check.stderr.strip().removeprefix('error: ')}")
     K = os.environ.get("K", "2")  # run_all.sh's default, read as run_all.sh reads it
     if not re.fullmatch(r"0|[1-9][0-9]{0,8}", K) or int(K) > 999:
         die(f"K must be a non-negative integer (decimal, no leading zero, at most 999), got {K!r}")
@@ -89,8 +94,9 @@ def main():
         runs = [{"seed": seed, "run": f"{args.prefix}{seed}", "fresh": False} for seed in args.seeds]
         K = max([int(m[1]) for r in runs for _, _, files in os.walk(os.path.join(ROOT, r["run"], "eval"))
                  for m in [re.search(r"policy_(\d+)_", f) for f in files] if m], default=0)
-        records = [{k: v for k, v in (read_json(os.path.join(ROOT, r["run"], "settings.json")) or {}).items()
-                    if k not in ("stage", "SEED")} for r in runs]
+        read = lambda run: read_settings(run) if os.path.lexists(os.path.join(run, "settings.json")) else {}
+        records = [{k: v for k, v in read(os.path.join(ROOT, r["run"])).items() if k not in ("stage", "SEED")}
+                   for r in runs]
         if any(rec != records[0] for rec in records):
             die(f"the runs {', '.join(r['run'] for r in runs)} were made with different settings (their "
                 "settings.json): one table is of one configuration")
@@ -101,6 +107,13 @@ def main():
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     splits = os.environ.get("EVAL_SPLITS", "seen unseen").split()
     worlds = eval_worlds(runs[0]["run"])
+    algos = os.environ.get("ALGOS", "qevolve").split()
+    if set(algos) - set(NAMES):
+        die(f"ALGOS must be words of: {' '.join(NAMES)}, got {' '.join(algos)!r}")
+    evaluated = {f for r in runs for _, _, files in os.walk(os.path.join(ROOT, r["run"], "eval")) for f in files}
+    for s in splits:  # a split no run was evaluated on: a table of 'not run'
+        if not any(f.endswith(f"_{s}.json") for f in evaluated):
+            die(f"EVAL_SPLITS names {s!r}, on which no run of {args.prefix}* was evaluated; name the splits they were")
 
     def rate(run, policy, split, world):
         path = os.path.join(ROOT, run, "eval", f"world{world}", f"{policy}_{split}.json")
@@ -121,7 +134,6 @@ def main():
                 f"{1 - flaws.count('correct') / len(flaws):.2f}" if flaws else "-")
 
     mean, sd = statistics.mean, (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
-    algos = os.environ.get("ALGOS", "qevolve").split()
     policies = [("policy_0", "BC (policy_0)")] + [
         (p, f"{NAMES[a]} iter {k} ({p})") for a in algos for k in range(1, K + 1)
         for p in [f"{'' if a == 'qevolve' else a + '_'}policy_{k}"]]

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plumbing import check_flags, check_out, die, loads, save_text  # noqa: E402
+from plumbing import Parser, check_flags, check_out, die, loads, save_text  # noqa: E402
 
 FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
 
@@ -67,7 +67,7 @@ def read_lines(path):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default="runs/timed", help="the run directory (RUN)")
     p.add_argument("--out", default="bench/results/stage_times.md", help="the markdown table to write")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the matmul peak (run_all.sh's THREADS)")
@@ -86,6 +86,10 @@ def main():
     if not args.table_only:
         if os.path.exists(log):
             die(f"{log} exists: a timed run must start from nothing (another --run, or --table-only)")
+        check = subprocess.run(["bash", "run_all.sh", "--check"], cwd=ROOT, env={**os.environ, "RUN": run},
+                               capture_output=True, text=True)  # every setting, before GNU time writes the log
+        if check.returncode:
+            die(check.stderr.strip().removeprefix("error: "))
         os.makedirs(run, exist_ok=True)
         python = os.environ.get("PYTHON", "python")
         env = {**os.environ, "RUN": run, "PYTHON": f"/usr/bin/time -a -o {log} -f %e,%U,%S,%C {python}"}

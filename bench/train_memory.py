@@ -22,7 +22,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plumbing import check_out, save_text  # noqa: E402
+from plumbing import Parser, check_out, save_text  # noqa: E402
 
 KWARGS = {"household": '{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}',
           "shop": '{"page_size": 3, "max_steps": 10, "hasty": 0.5}'}  # run_all.sh's miniatures
@@ -42,7 +42,7 @@ def run(stages, script, args, threads):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="household", choices=sorted(KWARGS), help="whose expert demos")
     p.add_argument("--model", default="models/smollm2-135m", help="a model directory (python -m models.smollm2)")
     p.add_argument("--stages", default=ROOT, help="the checkout whose 01_bc.py / 05_bppo.py run")

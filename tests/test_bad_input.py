@@ -3,6 +3,7 @@ leaves every file as it was. Each probe runs a stage's main() in this process (n
 cost) against a small run directory, a directory of broken inputs and a git checkout; all
 three must be byte-identical afterwards, and no file or directory may appear."""
 import errno
+import glob
 import json
 import os
 import shutil
@@ -54,6 +55,7 @@ BAD_BUFFERS = {
     "success_unfinished": episode(success=True, reward=1.0, steps=[{**GOOD_STEP, "r_env": 1.0}]),
     "reward_not_the_steps_sum": episode(reward=0.5),
     "task_id_bool": episode(task_id=True),
+    "null_line": "null",  # issue 83: skipped silently
 }
 # issue 52: lines that json.loads takes silently (a duplicate key, a lone surrogate) or crashes on (nesting)
 ODD_JSON = {"duplicate_key": episode()[:-1] + ', "reward": 1.0}', "lone_surrogate": episode(task="\ud800"),
@@ -139,6 +141,11 @@ def world(tiny_run, stages, tmp_path_factory):
     (B / "critic_no_gamma/args.json").write_text("{}")
     shutil.copytree(R / "iter_1/critic", B / "critic_truncated_heads")
     (B / "critic_truncated_heads/heads.safetensors").write_bytes(b"\x10\x00")
+    heads = load_file(R / "iter_1/critic/heads.safetensors")  # issue 83: 03 --init took these (04 did not)
+    for name, damaged in (("empty", {}), ("nan", {k: torch.full_like(v, float("nan")) for k, v in heads.items()}),
+                          ("wrong_shape", {k: torch.zeros(2, *v.shape[1:]) for k, v in heads.items()})):
+        shutil.copytree(R / "iter_1/critic", B / f"critic_{name}_heads")
+        save_file(damaged, B / f"critic_{name}_heads/heads.safetensors")
 
     (policy_copy("policy_with_notes") / "notes.txt").write_text("my notes on this policy\n")
     (B / "empty.jsonl").write_text("")
@@ -312,6 +319,15 @@ PROBES = {
                                       "--out", "{T}/a.jsonl"], "is not a critic directory"),
     "04_critic_truncated_heads": (["04_gae", "--data", EXPERT, "--critic", "{B}/critic_truncated_heads",
                                    "--out", "{T}/a.jsonl"], "cannot load heads.safetensors"),
+    # -- issue 83: 03 --init checks a critic as 04 does
+    **{f"03_init_{name}_heads": (CRITIC_ + ["--out", "{T}/c", "--init", f"{{B}}/critic_{name}_heads"], message)
+       for name, message in (("truncated", "cannot load heads.safetensors"), ("empty", "not the heads of this"),
+                             ("nan", "heads.safetensors: the checkpoint holds non-finite"),
+                             ("wrong_shape", "not the heads of this transformer"))},
+    "04_critic_empty_heads": (GAE[:3] + ["--critic", "{B}/critic_empty_heads", "--out", "{T}/a.jsonl"],
+                              "not the heads of this transformer"),
+    "04_outcome_lam_at_its_default": (["04_gae", "--data", EXPERT, "--advantage", "outcome", "--lam", "0.3",
+                                       "--out", "{T}/a.jsonl"], "has no use for --lam"),
     # -- issue 61, cause 2: the files a path names, not its string
     "02_two_pairs_one_file": (COLLECT + ["--split", "seen", "unseen", "--out", "{T}/d/{split}/../eval_{world}.jsonl"],
                               "naming a file of its own"),
@@ -631,7 +647,8 @@ def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
              ({"DRY": f"a[$(touch {tmp_path}/pwned)]"}, "DRY must be 0 or 1"),
              ({"K": "0"}, "K must be an iteration"), ({"MPS": "yes"}, "MPS must be 0 or 1"),
              ({"CUDA_GRAPH": "2"}, "CUDA_GRAPH must be 0 or 1"), ({"SEEDS": "0 01"}, "SEEDS must be seeds"),
-             ({"SEEDS": "../x"}, "SEEDS must be seeds")]
+             ({"SEEDS": "../x"}, "SEEDS must be seeds"),
+             ({"TESTS": "tests/no_such_test.py"}, "TESTS='tests/no_such_test.py': pytest collects no test")]
     if not torch.cuda.is_available():
         cases.append(({"DRY": "0"}, "no GPU here"))
     for bad, message in cases:
@@ -659,7 +676,10 @@ RUN_ALL_PROBES = {"SEED=08": "SEED must be", "SEED=010": "SEED must be", "EVAL_W
                   "BASE_CACHE=-o": "BASE_CACHE must be", "SMOLLM2_DIR=~/m": "SMOLLM2_DIR must be",
                   "PRECISION=--help": "PRECISION must be", "SEED=99999999999": "SEED must be",
                   "SEED=4294967": "SEED must be at most 4294966", "CPU_OK=yes": "CPU_OK must be",
-                  "SMOKE=2": "SMOKE must be 0 or 1", "KEEP_OLD=2": "KEEP_OLD must be 0 or 1"}
+                  "SMOKE=2": "SMOKE must be 0 or 1", "KEEP_OLD=2": "KEEP_OLD must be 0 or 1",
+                  # issue 83: 0 meant every train task; a duplicate made a column twice
+                  "N_SELF=0": "N_EXPERT and N_SELF must be at least 1", "N_EXPERT=0": "N_EXPERT and N_SELF must be",
+                  "EVAL_WORLDS=0 0": "EVAL_WORLDS names one twice", "EVAL_SPLITS=seen seen": "EVAL_SPLITS names one"}
 
 
 @pytest.mark.parametrize("setting", sorted(RUN_ALL_PROBES))
@@ -926,7 +946,8 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
                   "KEEP_OLD": "0", "BASE": "pretrained", "PRETRAIN_ARGS": "--episodes 16 --d-model 32 --n-heads 2",
                   "BC_ARGS": "--epochs 1", "COLLECT_ARGS": "--max-new-tokens 16 --num-envs 6", "CRITIC_ARGS": "",
                   "GAE_ARGS": "", "BPPO_ARGS": "--epochs 1", "RFT_ARGS": "--epochs 2 --lr 1e-3",
-                  "OUTCOME_ARGS": "--epochs 1", "EVAL_SPLITS": "seen unseen", "EVAL_WORLDS": "0 1", "N_EVAL": "4"}
+                  "OUTCOME_ARGS": "--epochs 1", "LATER_ARGS": "", "REF": "bc", "EVAL_SPLITS": "seen unseen",
+                  "EVAL_WORLDS": "0 1", "N_EVAL": "4"}
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -943,7 +964,18 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("BPPO_ARGS=--help", "BPPO_ARGS=--help: 05_bppo.py refuses it: --help prints the stage's help"),
     ("GAE_ARGS=--lam 5", "GAE_ARGS='--lam 5': 04_gae.py refuses it: --lam must be in [0, 1], got 5.0"),
     ("COLLECT_ARGS=--num-envs 0", "02_collect.py refuses it: --num-envs must be at least 1, got 0"),
-    ("PRETRAIN_ARGS=--d-model 0", "00_pretrain.py refuses it: --d-model must be at least 1, got 0")])
+    ("PRETRAIN_ARGS=--d-model 0", "00_pretrain.py refuses it: --d-model must be at least 1, got 0"),
+    # issue 83: a flag run_all.sh sets itself (however spelled), a glob, a critic that is not one, all before any work
+    ("LATER_ARGS=--out X", "LATER_ARGS='--out X': run_all.sh sets --out itself"),
+    ("BPPO_ARGS=--dat F", "BPPO_ARGS='--dat F': run_all.sh sets --data itself"),
+    ("COLLECT_ARGS=--env-seed=3", "run_all.sh sets --env-seed itself"),
+    ("COLLECT_ARGS=--split dev", "run_all.sh sets --split itself"),
+    ("RFT_ARGS=--lr 1e-3 --threads 4", "run_all.sh sets --threads itself"),
+    ("BC_ARGS=--model x", "run_all.sh sets --model itself"), ("GAE_ARGS=--seed 3", "run_all.sh sets --seed itself"),
+    ("PRETRAIN_ARGS=--env shop", "run_all.sh sets --env itself"),
+    ("CRITIC_ARGS=--init /nonexistent", "--init /nonexistent is not a critic directory written by 03_critic.py"),
+    ("CRITIC_ARGS=--init *", "CRITIC_ARGS='--init *': no glob characters"),
+    ("GAE_ARGS=--advantage outcome", "04_gae.py refuses it: --critic is required, except with --advantage outcome")])
 def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
     """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
     default run), OUTCOME_ARGS='--bogus 1' after 02 and 04 with argparse's 12-line usage, and no other *_ARGS was
@@ -955,6 +987,91 @@ def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_pr
     proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
     assert one_line(proc) and message in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_the_stages_flags_that_run_all_does_not_set_pass(in_process, tmp_path):
+    """Issue 83's refusals refuse no more: a stage's own flags pass, --model too where BASE=tiny leaves 01 its tiny
+    model's flags, and a critic of 03 as --init."""
+    critic = tmp_path / "critic"
+    critic.mkdir()
+    (critic / "heads.safetensors").write_bytes(b"")
+    (critic / "args.json").write_text(json.dumps({"stage": "03_critic"}))
+    settings = {**SMOKE_SETTINGS, "BASE": "tiny", "BC_ARGS": "--d-model 32 --n-heads 2 --lr 1e-3",
+                "GAE_ARGS": "--advantage qv --lam 0.5", "CRITIC_ARGS": f"--init {critic} --epochs 2",
+                "COLLECT_ARGS": "--greedy --max-new-tokens 8", "LATER_ARGS": "--lr 1e-4 --kl-coef 0.1"}
+    proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in {**settings, "BC_ARGS": "--model x"}
+                                                            .items()], check=False)
+    assert one_line(proc) and "BC_ARGS='--model x': run_all.sh sets --model itself" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def smoke_start(run, **changes):
+    return ["start", str(run), *[f"{k}={v}" for k, v in {**SMOKE_SETTINGS, **changes}.items()]]
+
+
+def test_run_goes_through_the_write_rule(in_process, tmp_path, monkeypatch):
+    """Issue 83: RUN=/, $HOME, ., .., envs and a user's folder took a whole run; a RUN with {split} put 02's outputs
+    outside it; a regular file passed --check. RUN is a new folder, an empty one (but for a killed start's .lock) or
+    one a run made (its settings.json): under --check (here) and before any work alike."""
+    monkeypatch.chdir(ROOT)  # as run_all.sh runs it
+    mine = tmp_path / "my proj ü"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes\n")
+    (mine / "results.md").write_text("# my results\n")
+    (tmp_path / "file").write_text("a file\n")
+    refused = {"/": "is the current directory, the home directory or one above",
+               os.path.expanduser("~"): "the home directory or one above", ".": "is the current directory",
+               "..": "is the current directory", "envs": "is the checkout or lies in one of its folders",
+               "tests/x": "lies in one of its folders", str(tmp_path / "x{split}"): "has no {...} field",
+               str(mine): "holds files that no run of run_all.sh made", str(tmp_path / "file"): "is not a folder"}
+    before = snapshot(tmp_path)
+    for run, message in refused.items():
+        proc = in_process(plumbing, *smoke_start(run), check=False)
+        assert one_line(proc) and message in proc.stderr, (run, proc.stderr)
+    assert snapshot(tmp_path) == before
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "killed/.lock").write_text("")
+    (tmp_path / "own/data").mkdir(parents=True)
+    (tmp_path / "own/settings.json").write_text(json.dumps({"stage": "run_all.sh", **SMOKE_SETTINGS}))
+    for run in ("new", "empty", "killed", "own"):
+        proc = in_process(plumbing, *smoke_start(tmp_path / run), check=False)
+        assert proc.returncode == 0 and proc.stderr == "", (run, proc.stderr)
+
+
+def test_run_all_refuses_a_users_folder_before_any_work(tmp_path):
+    """The issue's probe as a user runs it: SMOKE=1 K=0 RUN='my proj ü' (a folder with notes.txt and a results.md)
+    wrote the expert data, BC and its evaluation there, then refused results.md."""
+    run = tmp_path / "my proj ü"
+    run.mkdir()
+    (run / "notes.txt").write_text("my notes\n")
+    (run / "results.md").write_text("# my results\n")
+    before = snapshot(tmp_path)
+    env = {**os.environ, "RUN": str(run), "BASE_CACHE": str(tmp_path / "base"), "SMOKE": "1", "K": "0",
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    for how in ([], ["--check"]):
+        proc = subprocess.run(["bash", "run_all.sh", *how], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert one_line(proc) and "holds files that no run of run_all.sh made" in proc.stderr, proc.stderr
+        assert proc.stdout == "" and snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"SEED": 1}, "SEED is not a string"), ({"SEED": ["0"]}, "SEED is not a string"),
+    ({"SEED": None}, "SEED is missing"), ({"N_SELF": 6}, "N_SELF is not a string"),
+    ({"SEED": "0"}, "was made with SEED=0; this run has SEED=5")])
+def test_settings_json_is_read_strictly(edit, message, in_process, tmp_path):
+    """Issue 83: a hand-edited RUN/settings.json - "SEED": 1 or ["0"] was a TypeError traceback, "SEED": 0 was reported
+    as SEED='', and a missing key let a resume with SEED=5 through. Every key is there and a string, or one line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"stage": "run_all.sh", **{k: v for k, v in SMOKE_SETTINGS.items() if k not in plumbing.EVAL_ONLY}, **edit}
+    (run / "settings.json").write_text(json.dumps({k: v for k, v in record.items() if v is not None}))
+    before = snapshot(tmp_path)
+    proc = in_process(plumbing, *smoke_start(run, SEED="5"), check=False)
+    assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
 
 
 def test_run_all_checks_the_stages_flags_as_a_user_sees_it(tmp_path):
@@ -1010,7 +1127,7 @@ def test_settings_that_mean_nothing_are_refused_and_a_table_says_what_made_it(st
     recorded --lam and --rewards critic, which do nothing there, and on an all-failure buffer printed 'explained
     variance of returns 1.000' and a critic's line; seeds.py --table-only on a K=1 run wrote 'K=2, default settings'
     in its header and 'not run' for a seed that ran."""
-    for name, value, message in (("ALGOS", "qevolve qevolve", "ALGOS names an algorithm twice"),
+    for name, value, message in (("ALGOS", "qevolve qevolve", "ALGOS names one twice"),
                                  ("NPROC", "0", "NPROC must be at least 1")):
         env = {**os.environ, "RUN": str(tmp_path / "r"), "BASE_CACHE": str(tmp_path / "b"), "PYTHON": "echo",
                "SMOKE": "1", name: value}
@@ -1062,3 +1179,83 @@ def test_stage_times_takes_the_start_of_run_all_for_no_launch(tmp_path):
                    "0.5,0.4,0.1,python plumbing.py results r 1 0 qevolve seen\n")
     launches = load_module("bench/stage_times.py", "stage_times").launches(str(log))
     assert [(stage, wall) for stage, _, wall, _ in launches] == [("01_bc", 1.0), ("results table", 0.5)]
+
+
+def test_04_says_when_the_held_out_returns_say_nothing(world, stages, in_process, tmp_path):
+    """Issue 83: 04 printed a held-out explained variance of -62524.482 when every held-out return was equal (the
+    formula divides by their variance): 'n/a' now."""
+    critic = tmp_path / "critic"
+    shutil.copytree(world / "R/iter_1/critic", critic)
+    (critic / "args.json").write_text(json.dumps({"stage": "03_critic", "gamma": 0.95, "holdout": 0.5}))
+    buffer = tmp_path / "failures.jsonl"
+    buffer.write_text("".join(episode(task_id=f"train/{i:05d}") + "\n" for i in range(12)))
+    assert any(plumbing.held_out(json.loads(line), 0.5) for line in open(buffer))
+    proc = in_process(stages["04_gae"], "--data", buffer, "--critic", critic, "--out", tmp_path / "adv.jsonl",
+                      "--threads", 1)
+    assert "explained variance of the return n/a (every return equal)" in proc.stdout, proc.stdout
+
+
+ENTRY_POINTS = sorted(f for f in glob.glob("*.py", root_dir=ROOT) + glob.glob("bench/*.py", root_dir=ROOT)
+                      + glob.glob("models/*.py", root_dir=ROOT) if "\ndef main(" in open(os.path.join(ROOT, f)).read())
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_every_entry_point_refuses_a_bad_flag_in_one_line(script, in_process, monkeypatch):
+    """Issue 83: argparse's refusals printed its usage, then the error: 2-12 lines where the README promises one
+    `error:` line. Every script's main() with a flag it does not take: one line, exit 2."""
+    monkeypatch.chdir(ROOT)
+    module = load_module(script, "entry_" + os.path.splitext(script)[0].replace("/", "_"))
+    proc = in_process(module, "--no-such-flag", check=False)
+    assert one_line(proc) and proc.stdout == "", proc.stderr
+
+
+def test_bench_scripts_check_every_input_before_work(tmp_path, in_process, monkeypatch):
+    """Issue 83: ablation.py --candidates -1 was refused after every other variant had run; seeds.py --table-only gave
+    a KeyError on an unknown ALGOS, a TypeError on an int in settings.json and a table of 'not run' for an unknown
+    EVAL_SPLITS; plot_sweep.py took duplicate seeds and decisions, negative decisions and a --prefix without {D}; a
+    stray eval/worldX folder was a ValueError. Each is one line and exit 2 now, nothing written; the stray folder is
+    not a world."""
+    bench_run(tmp_path / "run0", k=1)
+    (tmp_path / "run0/eval/worldX").mkdir()
+    (tmp_path / "settings_int").mkdir()
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("EVAL_SPLITS", "seen")
+    seeds, ablation, sweep = (load_module(f"bench/{n}.py", n) for n in ("seeds", "ablation", "plot_sweep"))
+    table = ["--table-only", "--seeds", "0", "--prefix", tmp_path / "run", "--out", tmp_path / "t.md"]
+    assert in_process(seeds, *table).returncode == 0 and "| Q-Evolve iter 1 (policy_1) | 50.0" in (
+        tmp_path / "t.md").read_text()
+    (tmp_path / "t.md").unlink()
+    before = snapshot(tmp_path)
+    record = json.loads((tmp_path / "run0/settings.json").read_text())
+    for module, args, env, message in (
+            (ablation, ["--seeds", "0", "--prefix", tmp_path / "run", "--candidates", "-1"], {},
+             "--candidates must be at least 1"),
+            (seeds, table, {"ALGOS": "qevolve bogus"}, "ALGOS must be words of"),
+            (seeds, table, {"EVAL_SPLITS": "seen bogus"}, "EVAL_SPLITS names 'bogus', on which no run"),
+            (seeds, table, {"settings": {**record, "N_SELF": 6}}, "N_SELF is not a string"),
+            (sweep, ["--seeds", "0", "0"], {}, "--seeds must be distinct integers of at least 0, got 0 0"),
+            (sweep, ["--decisions", "2", "2"], {}, "--decisions must be distinct"),
+            (sweep, ["--decisions", "-3", "0"], {}, "--decisions must be distinct integers of at least 1"),
+            (sweep, ["--prefix", "runs/sweep-s"], {}, "--prefix must name the decisions as {D}")):
+        settings = env.pop("settings", None)
+        if settings:
+            (tmp_path / "run0/settings.json").write_text(json.dumps(settings))
+            before = snapshot(tmp_path)
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            proc = in_process(module, *args, check=False)
+        assert one_line(proc) and message in proc.stderr, (args, proc.stderr)
+        assert snapshot(tmp_path) == before
+
+
+def test_bench_runs_check_run_alls_settings_before_any_run(tmp_path):
+    """Issue 83: seeds.py with a bad ENV_KWARGS exited 1, its error only in its log; stage_times.py left launches.log
+    behind on a refused start, so every retry was refused. Both ask run_all.sh --check first: one line, exit 2."""
+    env = {**os.environ, "ENV_KWARGS": "{bad", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    before = snapshot(tmp_path)
+    for script, args in (("bench/seeds.py", ["--seeds", "0", "--prefix", f"{tmp_path}/s", "--out", f"{tmp_path}/t.md"]),
+                         ("bench/stage_times.py", ["--run", f"{tmp_path}/timed", "--out", f"{tmp_path}/t.md"])):
+        proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert one_line(proc) and "--env-kwargs must be a JSON object" in proc.stderr, proc.stderr
+        assert snapshot(tmp_path) == before

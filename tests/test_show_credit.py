@@ -172,6 +172,11 @@ def test_bad_input_exits_2_with_one_line(show, buffer, tmp_path):
     bad_label.write_text(json.dumps({**EPISODES[0], "steps": [{**EPISODES[0]["steps"][0], "label": None}]}) + "\n")
     deep = tmp_path / "deep.jsonl"  # issue 52: a RecursionError, not one line
     deep.write_text("[" * 10**6 + "]" * 10**6 + "\n")
+    odd = {}  # issue 83: a TypeError, not one line
+    for name, change in (("env_list", {"env": ["kitchen"]}), ("obs0_null", {"obs0": None}),
+                         ("reward_string", {"reward": "1"})):
+        odd[name] = tmp_path / f"{name}.jsonl"
+        odd[name].write_text(json.dumps({**EPISODES[0], **change}) + "\n")
     png = tmp_path / "out.png"
     cases = [
         [deep, "--index", 0],
@@ -188,6 +193,7 @@ def test_bad_input_exits_2_with_one_line(show, buffer, tmp_path):
         [binary, "--index", 0],
         [latin1, "--index", 0],
         [bad_label, "--index", 0],
+        *[[path, "--index", 0] for path in odd.values()],
         [tmp_path, "--index", 0],  # a directory
         [buffer],  # no episode chosen
         [buffer, "--index", 0, "--pick", "success"],
