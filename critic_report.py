@@ -132,7 +132,8 @@ def report(episodes, gamma, holdout, env_kwargs):
 
 def show(summary, out):
     """Print the report in a few lines, the figures the README's printout guide explains."""
-    f = lambda x, spec="+.3f": "n/a" if x != x else format(x, spec)  # NaN: no such step, or nothing to explain
+    f = lambda x, spec="+.3f": "n/a" if x != x else format(x, spec)  # NaN: no such step, or one class only
+    evf = lambda x: "n/a (every return equal)" if x != x else f"{x:.3f}"  # explained_variance: nothing to explain
     lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())
     ret = "" if summary["advantage"] == "outcome" else (f"; return = the discounted return-to-go on r_env (gamma "
                                                         f"{summary['gamma']:g})")
@@ -144,7 +145,7 @@ def show(summary, out):
     crit = "  ".join(f"{k} V {c['v_mean']:+.3f}+-{c['v_std']:.3f} Q {c['q_mean']:+.3f}+-{c['q_std']:.3f} (return "
                      f"{c['ret_mean']:+.3f})" for k, c in summary["critic_by_source"].items())
     aucs = ", ".join(f"s_{t} {f(a, '.3f')}" for t, a in enumerate(summary["auc_v_self_by_step"]))
-    print(f"04_gae: in-sample, explained variance of the return {f(summary['explained_variance'], '.3f')}; {crit}\n"
+    print(f"04_gae: in-sample, explained variance of the return {evf(summary['explained_variance'])}; {crit}\n"
           f"04_gae: AUC of V(s_t) for a self episode's success: {aucs}, every state "
           f"{f(summary['auc_v_self_every_state'], '.3f')} (n/a: one class only)")
     view = summary["mistakes_self"]
@@ -156,9 +157,9 @@ def show(summary, out):
     if h:
         share = lambda mine, best: f" ({mine / best:.2f} of it)" if best == best and abs(best) > 1e-9 else ""
         best = h.get("bayes") or {}
-        ev, gap = f(h["explained_variance"], ".3f"), f(h["v_gap"])
+        ev, gap = evf(h["explained_variance"]), f(h["v_gap"])
         if best:
-            ev += f", the exact Bayes critic's {f(best['explained_variance'], '.3f')}" + share(
+            ev += f", the exact Bayes critic's {evf(best['explained_variance'])}" + share(
                 h["explained_variance"], best["explained_variance"])
             gap += f", Bayes {f(best['v_gap'])}" + share(h["v_gap"], best["v_gap"])
         print(f"04_gae: held out ({h['episodes']} self episodes 03 never trained on): explained variance {ev}; "
