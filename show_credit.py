@@ -136,11 +136,21 @@ def reply_of(step):
 
 
 def harmful(ep):
-    """The steps the environment judges a mistake (envs.judge; kitchen: the item the observation before called flawed,
-    a lasting 'harmful' ingredient or a 'recoverable' tool)."""
+    """The steps the environment judges a mistake -> {t: verdict} (envs.judge; kitchen: the item the observation
+    before called flawed, a lasting 'harmful' ingredient or a 'recoverable' tool)."""
     prev = [ep.get("obs0", "")] + [s["obs"] for s in ep["steps"]]
-    return {t for t, s in enumerate(ep["steps"])
-            if judge(ep.get("env"), prev[t], s["action"]) in ("harmful", "recoverable")}
+    verdicts = {t: judge(ep.get("env"), prev[t], s["action"]) for t, s in enumerate(ep["steps"])}
+    return {t: v for t, v in verdicts.items() if v in ("harmful", "recoverable")}
+
+
+# What the marks mean, under the table and the picture: why a flaw's credit can be small or land on a neighbour.
+FLAW_NOTE = ("harmful: a flawed ingredient used (kitchen), a valid step no rule labels; V falls after it. "
+             "recoverable: a flawed tool, put back - it costs one discounted step, about (1 - gamma) V, so its A_t "
+             "is small. GAE spreads blame backwards (A_t = delta_t + gamma lambda A_{t+1}): a good step just "
+             "before a harmful one can get a negative A_t too.")
+
+
+FLAW_COLOUR = {"harmful": "tab:red", "recoverable": "tab:orange"}
 
 
 def outcome(ep):
@@ -164,11 +174,11 @@ def table(ep, index, args):
     for t, (s, reply) in enumerate(zip(steps, replies)):
         lines.append(f"{t:>3}  {s['label']:<7} {s['r_env']:>6.3f} {s['r_aux']:>6.3f} {s['v']:>8.4f} "
                      + (f"{s['q']:>10.4f} " if has_q else "")
-                     + f"{s['adv']:>+8.4f}  {reply:<{w}}  {shorten(s['obs'], args.width)}" + (" <- harmful" if t in bad
-                                                                                          else ""))
+                     + f"{s['adv']:>+8.4f}  {reply:<{w}}  {shorten(s['obs'], args.width)}"
+                     + (f" <- {bad[t]}" if t in bad else ""))
     note = "; Q(s_t,a_t): the critic's value of reply t." if has_q else ". No Q column: this buffer has no 'q'."
     if bad:
-        note += " <- harmful: a flawed item used (kitchen), a valid step no rule labels."
+        note += f"\n<- {FLAW_NOTE}"
     lines += ["", "V(s_t): the critic's value before reply t; A_t: the GAE advantage 05_bppo.py trains on" + note]
     return "\n".join(lines)
 
@@ -195,9 +205,9 @@ def plot(ep, index, args):
         if s["label"] in MARKED:
             for ax in (top, bottom):
                 ax.axvspan(x - 0.5, x + 0.5, color=MARKED[s["label"]], alpha=0.15, linewidth=0)
-    for x in harmful(ep):
+    for x, verdict in harmful(ep).items():  # harmful: red; recoverable: orange
         for ax in (top, bottom):
-            ax.axvspan(x - 0.5, x + 0.5, facecolor="none", edgecolor="tab:red", hatch="//", linewidth=0)
+            ax.axvspan(x - 0.5, x + 0.5, facecolor="none", edgecolor=FLAW_COLOUR[verdict], hatch="//", linewidth=0)
     bottom.bar(t, [s["adv"] for s in steps], color=[MARKED.get(s["label"], "tab:gray") for s in steps])
     bottom.axhline(0, color="black", linewidth=0.8)
     top.set(ylabel="value")
@@ -209,10 +219,14 @@ def plot(ep, index, args):
     handles, names = top.get_legend_handles_labels()
     handles += [Patch(color=MARKED[lab], alpha=0.5) for lab in here]
     names += [f"{lab} step" for lab in here]
+    for verdict in sorted(set(harmful(ep).values())):
+        handles.append(Patch(facecolor="none", edgecolor=FLAW_COLOUR[verdict], hatch="//"))
+        names.append({"harmful": "harmful: a flawed ingredient (V falls)",
+                      "recoverable": "recoverable: a flawed tool (one step lost: small A_t)"}[verdict])
+    top.legend(handles, names, fontsize=7, loc="best")
     if harmful(ep):
-        handles.append(Patch(facecolor="none", edgecolor="tab:red", hatch="//"))
-        names.append("harmful step (a flawed item used)")
-    top.legend(handles, names, fontsize=8, loc="best")
+        fig.text(0.01, 0.005, "GAE spreads blame backwards (A_t = delta_t + gamma lambda A_t+1): a step just before a "
+                 "harmful one can get a negative A_t too.", fontsize=6.5)
     title = f"{ep['source']} episode {ep['task_id']}: {outcome(ep).upper()} - {shorten(ep['task'], 50)}"
     top.set_title(title, fontsize=10, color="tab:green" if ep["success"] else "tab:red")
     fig.tight_layout()

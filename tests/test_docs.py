@@ -92,3 +92,32 @@ def test_one_default_world_every_stage_and_page():
         called = re.search(r"household`?\s*\(default|household[^.]{0,30}\bthe default\b|\bthe default (world|"
                            r"environment|env)\b[^.]{0,30}household", text, re.I)
         assert not called, (page, called and called.group(0))
+
+
+def guide_lines(readme):
+    """The printout lines README's printout guide quotes: its ```text blocks."""
+    guide = readme.split("## What to look at in each printout", 1)[1].split("\n## ", 1)[0]
+    return [line for block in re.findall(r"```text\n(.*?)```", guide, re.S) for line in block.splitlines()]
+
+
+def quoted_fragments(line):
+    """The literal text of a quoted printout line: its runs of three words or more between numbers, '...',
+    punctuation, paths and the names a stage fills in (worlds, splits, sources, labels, verdicts): what a stage's
+    f-string writes as it is."""
+    names = (r"\b(?:kitchen|household|train|dev|seen|unseen|expert|self|policy_\d+|ok|invalid|repeat|format|harmful|"
+             r"recoverable|correct|cpu|cuda|bppo|none|on|off|GAE on r_env)\b")
+    parts = re.split(r"\S*/\S*|[-+]?\d[\d.,]*%?|\.\.\.|[=:;()|,]| {2,}|" + names, line)
+    return [" ".join(p.split()) for p in parts if len(p.split()) >= 3]
+
+
+def test_the_printout_guide_quotes_what_the_stages_print():
+    sources = " ".join(" ".join(open(os.path.join(ROOT, f)).read().split()) for f in
+                       glob.glob("0*.py", root_dir=ROOT) + ["critic_report.py", "plumbing.py", "rollout.py"])
+    sources = re.sub(r"[\"']\s*f?[\"']", "", sources)  # "a " f"b": the implicit concatenation of two literals
+    lines = guide_lines(open(os.path.join(ROOT, "README.md")).read())
+    assert len(lines) >= 20
+    for line in lines:
+        for fragment in quoted_fragments(line):
+            assert fragment in sources, f"README's printout guide quotes {line!r}: no stage prints {fragment!r}"
+    made_up = quoted_fragments("epoch 3: train loss 0.12  greedy reproduces no replies at all")
+    assert made_up == ["greedy reproduces no replies at all"] and made_up[0] not in sources  # the check can fail

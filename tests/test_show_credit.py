@@ -215,3 +215,23 @@ def test_help(show):
     assert proc.returncode == 0
     for flag in ("--index", "--task-id", "--pick", "--source", "--png"):
         assert flag in proc.stdout
+
+
+def test_a_flaw_is_marked_by_its_kind_and_the_legend_says_why_its_credit_is_small():
+    """kitchen: a flawed tool (put back, one step lost) is 'recoverable', a flawed ingredient 'harmful'; the note
+    under the table says why the first gets little credit and how lambda spreads blame backwards."""
+    import argparse
+    credit = load_module("show_credit.py", "show_credit")
+    step = lambda action, obs: {"text": f"Action: {action}", "action": action, "obs": obs, "r_env": 0.0,
+                                "label": "ok", "r_aux": 0.0, "v": 0.5, "q": 0.5, "adv": 0.0}
+    ep = {"env": "kitchen", "task_id": "train/00001", "source": "self", "task": "make a stew.", "success": False,
+          "reward": 0.0, "obs0": "You are in the kitchen. Next: bowl. You see dirty bowl 1 and bowl 2.",
+          "steps": [step("use bowl 1", "The dirty bowl 1 is no use; you put it back. Next: bowl. You see dirty bowl "
+                         "1 and bowl 2."), step("use bowl 2", "You use the bowl 2. Next: egg. You see rotten egg 1 "
+                                                "and egg 2."), step("use egg 1", "You add the rotten egg 1. It "
+                                                                    "smells bad. The stew is ruined.")]}
+    assert credit.harmful(ep) == {0: "recoverable", 2: "harmful"}
+    text = credit.table(ep, 0, argparse.Namespace(buffer="b.jsonl", width=60))
+    rows = text.splitlines()[6:9]
+    assert rows[0].endswith("<- recoverable") and not rows[1].endswith("ful") and rows[2].endswith("<- harmful")
+    assert "one discounted step" in text and "spreads blame backwards" in text
