@@ -174,7 +174,7 @@ def snapshot(root):
 
 EXPERT, POLICY, CRITIC, ADV = "{R}/data/expert.jsonl", "{R}/policy_0", "{R}/iter_1/critic", "{R}/iter_1/adv.jsonl"
 BC = ["01_bc", "--data", EXPERT]
-COLLECT = ["02_collect", "--policy", "expert", "--episodes", "2"]
+COLLECT = ["02_collect", "--policy", "expert", "--env", "household", "--episodes", "2"]
 CRITIC_ = ["03_critic", "--data", EXPERT, "--policy", POLICY]
 GAE = ["04_gae", "--data", EXPERT, "--critic", CRITIC]
 BPPO = ["05_bppo", "--data", ADV, "--policy", POLICY, "--ref", POLICY]
