@@ -81,6 +81,8 @@ def main():
             args.splits}
     fig, axes = plt.subplots(1, len(args.splits), figsize=(4.8 * len(args.splits), 3.6), sharey=True, squeeze=False)
     styles = ["-", "--", ":", "-."]
+    n_self = {pattern: (read_json(os.path.join(ROOT, pattern.format(seed=args.seeds[0]), "settings.json")) or {}).get(
+        "N_SELF", "?") for pattern in args.runs}  # each family's episodes per iteration
     for ax, split in zip(axes[0], args.splits):
         for tag, name, colour in methods:
             for i, pattern in enumerate(args.runs):
@@ -89,12 +91,14 @@ def main():
                 y = [statistics.mean(ok) for _, ok in row]
                 sd = [statistics.stdev(ok) if len(ok) > 1 else 0.0 for _, ok in row]
                 ax.plot(x, y, styles[i % 4], color=colour, marker="o", ms=3,
-                        label=f"{name}, {pattern.split('/')[-1]}" if tag != "bc" else (name if i == 0 else None))
+                        label=f"{name}, {n_self[pattern]} episodes an iteration" if tag != "bc" else (
+                            name if i == 0 else None))
                 ax.fill_between(x, [a - b for a, b in zip(y, sd)], [a + b for a, b in zip(y, sd)], color=colour,
                                 alpha=0.12)
         ax.axhline(best[split], color="black", lw=0.8, ls=":")
         ax.axhline(0.9 * best[split], color="black", lw=0.6, ls="--")
         ax.set_xscale("symlog", linthresh=100)
+        ax.set_xlim(left=0)
         ax.set(title=split, xlabel="online environment steps (own episodes)", ylim=(0, 100))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"greedy success (%), seeds {', '.join(map(str, args.seeds))}")
