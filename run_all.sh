@@ -40,7 +40,7 @@
 #   Integers are decimal (no leading zero); paths are plain (no leading - or ~, no $ or backquote). RUN is a new
 #   folder, an empty one or one a run made (its RUN/settings.json), never the checkout, one of its folders (envs,
 #   bench, ...) or a path with a {...} field; *_ARGS take no glob and no flag run_all.sh sets itself. A bad setting
-#   is one error line and exit 2 before anything runs (python plumbing.py start checks the environment, its splits,
+#   is one error line and exit 2 before anything runs (python run_support.py start checks the environment, its splits,
 #   the episode counts and each *_ARGS with its stage); Ctrl-C stops the run, and the same command resumes it. A run
 #   holds RUN while it runs (RUN/.lock): a second run on it is refused. RUN/settings.json records the settings that
 #   shape what the run writes (SEED, ENV, ENV_KWARGS, N_EXPERT, N_SELF, KEEP_OLD, BASE, the *_ARGS): a resume with
@@ -203,17 +203,17 @@ if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ] && [ "$PYTHON" != echo ] && 
 demonstrations takes ~$((N_EXPERT / 120)) h at these budgets (docs/real_model.md has a reduced run of ~2.5 h); \
 CPU_OK=1 runs it anyway"
 fi
-# What bash cannot check, then RUN's lock and record (the header): python plumbing.py start, which then starts this
+# What bash cannot check, then RUN's lock and record (the header): python run_support.py start, which then starts this
 # script again (QEVOLVE_STARTED), holding the lock until the run ends. The last three settings only add evaluations.
 settings=()
 for v in SEED ENV ENV_KWARGS N_EXPERT N_SELF KEEP_OLD BASE REF PRETRAIN_ARGS BC_ARGS COLLECT_ARGS CRITIC_ARGS \
          GAE_ARGS BPPO_ARGS RFT_ARGS OUTCOME_ARGS LATER_ARGS EVAL_SPLITS EVAL_WORLDS N_EVAL; do settings+=("$v=${!v}"); done
 if [ "$CHECK" = 1 ]; then
-  quiet $PYTHON plumbing.py start "$RUN" "${settings[@]}"
+  quiet $PYTHON run_support.py start "$RUN" "${settings[@]}"
   echo "run_all.sh --check: every setting is good (RUN=$RUN; nothing was run)"
   exit 0
 elif [ "$PYTHON" != echo ] && [ "${QEVOLVE_STARTED:-}" != "$RUN" ]; then
-  exec $PYTHON plumbing.py start "$RUN" "${settings[@]}" -- bash run_all.sh
+  exec $PYTHON run_support.py start "$RUN" "${settings[@]}" -- bash run_all.sh
 fi
 [ "$CUDA_GRAPH" = 0 ] || COLLECT_ARGS+=" --cuda-graph"
 
@@ -222,8 +222,8 @@ METRICS="$RUN/metrics.jsonl"
 COMMON=(--seed "$SEED" --threads "$THREADS" --precision "$PRECISION" --metrics "$METRICS")
 ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")
 RUNS=($PYTHON)  # how 01, 02, 03 and 05 start: one process, or NPROC under torchrun
-# torchrun through plumbing.py: a stage's bad input (exit 2 on every rank) stays one line, not torchrun's traceback
-if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON plumbing.py torchrun --standalone --nproc_per_node "$NPROC"); fi
+# torchrun through run_support.py: a stage's bad input (exit 2 on every rank) stays one line, not torchrun's traceback
+if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON run_support.py torchrun --standalone --nproc_per_node "$NPROC"); fi
 
 # evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS in each world of EVAL_WORLDS, in one
 # process (one model load), for the worlds and splits that miss a result.
@@ -321,8 +321,8 @@ evolve() {
 }
 for algo in $ALGOS; do evolve "$algo"; done
 
-# ---- the results table (plumbing.py: the output rule and an atomic write, as every file of the project)
+# ---- the results table (run_support.py: the output rule and an atomic write, as every file of the project)
 if [ "$EVAL" = 1 ]; then
-  quiet $PYTHON plumbing.py results "$RUN" "$K" "$EVAL_WORLDS" "$ALGOS" $EVAL_SPLITS
+  quiet $PYTHON run_support.py results "$RUN" "$K" "$EVAL_WORLDS" "$ALGOS" $EVAL_SPLITS
   echo "Results: $RUN/results.md   (metrics: $METRICS)"
 fi
