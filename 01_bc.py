@@ -33,11 +33,11 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
+from distributed import distribute, finish_distributed, full_state, is_main
 from models.tiny import build_tiny_model, train_tiny_tokenizer
 from plumbing import (Parser, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite, check_flags,
-                      check_memory, cost, die, distribute, finish_distributed, fit_context, full_state,
-                      grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics, lr_at,
-                      model_bytes, read_episodes, save_policy, start)
+                      check_memory, cost, die, fit_context, grad_checkpointing, length_batches, load_model,
+                      load_tokenizer, log_metrics, lr_at, model_bytes, read_episodes, save_policy, start)
 
 
 def parse_args(argv=None):

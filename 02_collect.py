@@ -37,10 +37,11 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 import envs
+from distributed import finish_distributed, is_main, setup_distributed
 from kv_cache import GraphStep, generate_cached, generate_plain
-from plumbing import (Parser, add_machine_flags, autocast, check_flags, check_memory, check_out, die,
-                      finish_distributed, is_main, kv_bytes, load_model, load_tokenizer, parse_env_kwargs, peak_mem_gb,
-                      pick_device, save_episodes, seed_everything, setup_distributed)
+from plumbing import (Parser, add_machine_flags, autocast, check_flags, check_memory, check_out, die, kv_bytes,
+                      load_model, load_tokenizer, parse_env_kwargs, peak_mem_gb, pick_device, save_episodes,
+                      seed_everything)
 from rerank import Reranker, add_rerank_flags, check_rerank
 from rollout import plan_runs, run_lockstep
 

@@ -35,10 +35,10 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModel
 
+from distributed import distribute, finish_distributed, full_state, is_main, unsharded
 from plumbing import (Parser, accumulate, add_machine_flags, autocast, check_finite, check_flags, cost, die,
-                      distribute, finish_distributed, fit_context, full_state, grad_checkpointing, held_out, is_main,
-                      length_batches, load_heads, load_model, load_tokenizer, log_metrics, owned, read_episodes,
-                      save_critic, start, unsharded)
+                      fit_context, grad_checkpointing, held_out, length_batches, load_heads, load_model, load_tokenizer,
+                      log_metrics, owned, read_episodes, save_critic, start)
 
 
 def parse_args(argv=None):

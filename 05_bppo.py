@@ -37,10 +37,10 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
+from distributed import distribute, finish_distributed, full_state, is_main
 from plumbing import (STEP_KEYS, Parser, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite,
-                      check_flags, cost, die, distribute, finish_distributed, fit_context, full_state,
-                      grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics,
-                      read_episodes, save_policy, start)
+                      check_flags, cost, die, fit_context, grad_checkpointing, length_batches, load_model,
+                      load_tokenizer, log_metrics, read_episodes, save_policy, start)
 
 
 def parse_args(argv=None):

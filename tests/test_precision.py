@@ -34,7 +34,7 @@ def test_pick_device_on_a_gpu_without_bf16(monkeypatch, capsys):
 
 def test_more_processes_than_gpus_is_one_error_line(monkeypatch, capsys):
     """torchrun --nproc-per-node 2 on a one-GPU machine: refused before NCCL fails on a shared GPU."""
-    from plumbing import setup_distributed
+    from distributed import setup_distributed
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     for k, v in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
