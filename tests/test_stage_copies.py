@@ -4,6 +4,8 @@ stage."""
 import ast
 import os
 
+import pytest
+
 from conftest import ROOT, STAGES
 
 
@@ -120,3 +122,15 @@ def test_the_algorithm_comes_first():
         assert line[LOSS[name]] <= 130 and line[LOSS[name]] < line["main"], name
         for contract in ("episode_messages", "tokenize_episode", "collate"):
             assert line.get(contract, line["main"] + 1) > line["main"], f"{name}: {contract} comes before main()"
+
+
+def test_help_leads_with_the_algorithm(stages, capsys):
+    """Each stage's --help: the algorithm's flags first, then data and files, then the machine's (argparse groups)."""
+    for name, module in stages.items():
+        with pytest.raises(SystemExit):
+            module.parse_args(["--help"])
+        out = capsys.readouterr().out
+        starts = [out.index(f"\n{group}:\n") for group in ("the algorithm", "data and files", "the machine")]
+        assert starts == sorted(starts), name
+        assert "--seed" in out[starts[0]:starts[1]] and "--out" in out[starts[1]:starts[2]], name
+        assert "--threads" in out[starts[2]:], name
