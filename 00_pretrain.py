@@ -40,10 +40,10 @@ import torch
 from tqdm import tqdm
 
 import envs
+from machine import add_machine_flags, autocast, pick_device
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (Parser, add_machine_flags, autocast, by_rows, check_finite, check_flags, check_loss, check_memory,
-                      check_out, die, length_batches, log_metrics, lr_at, model_bytes, parse_env_kwargs, pick_device,
-                      seed_everything, write_atomic)
+from plumbing import (Parser, by_rows, check_finite, check_flags, check_loss, check_memory, check_out, die,
+                      length_batches, log_metrics, lr_at, model_bytes, parse_env_kwargs, seed_everything, write_atomic)
 
 
 def parse_args(argv=None):

@@ -34,10 +34,11 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from distributed import distribute, finish_distributed, full_state, is_main
+from machine import add_lora, add_machine_flags, autocast, cost, grad_checkpointing, start
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (Parser, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite, check_flags,
-                      check_memory, cost, die, fit_context, grad_checkpointing, length_batches, load_model,
-                      load_tokenizer, log_metrics, lr_at, model_bytes, read_episodes, save_policy, start)
+from plumbing import (Parser, accumulate, by_rows, check_finite, check_flags, check_memory, die, fit_context,
+                      length_batches, load_model, load_tokenizer, log_metrics, lr_at, model_bytes, read_episodes,
+                      save_policy)
 
 
 def parse_args(argv=None):

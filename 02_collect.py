@@ -39,9 +39,9 @@ from transformers import AutoModelForCausalLM
 import envs
 from distributed import finish_distributed, is_main, setup_distributed
 from kv_cache import GraphStep, generate_cached, generate_plain
-from plumbing import (Parser, add_machine_flags, autocast, check_flags, check_memory, check_out, die, kv_bytes,
-                      load_model, load_tokenizer, parse_env_kwargs, peak_mem_gb, pick_device, save_episodes,
-                      seed_everything)
+from machine import add_machine_flags, autocast, peak_mem_gb, pick_device
+from plumbing import (Parser, check_flags, check_memory, check_out, die, kv_bytes, load_model, load_tokenizer,
+                      parse_env_kwargs, save_episodes, seed_everything)
 from rerank import Reranker, add_rerank_flags, check_rerank
 from rollout import plan_runs, run_lockstep
 

@@ -36,9 +36,9 @@ from tqdm import tqdm
 from transformers import AutoModel
 
 from distributed import distribute, finish_distributed, full_state, is_main, unsharded
-from plumbing import (Parser, accumulate, add_machine_flags, autocast, check_finite, check_flags, cost, die,
-                      fit_context, grad_checkpointing, held_out, length_batches, load_heads, load_model, load_tokenizer,
-                      log_metrics, owned, read_episodes, save_critic, start)
+from machine import add_machine_flags, autocast, cost, grad_checkpointing, start
+from plumbing import (Parser, accumulate, check_finite, check_flags, die, fit_context, held_out, length_batches,
+                      load_heads, load_model, load_tokenizer, log_metrics, owned, read_episodes, save_critic)
 
 
 def parse_args(argv=None):

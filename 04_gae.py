@@ -42,8 +42,9 @@ from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 import critic_report
-from plumbing import (ARTIFACTS, MAX_REWARD, Parser, add_machine_flags, autocast, check_flags, die, fit_context,
-                      load_heads, load_model, owned, read_episodes, read_json, save_episodes, start)
+from machine import add_machine_flags, autocast, start
+from plumbing import (ARTIFACTS, MAX_REWARD, Parser, check_flags, die, fit_context, load_heads, load_model, owned,
+                      read_episodes, read_json, save_episodes)
 
 
 def parse_args(argv=None):

@@ -38,9 +38,9 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from distributed import distribute, finish_distributed, full_state, is_main
-from plumbing import (STEP_KEYS, Parser, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite,
-                      check_flags, cost, die, fit_context, grad_checkpointing, length_batches, load_model,
-                      load_tokenizer, log_metrics, read_episodes, save_policy, start)
+from machine import add_lora, add_machine_flags, autocast, cost, grad_checkpointing, start
+from plumbing import (STEP_KEYS, Parser, accumulate, by_rows, check_finite, check_flags, die, fit_context,
+                      length_batches, load_model, load_tokenizer, log_metrics, read_episodes, save_policy)
 
 
 def parse_args(argv=None):

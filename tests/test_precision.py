@@ -1,4 +1,4 @@
-"""Mixed precision (plumbing.pick_device, --precision): fp32 weights and optimizer state, the forward
+"""Mixed precision (machine.pick_device, --precision): fp32 weights and optimizer state, the forward
 and backward under torch.autocast. `--precision bf16` takes the GPU's path on a CPU, so CI runs it.
 The failure it guards against: AdamW on bf16 weights drops a small step (0.6% of SmolLM2's
 weights moved at lr 2e-6), silently."""
@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from plumbing import pick_device
+from machine import pick_device
 
 
 def test_pick_device_on_cpu(monkeypatch):

@@ -1,6 +1,6 @@
-"""The stage files share their plumbing through two modules (plumbing.py, and distributed.py for torchrun) and copy,
-byte-identical, only what a reader should see in each: the data contract and the Critic. No support module imports a
-stage."""
+"""The stage files share their plumbing through three modules (plumbing.py; machine.py and distributed.py: how they
+run) and copy, byte-identical, only what a reader should see in each: the data contract and the Critic. No support
+module imports a stage."""
 import ast
 import os
 
@@ -36,7 +36,7 @@ def test_stages_import_no_other_stage():
     allowed = {"argparse", "bisect", "copy", "json", "math", "os", "random", "re", "resource", "shutil", "sys", "time",
                "collections", "numpy", "torch", "tqdm", "transformers", "safetensors", "tokenizers", "envs",
                "peft",  # peft: optional, imported only under --lora (01, 05)
-               "plumbing", "distributed",  # the shared plumbing and torchrun's helpers: no algorithm in them
+               "plumbing", "machine", "distributed",  # the shared plumbing, the machine, torchrun: no algorithm
                "kv_cache", "rerank", "rollout",  # 02's speed-ups and its --rerank extension, off the reading path
                "critic_report",  # 04's printout: diagnostics, off the reading path
                "models"}  # models/tiny.py: the tiny model's tokenizer and Llama (00, 01)
@@ -79,8 +79,8 @@ def test_stages_carry_only_the_helpers_they_call():
 
 
 def test_no_stage_redefines_the_plumbing():
-    """What plumbing.py and distributed.py define, a stage imports instead of copying."""
-    for module in ("plumbing.py", "distributed.py"):
+    """What plumbing.py, machine.py and distributed.py define, a stage imports instead of copying."""
+    for module in ("plumbing.py", "machine.py", "distributed.py"):
         tree = ast.parse(open(os.path.join(ROOT, module)).read())
         shared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         for name, by_file in top_level_sources().items():
@@ -104,7 +104,8 @@ def test_no_support_module_imports_a_stage():
     """The stages import the support modules, never the other way round: run_support.py checks run_all.sh's *_ARGS by
     the stages' parse_args in a child process. The one exception is an extension: rerank.py (02 --rerank) reads the
     critic with 04's own code."""
-    for path in ("plumbing.py", "run_support.py", "distributed.py", "critic_report.py", "rollout.py", "kv_cache.py"):
+    for path in ("plumbing.py", "machine.py", "distributed.py", "run_support.py", "critic_report.py", "rollout.py",
+                 "kv_cache.py"):
         assert not stages_imported(path), f"{path} imports {stages_imported(path)}"
     assert stages_imported("rerank.py") == {"04_gae"}  # the check sees an import_module too
 
