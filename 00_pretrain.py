@@ -40,37 +40,38 @@ import torch
 from tqdm import tqdm
 
 import envs
+from machine import add_machine_flags, autocast, pick_device
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (Parser, add_machine_flags, autocast, by_rows, check_finite, check_flags, check_loss, check_memory,
-                      check_out, die, length_batches, log_metrics, lr_at, model_bytes, parse_env_kwargs, pick_device,
-                      seed_everything, write_atomic)
+from plumbing import (Parser, by_rows, check_finite, check_flags, check_loss, check_memory, check_out, die,
+                      length_batches, log_metrics, lr_at, model_bytes, parse_env_kwargs, seed_everything, write_atomic)
 
 
 def parse_args(argv=None):
     p = Parser(description="Stage 00: pretrain the tiny base language model on environment text.",
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", required=True, help="output model directory (save_pretrained format)")
-    p.add_argument("--env", default="kitchen",
+    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    d.add_argument("--out", required=True, help="output model directory (save_pretrained format)")
+    d.add_argument("--env", default="kitchen",
                    help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
-    p.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
-    p.add_argument("--env-seed", type=int, default=0, help="the environment's world seed (which tasks exist)")
-    p.add_argument("--episodes", type=int, default=3000, help="exploration transcripts of `train` worlds")
-    p.add_argument("--p-random", type=float, default=0.3, help="per step: probability of a random grammar command")
-    p.add_argument("--qa", type=float, default=0.5, help="per observation: probability of a reading question")
-    p.add_argument("--epochs", type=int, default=2, help="passes over the corpus")
-    p.add_argument("--batch-size", type=int, default=8, help="transcripts per optimizer step")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
-    p.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--d-model", type=int, default=128, help="hidden size")
-    p.add_argument("--n-layers", type=int, default=3, help="transformer layers")
-    p.add_argument("--n-heads", type=int, default=4, help="attention heads")
-    p.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size")
-    p.add_argument("--max-len", type=int, default=2048, help="context length in tokens")
-    p.add_argument("--seed", type=int, default=0, help="random seed (corpus and training)")
-    add_machine_flags(p)  # --threads, --precision
-    p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    d.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
+    d.add_argument("--env-seed", type=int, default=0, help="the environment's world seed (which tasks exist)")
+    d.add_argument("--episodes", type=int, default=3000, help="exploration transcripts of `train` worlds")
+    d.add_argument("--p-random", type=float, default=0.3, help="per step: probability of a random grammar command")
+    d.add_argument("--qa", type=float, default=0.5, help="per observation: probability of a reading question")
+    a.add_argument("--epochs", type=int, default=2, help="passes over the corpus")
+    a.add_argument("--batch-size", type=int, default=8, help="transcripts per optimizer step")
+    a.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    a.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
+    a.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay")
+    a.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    a.add_argument("--d-model", type=int, default=128, help="hidden size")
+    a.add_argument("--n-layers", type=int, default=3, help="transformer layers")
+    a.add_argument("--n-heads", type=int, default=4, help="attention heads")
+    a.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size")
+    a.add_argument("--max-len", type=int, default=2048, help="context length in tokens")
+    a.add_argument("--seed", type=int, default=0, help="random seed (corpus and training)")
+    add_machine_flags(m)  # --threads, --precision
+    d.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     args = p.parse_args(argv)  # every flag is checked before any work
     check_flags(args, episodes="at least 1", epochs="at least 1", batch_size="at least 1", lr="positive",
                 weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", p_random="in [0, 1]",

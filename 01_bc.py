@@ -33,38 +33,40 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
+from distributed import distribute, finish_distributed, full_state, is_main
+from machine import add_lora, add_machine_flags, autocast, cost, grad_checkpointing, start
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (Parser, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite, check_flags,
-                      check_memory, cost, die, distribute, finish_distributed, fit_context, full_state,
-                      grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics, lr_at,
-                      model_bytes, read_episodes, save_policy, start)
+from plumbing import (Parser, accumulate, by_rows, check_finite, check_flags, check_memory, die, fit_context,
+                      length_batches, load_model, load_tokenizer, log_metrics, lr_at, model_bytes, read_episodes,
+                      save_policy)
 
 
 def parse_args(argv=None):
     p = Parser(description="Stage 01: behavior cloning on expert demonstrations.",
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", nargs="+", required=True, help="episode JSONL file(s) to imitate")
-    p.add_argument("--out", required=True, help="output policy directory (save_pretrained format)")
-    p.add_argument("--model", default="tiny",
+    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    d.add_argument("--data", nargs="+", required=True, help="episode JSONL file(s) to imitate")
+    d.add_argument("--out", required=True, help="output policy directory (save_pretrained format)")
+    d.add_argument("--model", default="tiny",
                    help="'tiny' (a new model, trained from scratch) or a local model directory to fine-tune")
-    p.add_argument("--filter", choices=["all", "success"], default="all",
+    a.add_argument("--filter", choices=["all", "success"], default="all",
                    help="'success' keeps only successful trajectories (rejection-sampling fine-tuning, RFT)")
-    p.add_argument("--epochs", type=int, default=10, help="passes over the training trajectories")
-    p.add_argument("--batch-size", type=int, default=8, help="trajectories per optimizer step")
-    p.add_argument("--lr", type=float, default=3e-3,
+    a.add_argument("--epochs", type=int, default=10, help="passes over the training trajectories")
+    a.add_argument("--batch-size", type=int, default=8, help="trajectories per optimizer step")
+    a.add_argument("--lr", type=float, default=3e-3,
                    help="peak learning rate (AdamW); a pretrained LLM wants a much smaller one (~1e-5)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
-    p.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--val-frac", type=float, default=0.05, help="fraction of trajectories held out for validation")
-    p.add_argument("--d-model", type=int, default=128, help="tiny model: hidden size")
-    p.add_argument("--n-layers", type=int, default=3, help="tiny model: transformer layers")
-    p.add_argument("--n-heads", type=int, default=4, help="tiny model: attention heads")
-    p.add_argument("--vocab-size", type=int, default=1024, help="tiny model: BPE vocabulary size")
-    p.add_argument("--max-len", type=int, default=2048, help="tiny model: context length in tokens")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
-    add_machine_flags(p, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
-    p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    a.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
+    a.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay")
+    a.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    a.add_argument("--val-frac", type=float, default=0.05, help="fraction of trajectories held out for validation")
+    d.add_argument("--d-model", type=int, default=128, help="tiny model: hidden size")
+    d.add_argument("--n-layers", type=int, default=3, help="tiny model: transformer layers")
+    d.add_argument("--n-heads", type=int, default=4, help="tiny model: attention heads")
+    d.add_argument("--vocab-size", type=int, default=1024, help="tiny model: BPE vocabulary size")
+    d.add_argument("--max-len", type=int, default=2048, help="tiny model: context length in tokens")
+    a.add_argument("--seed", type=int, default=0, help="random seed")
+    add_machine_flags(m, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
+    d.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     args = p.parse_args(argv)  # every flag is checked before any work
     check_flags(args, epochs="at least 1", batch_size="at least 1", grad_accum="at least 1", lr="positive",
                 weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", val_frac="in (0, 1)",

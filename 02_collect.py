@@ -37,10 +37,11 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 import envs
+from distributed import finish_distributed, is_main, setup_distributed
 from kv_cache import GraphStep, generate_cached, generate_plain
-from plumbing import (Parser, add_machine_flags, autocast, check_flags, check_memory, check_out, die,
-                      finish_distributed, is_main, kv_bytes, load_model, load_tokenizer, parse_env_kwargs, peak_mem_gb,
-                      pick_device, save_episodes, seed_everything, setup_distributed)
+from machine import add_machine_flags, autocast, peak_mem_gb, pick_device
+from plumbing import (Parser, check_flags, check_memory, check_out, die, kv_bytes, load_model, load_tokenizer,
+                      parse_env_kwargs, save_episodes, seed_everything)
 from rerank import Reranker, add_rerank_flags, check_rerank
 from rollout import plan_runs, run_lockstep
 
@@ -50,38 +51,39 @@ FORMAT_ERROR_OBS = "Invalid reply. End your reply with one line: Action: <comman
 def parse_args(argv=None):
     p = Parser(description="Stage 02: collect labeled trajectories or evaluate a policy.",
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--policy", required=True, help="'expert' or a policy directory (save_pretrained)")
-    p.add_argument("--out", required=True,
+    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    d.add_argument("--policy", required=True, help="'expert' or a policy directory (save_pretrained)")
+    d.add_argument("--out", required=True,
                    help="output episode JSONL; the summary goes to the same name with .json. With several --env-seed "
                         "or --split values, one pair per (world, split): the path names them with {world} and {split}")
-    p.add_argument("--env", default="kitchen",
+    d.add_argument("--env", default="kitchen",
                    help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
-    p.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
-    p.add_argument("--env-seed", type=int, nargs="+", default=[0],
+    d.add_argument("--env-kwargs", default="{}", help="JSON dict of environment keyword arguments")
+    d.add_argument("--env-seed", type=int, nargs="+", default=[0],
                    help="the environment's world seed(s) (which tasks exist); several: one model load for all")
-    p.add_argument("--split", nargs="+", default=["train"],
+    d.add_argument("--split", nargs="+", default=["train"],
                    help="task split(s): train, dev (for tuning), seen or unseen")
-    p.add_argument("--episodes", type=int, default=0,
+    d.add_argument("--episodes", type=int, default=0,
                    help="number of tasks, drawn without replacement with --seed (0: every task of the split, in order)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")
-    p.add_argument("--greedy", action="store_true", help="greedy decoding (evaluation); default samples")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for collection")
-    p.add_argument("--num-envs", type=int, default=64, help="environment slots run in lockstep, each taking the "
+    a.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")
+    a.add_argument("--greedy", action="store_true", help="greedy decoding (evaluation); default samples")
+    a.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for collection")
+    m.add_argument("--num-envs", type=int, default=64, help="environment slots run in lockstep, each taking the "
                    "next task when its episode ends (the generation batch; times --candidates with --rerank)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="longest reply per turn, in tokens")
-    p.add_argument("--r-fmt", type=float, default=-0.2, help="auxiliary reward of a 'format' step")
-    p.add_argument("--r-inv", type=float, default=-0.1, help="auxiliary reward of an 'invalid' step")
-    p.add_argument("--r-repeat", type=float, default=-0.1, help="auxiliary reward of a 'repeat' step")
-    add_rerank_flags(p)  # --rerank CRITIC_DIR, --candidates, --critic-batch-size: Q-guided generation (rerank.py)
-    p.add_argument("--plain-generate", action="store_true",
+    a.add_argument("--max-new-tokens", type=int, default=48, help="longest reply per turn, in tokens")
+    a.add_argument("--r-fmt", type=float, default=-0.2, help="auxiliary reward of a 'format' step")
+    a.add_argument("--r-inv", type=float, default=-0.1, help="auxiliary reward of an 'invalid' step")
+    a.add_argument("--r-repeat", type=float, default=-0.1, help="auxiliary reward of a 'repeat' step")
+    add_rerank_flags(a)  # --rerank CRITIC_DIR, --candidates, --critic-batch-size: Q-guided generation (rerank.py)
+    m.add_argument("--plain-generate", action="store_true",
                    help="generate with the plain loop (kv_cache.generate_plain: every prompt read in full each turn) "
                         "instead of the KV cache kept across turns; the same replies up to float rounding, slower")
-    p.add_argument("--cuda-graph", action="store_true",
+    m.add_argument("--cuda-graph", action="store_true",
                    help="decode steps replayed from a CUDA graph (kv_cache.GraphStep: a step's hundreds of kernel "
                         "launches at once), recorded once per KV cache (width a multiple of 1024: one for most runs); "
                         "on a CPU the same steps run eagerly. The replies of the plain steps up to float rounding")
-    add_machine_flags(p)  # --threads, --precision
-    p.add_argument("--metrics", default="", help="append the summary to this JSONL file")
+    add_machine_flags(m)  # --threads, --precision
+    d.add_argument("--metrics", default="", help="append the summary to this JSONL file")
     args = p.parse_args(argv)  # every flag is checked before any work
     check_flags(args, episodes="non-negative", seed="a seed in [0, 2**32)", num_envs="at least 1",
                 max_new_tokens="at least 1", threads="non-negative", r_fmt="in [-100, 100]", r_inv="in [-100, 100]",

@@ -35,36 +35,37 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModel
 
-from plumbing import (Parser, accumulate, add_machine_flags, autocast, check_finite, check_flags, cost, die,
-                      distribute, finish_distributed, fit_context, full_state, grad_checkpointing, held_out, is_main,
-                      length_batches, load_heads, load_model, load_tokenizer, log_metrics, owned, read_episodes,
-                      save_critic, start, unsharded)
+from distributed import distribute, finish_distributed, full_state, is_main, unsharded
+from machine import add_machine_flags, autocast, cost, grad_checkpointing, start
+from plumbing import (Parser, accumulate, check_finite, check_flags, die, fit_context, held_out, length_batches,
+                      load_heads, load_model, load_tokenizer, log_metrics, owned, read_episodes, save_critic)
 
 
 def parse_args(argv=None):
     p = Parser(description="Stage 03: weighted IQL critic on the hybrid buffer.",
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", nargs="+", required=True, help="episode JSONL files: expert demos + self trajectories")
-    p.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
-    p.add_argument("--out", required=True, help="output critic directory")
-    p.add_argument("--init", default="",
+    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    d.add_argument("--data", nargs="+", required=True, help="episode JSONL files: expert demos + self trajectories")
+    d.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
+    d.add_argument("--out", required=True, help="output critic directory")
+    d.add_argument("--init", default="",
                    help="start from this critic of 03 (its transformer and heads), e.g. iteration k-1's: a warm start "
                         "(default: --policy's transformer and fresh heads)")
-    p.add_argument("--tau", type=float, default=0.7,
+    a.add_argument("--tau", type=float, default=0.7,
                    help="expectile of V over Q (0.5: the mean; > 0.5 leans to the better actions)")
-    p.add_argument("--gamma", type=float, default=0.95, help="discount factor of the Bellman backup")
-    p.add_argument("--polyak", type=float, default=0.05, help="target rate: Qbar <- (1 - polyak) Qbar + polyak Q")
-    p.add_argument("--epochs", type=int, default=4, help="passes over the buffer")
-    p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and transformer)")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
-    p.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
-    p.add_argument("--holdout", type=float, default=0.2,
+    a.add_argument("--gamma", type=float, default=0.95, help="discount factor of the Bellman backup")
+    a.add_argument("--polyak", type=float, default=0.05, help="target rate: Qbar <- (1 - polyak) Qbar + polyak Q")
+    a.add_argument("--epochs", type=int, default=4, help="passes over the buffer")
+    a.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
+    a.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (heads and transformer)")
+    a.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    a.add_argument("--uniform-weights", action="store_true", help="ablation 'w/o W-IQL': w_t = 1")
+    a.add_argument("--no-aux", action="store_true", help="ablation 'w/o RR': the critic sees r_aux = 0")
+    d.add_argument("--holdout", type=float, default=0.2,
                    help="share of the self episodes kept out of training: 04 checks the critic on them")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
-    add_machine_flags(p, training=True)  # --threads, --precision, --grad-accum, --fsdp
-    p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    a.add_argument("--seed", type=int, default=0, help="random seed")
+    add_machine_flags(m, training=True)  # --threads, --precision, --grad-accum, --fsdp
+    d.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     args = p.parse_args(argv)  # every flag is checked before any work
     check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
                 batch_size="at least 1", grad_accum="at least 1", lr="positive", grad_clip="positive",

@@ -42,27 +42,29 @@ from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 import critic_report
-from plumbing import (ARTIFACTS, MAX_REWARD, Parser, add_machine_flags, autocast, check_flags, die, fit_context,
-                      load_heads, load_model, owned, read_episodes, read_json, save_episodes, start)
+from machine import add_machine_flags, autocast, start
+from plumbing import (ARTIFACTS, MAX_REWARD, Parser, check_flags, die, fit_context, load_heads, load_model, owned,
+                      read_episodes, read_json, save_episodes)
 
 
 def parse_args(argv=None):
     p = Parser(description="Stage 04: per-step process rewards (GAE) from the critic.",
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", nargs="+", required=True, help="episode JSONL files (the buffer the critic learned on)")
-    p.add_argument("--critic", default="", help="critic directory from 03_critic.py (not with --advantage outcome)")
-    p.add_argument("--out", required=True, help="output JSONL: the buffer with 'v', 'q' and 'adv' on every step")
-    p.add_argument("--gamma", type=float, default=None, help="discount (None: the critic's)")
-    p.add_argument("--lam", type=float, default=0.3, help="GAE lambda (1: Monte-Carlo return - V; 0: one-step TD)")
-    p.add_argument("--advantage", choices=["gae", "qv", "outcome"], default="gae",
+    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    d.add_argument("--data", nargs="+", required=True, help="episode JSONL files (the buffer the critic learned on)")
+    d.add_argument("--critic", default="", help="critic directory from 03_critic.py (not with --advantage outcome)")
+    d.add_argument("--out", required=True, help="output JSONL: the buffer with 'v', 'q' and 'adv' on every step")
+    a.add_argument("--gamma", type=float, default=None, help="discount (None: the critic's)")
+    a.add_argument("--lam", type=float, default=0.3, help="GAE lambda (1: Monte-Carlo return - V; 0: one-step TD)")
+    a.add_argument("--advantage", choices=["gae", "qv", "outcome"], default="gae",
                    help="'qv': Q - V (ablation 'w/o GAE'); 'outcome': the episode's return - the buffer's mean")
-    p.add_argument("--rewards", choices=["env", "critic"], default="env",
+    a.add_argument("--rewards", choices=["env", "critic"], default="env",
                    help="the r_t in delta_t: 'env' = r_env only (the paper's placement); 'critic' = the rewards the "
                         "critic learned on (r_env + r_aux, or r_env for a critic from 03 --no-aux; ablation)")
-    p.add_argument("--batch-size", type=int, default=32, help="trajectories per forward pass")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
-    add_machine_flags(p)  # --threads, --precision
-    p.add_argument("--metrics", default="", help="append the diagnostics to this JSONL file")
+    m.add_argument("--batch-size", type=int, default=32, help="trajectories per forward pass")
+    a.add_argument("--seed", type=int, default=0, help="random seed")
+    add_machine_flags(m)  # --threads, --precision
+    d.add_argument("--metrics", default="", help="append the diagnostics to this JSONL file")
     args = p.parse_args(argv)  # every flag is checked before any work
     check_flags(args, gamma="in [0, 1]", lam="in [0, 1]", batch_size="at least 1", seed="a seed in [0, 2**32)",
                 threads="non-negative")

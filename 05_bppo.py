@@ -37,38 +37,39 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from plumbing import (STEP_KEYS, Parser, accumulate, add_lora, add_machine_flags, autocast, by_rows, check_finite,
-                      check_flags, cost, die, distribute, finish_distributed, fit_context, full_state,
-                      grad_checkpointing, is_main, length_batches, load_model, load_tokenizer, log_metrics,
-                      read_episodes, save_policy, start)
+from distributed import distribute, finish_distributed, full_state, is_main
+from machine import add_lora, add_machine_flags, autocast, cost, grad_checkpointing, start
+from plumbing import (STEP_KEYS, Parser, accumulate, by_rows, check_finite, check_flags, die, fit_context,
+                      length_batches, load_model, load_tokenizer, log_metrics, read_episodes, save_policy)
 
 
 def parse_args(argv=None):
     p = Parser(description="Stage 05: BPPO policy improvement on the labeled buffer.",
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", nargs="+", required=True, help="episode JSONL with 'adv' on every step (04 output)")
-    p.add_argument("--policy", required=True, help="pi_old: the policy entering this stage (also the starting weights)")
-    p.add_argument("--ref", required=True, help="pi_ref: the behavior-cloning policy anchoring the KL term")
-    p.add_argument("--out", required=True, help="output policy directory")
-    p.add_argument("--objective", choices=["bppo", "awr"], default="bppo", help="policy objective")
-    p.add_argument("--adv-norm", choices=["none", "center", "standardize"], default="none",
+    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    d.add_argument("--data", nargs="+", required=True, help="episode JSONL with 'adv' on every step (04 output)")
+    d.add_argument("--policy", required=True, help="pi_old: the policy entering this stage (also the starting weights)")
+    d.add_argument("--ref", required=True, help="pi_ref: the behavior-cloning policy anchoring the KL term")
+    d.add_argument("--out", required=True, help="output policy directory")
+    a.add_argument("--objective", choices=["bppo", "awr"], default="bppo", help="policy objective")
+    a.add_argument("--adv-norm", choices=["none", "center", "standardize"], default="none",
                    help="A_t as 04 wrote it, minus the buffer's mean, or standardized over the buffer's steps")
-    p.add_argument("--eps-low", type=float, default=0.8,
+    a.add_argument("--eps-low", type=float, default=0.8,
                    help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
-    p.add_argument("--eps-high", type=float, default=0.2,
+    a.add_argument("--eps-high", type=float, default=0.2,
                    help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
-    p.add_argument("--dual-clip", type=float, default=3.0,
+    a.add_argument("--dual-clip", type=float, default=3.0,
                    help="c > 1: a token with A < 0 contributes at least c * A (dual-clip PPO, Ye et al. 2020); 0: off")
-    p.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
-    p.add_argument("--awr-beta", type=float, default=1.0, help="AWR temperature beta")
-    p.add_argument("--awr-max-weight", type=float, default=20.0, help="AWR weight clip w_max")
-    p.add_argument("--epochs", type=int, default=1, help="passes over the buffer")
-    p.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
-    p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
-    add_machine_flags(p, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
-    p.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
+    a.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
+    a.add_argument("--awr-beta", type=float, default=1.0, help="AWR temperature beta")
+    a.add_argument("--awr-max-weight", type=float, default=20.0, help="AWR weight clip w_max")
+    a.add_argument("--epochs", type=int, default=1, help="passes over the buffer")
+    a.add_argument("--batch-size", type=int, default=16, help="trajectories per optimizer step")
+    a.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
+    a.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    a.add_argument("--seed", type=int, default=0, help="random seed")
+    add_machine_flags(m, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
+    d.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     args = p.parse_args(argv)  # every flag is checked before any work
     check_flags(args, eps_low="in (0, 1]", eps_high="positive", dual_clip="non-negative", kl_coef="non-negative",
                 awr_beta="positive", awr_max_weight="positive", epochs="at least 1", batch_size="at least 1",

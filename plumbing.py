@@ -3,23 +3,17 @@
 Its promises (docs/design.md, 'Conventions'): bad input is one `error:` line and exit 2 before any
 work (die, check_flags, read_episodes, load_tokenizer, load_model); a stage replaces only an output
 of its own kind (check_out, owned), atomically (write_atomic, save_text, log_metrics), and never
-saves a diverged update (check_finite). The torchrun helpers at the bottom are a no-op for a plain
-`python` run (docs/distributed.md).
+saves a diverged update (check_finite). How a stage runs (device, precision, its start) is machine.py's, training
+under torchrun distributed.py's (a no-op for a plain `python` run), run_all.sh's support run_support.py's.
 """
 import argparse
 import contextlib
-import importlib
-import io
 import json
-import logging
 import math
 import os
 import random
 import re
-import resource
-import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -28,10 +22,12 @@ import zlib
 import numpy as np
 import torch
 import torch.utils.checkpoint
-from filelock import FileLock, Timeout
+from filelock import FileLock
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
+
+from distributed import average_info, is_main, parts
 
 hf_logging.disable_progress_bar()  # transformers' "Loading weights" bar: not this project's output
 
@@ -371,19 +367,6 @@ def save_episodes(path, episodes, summary, args, metrics=""):
     log_metrics(metrics, summary)
 
 
-def open_log(path, writer, note=""):
-    """A live log (bench/: a run's output while it runs, not atomic): the output rule first (new, or a log this
-    project stamped), then opened for writing, the stamp its first line; a folder that cannot be made is one line."""
-    check_out(path, "run_log")
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        f = open(path, "w", encoding="utf-8")
-    except OSError as e:
-        die(f"cannot write {path} ({e.strerror})")
-    print(f"# {STAMP}{writer}{note}", file=f, flush=True)
-    return f
-
-
 def metrics_lock(path):
     """The lock of a metrics file, which the stages that run at once on one run share (bench/gpu_lab.sh): filelock's
     lock on '.NAME.lock' beside it, an OS lock that goes when its holder ends, however it ends."""
@@ -553,17 +536,6 @@ def by_rows(fn, *tensors, mean=False):
     return sum(outs) / n if mean else torch.cat(outs)
 
 
-def grad_checkpointing(model, args):
-    """--grad-checkpointing (auto: on for a model of more than 20 M parameters, a real one; the tiny model
-    and 00's base train without): transformers' gradient checkpointing keeps each decoder layer's input
-    only and recomputes the layer in the backward - activation memory ~1/layers, ~30% more compute."""
-    on = args.grad_checkpointing == "on" or (
-        args.grad_checkpointing == "auto" and sum(p.numel() for p in model.parameters()) > 20e6)
-    if on:
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    return model
-
-
 def check_finite(tensors, what, loaded=False):
     """Weights are finite: before saving (a diverged update is never written) and on loading (a broken file)."""
     if not all(torch.isfinite(t).all() for t in tensors):
@@ -593,82 +565,25 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def start(args, kind, inputs):
-    """What every training stage does before its work -> (world, device, amp): --out (of this kind) and
-    --metrics may be written (check_out), --threads, torchrun's process group (alone: world 1), the
-    seed, and the device with its autocast dtype (amp: None for fp32, the CPU's default)."""
-    if getattr(args, "lora", 0) and args.fsdp:
-        die("--lora is not supported under --fsdp (use DDP: drop --fsdp)")
-    check_out(args.out, kind, inputs)
-    if args.metrics:
-        check_out(args.metrics, "log", inputs + [args.out])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    world = setup_distributed()[1]
-    seed_everything(args.seed)
-    return (world, *pick_device(args.precision))
-
-
 def check_loss(loss, step):
     """The finite check of a training step, before its backward."""
     if not torch.isfinite(loss):
         die(f"loss became {loss.item()} at step {step}; lower --lr")
 
 
-def add_machine_flags(p, training=False, lora=False):
-    """The flags that say how to run, not what to compute, declared once: every stage's --threads and
-    --precision; a training stage's --grad-accum, --grad-checkpointing and --fsdp (training), and --lora
-    (lora: 01, 05)."""
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                   help="auto: bf16 autocast on a GPU that has bf16, else fp32; bf16: autocast on any device "
-                        "(on a CPU, the GPU's arithmetic: docs/real_model.md); fp32: no autocast. Weights and "
-                        "optimizer state are fp32 in every case")
-    if training:
-        p.add_argument("--grad-accum", type=int, default=1,
-                       help="micro-batches per optimizer step: the same step in less memory (still --batch-size)")
-        p.add_argument("--grad-checkpointing", choices=["auto", "on", "off"], default="auto",
-                       help="recompute each layer in the backward instead of keeping its activations (transformers' "
-                            "gradient checkpointing): auto = on for a model of more than 20M parameters")
-        p.add_argument("--fsdp", action="store_true",
-                       help="under torchrun: shard the model across processes (FSDP2) instead of a copy each (DDP)")
-    if lora:
-        p.add_argument("--lora", type=int, default=0, metavar="R",
-                       help="train rank-R LoRA adapters (peft) instead of every weight, merged in before saving; "
-                            "0: every weight")
-
-
-def pick_device(precision="auto"):
-    """-> (device, amp): CUDA when available, else the CPU; amp is the dtype the forward and its
-    backward run in under torch.autocast (autocast below), None for plain fp32. Weights, gradients
-    and optimizer state stay fp32 whatever amp is: an AdamW step of lr 1e-6 is below bf16's
-    resolution for almost every weight (8 bits of mantissa), so bf16 weights would drop it."""
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    if precision == "fp32" or (precision == "auto" and device.type == "cpu"):
-        return device, None
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        if precision == "bf16":
-            die("--precision bf16: this GPU has no bf16 (torch.cuda.is_bf16_supported() is false); use fp32")
-        print("note: this GPU has no bf16: the stage runs in fp32 (slower, as correct)")
-        return device, None
-    return device, torch.bfloat16
-
-
-def autocast(device, amp):
-    """The context a forward pass runs in: torch.autocast to amp (pick_device), or nothing."""
-    return torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext()
-
-
-def add_lora(model, rank):
-    """--lora R: train rank-R LoRA adapters (peft) on every linear layer instead of every weight;
-    merged into the weights before saving (save_policy), so the output is a plain model."""
-    if not rank:
-        return model
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:
-        die("--lora needs the peft package: pip install -r requirements-smollm2.txt")
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear"))
+def accumulate(idx, n_loss, model, args, batch_loss, step):
+    """One optimizer step's gradient, behind one call: for each part of batch `idx` this process computes (parts;
+    alone without --grad-accum: the whole batch), batch_loss(ids) -> (loss, info, tokens) is the forward and the
+    loss, then the backward of loss * share. -> (the parts' info averaged over the whole batch: the single-process
+    numbers, the tokens this process read)."""
+    infos, tokens = [], 0
+    for ids, share in parts(idx, n_loss, model, args):
+        loss, info, n = batch_loss(ids)
+        check_loss(loss, step)
+        (loss * share).backward()  # share: this part's count / the batch's (times world)
+        infos.append((info, share))
+        tokens += n
+    return average_info(infos), tokens
 
 
 def save_policy(path, model, tokenizer, args, stage, state=None):
@@ -706,18 +621,6 @@ def length_batches(lengths, batch_size, rng):
     return batches
 
 
-def peak_mem_gb(device):
-    """Peak memory in GB: the GPU's, else the process's resident set (ru_maxrss is KB on Linux, bytes on macOS)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
-
-
-def cost(n_tokens, seconds, device):
-    """Tokens through the model per second (padding excluded) and peak memory in GB."""
-    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak_mem_gb(device)}
-
-
 def lr_at(step, total, peak, warmup_frac):
     """Linear warmup then cosine decay to 10% of the peak."""
     warm = max(1, int(total * warmup_frac))
@@ -726,380 +629,3 @@ def lr_at(step, total, peak, warmup_frac):
     progress = (step - warm) / max(1, total - warm)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
-
-# ---- DISTRIBUTED: under torchrun only; a plain `python` run is rank 0 of 1 and skips all of it
-# (docs/distributed.md). Every rank builds the same global batches from the same seed and takes its part.
-def setup_distributed():
-    """-> (rank, world size); joins the process group (nccl on GPUs, gloo on CPU) when WORLD_SIZE > 1."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if world == 1:
-        return 0, 1
-    if torch.cuda.is_available():
-        per_node, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", world)), torch.cuda.device_count()
-        if per_node > gpus:  # NCCL cannot share one GPU between two processes of a group
-            die(f"torchrun started {per_node} processes on this machine but it has {gpus} GPU(s): one process per "
-                f"GPU (--nproc-per-node {gpus}), or CUDA_VISIBLE_DEVICES= to run {per_node} processes on the CPU")
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # then pick_device's "cuda" is this GPU
-    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return torch.distributed.get_rank(), world
-
-
-def is_main():
-    """Rank 0 (or alone) writes artifacts, metrics and the progress bar."""
-    return int(os.environ.get("RANK", 0)) == 0
-
-
-def finish_distributed():
-    if torch.distributed.is_initialized():  # all ranks together: gloo aborts if one leaves mid-write
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-
-
-def distribute(model, world, fsdp):
-    """The module to train: the model alone; DDP (a copy per process); or with --fsdp FSDP2 (each
-    decoder layer, then the root, sharded across processes, in place)."""
-    if world == 1:
-        return model
-    if fsdp:
-        from torch.distributed.fsdp import fully_shard
-        for layer in [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]:
-            fully_shard(layer)
-        # the root resharded after every forward too: left whole after a no_grad forward, it missed updates
-        return fully_shard(model, reshard_after_forward=True)
-    device = next(model.parameters()).device
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index])
-
-
-def full_state(model, fsdp):
-    """--fsdp: the whole state dict gathered for rank 0 (every rank calls this); else None."""
-    if not (fsdp and torch.distributed.is_initialized()):
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    own = {name for name, _ in [*model.named_parameters(), *model.named_buffers()]}  # a tied weight once
-    return {k: v for k, v in state.items() if k in own}
-
-
-def shard(idx, rank, world):
-    """This rank's part of a global batch -> (indices, weight); a rank left with none re-reads the
-    first trajectory with weight 0 (DDP needs every rank in every step)."""
-    mine = idx[rank::world]
-    return (mine, 1.0) if mine else (idx[:1], 0.0)
-
-
-def micro_batches(idx, n):
-    """--grad-accum n: always n micro-batches (indices, weight); an empty one re-reads one trajectory with weight 0."""
-    return [(idx[i::n], 1.0) if idx[i::n] else (idx[:1], 0.0) for i in range(n)]
-
-
-def parts(idx, n_loss, model, args):
-    """The parts of one optimizer step's batch `idx` (trajectory indices) that this process computes ->
-    yields (ids, share); alone without --grad-accum: one part, (idx, 1.0). n_loss[j] is what trajectory j
-    adds to the count the step's loss averages over (its reply tokens in 01/05, its step weights in 03).
-    Each part's loss is a mean over its own count, so with share = world * its count / the batch's count,
-    sum(share * part loss), averaged over the processes by DDP, is the single-process loss of the whole
-    batch. Every process knows idx (the same seed), so the batch's count needs no communication.
-    Gradients are reduced across processes in the last part's backward only."""
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    mine, keep = shard(idx, rank, world)
-    groups, total = micro_batches(mine, args.grad_accum), sum(n_loss[j] for j in idx)
-    for i, (ids, w) in enumerate(groups):
-        grad_sync(model, world, args.fsdp, on=i == len(groups) - 1)
-        yield ids, keep * w * world * sum(n_loss[j] for j in ids) / max(total, 1e-8)
-
-
-def accumulate(idx, n_loss, model, args, batch_loss, step):
-    """One optimizer step's gradient, behind one call: for each part of batch `idx` this process computes (parts;
-    alone without --grad-accum: the whole batch), batch_loss(ids) -> (loss, info, tokens) is the forward and the
-    loss, then the backward of loss * share. -> (the parts' info averaged over the whole batch: the single-process
-    numbers, the tokens this process read)."""
-    infos, tokens = [], 0
-    for ids, share in parts(idx, n_loss, model, args):
-        loss, info, n = batch_loss(ids)
-        check_loss(loss, step)
-        (loss * share).backward()  # share: this part's count / the batch's (times world)
-        infos.append((info, share))
-        tokens += n
-    return average_info(infos), tokens
-
-
-def average_info(infos):
-    """[(info, share)] of the step's parts -> their info dicts averaged with the shares over the global batch:
-    the single-process numbers."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    numbers = sum(torch.tensor(list(info.values()), dtype=torch.float64) * share / world for info, share in infos)
-    if world > 1:  # nccl reduces GPU tensors (setup_distributed), gloo CPU ones
-        numbers = numbers.to("cuda" if torch.cuda.is_available() else "cpu")
-        torch.distributed.all_reduce(numbers)
-    return dict(zip(infos[0][0], numbers.tolist()))
-
-
-def unsharded(p):
-    """--fsdp: the whole tensor of a sharded parameter (every rank calls this); else p itself."""
-    return p.full_tensor() if hasattr(p, "full_tensor") else p
-
-
-def grad_sync(model, world, fsdp, on):
-    """Reduce gradients across processes in this backward (the last micro-batch) or not."""
-    if world > 1 and fsdp:
-        model.set_requires_gradient_sync(on)
-    elif world > 1:
-        model.require_backward_grad_sync = on
-
-
-# ---- THE SHELL SCRIPTS' WAY THROUGH THE SAME RULES: python plumbing.py COMMAND ...
-def results_table(run, k, worlds, algos, splits):
-    """run_all.sh's RUN/results.md: one row per policy (BC, then each algorithm of ALGOS per iteration); each split's
-    mean over the worlds, then each world's success."""
-    out = os.path.join(run, "results.md")
-    check_out(out, "results")  # first: a user's results.md is refused before anything is read
-    def load(p):
-        obj = read_json(os.path.join(run, p))
-        return obj if obj is not None else die(f"{os.path.join(run, p)}: missing or not a summary of 02_collect.py")
-    mean = lambda xs: sum(xs) / len(xs)
-    names = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level PG"}
-    rows = ["| policy | " + " | ".join(f"{s} success | {s} avg reward | {s} success in world {' / '.join(worlds)}"
-                                        for s in splits) + " | train env steps so far |",
-            "|---|" + "---|---|---|" * len(splits) + "---|"]
-    for algo, i in [("qevolve", 0)] + [(a, i) for a in algos for i in range(1, k + 1)]:
-        tag = "" if algo == "qevolve" else f"{algo}_"  # a baseline's iterations 2.. are in RUN/<algo>/
-        steps = load("data/expert.json")["env_steps"] + sum(
-            load(f"iter_{j}/self.json" if j == 1 or not tag else f"{algo}/iter_{j}/self.json")["env_steps"]
-            for j in range(1, i + 1))
-        cells = []
-        for s in splits:
-            e = [load(f"eval/world{w}/{tag}policy_{i}_{s}.json") for w in worlds]
-            per_world = " / ".join(f"{x['success_rate']:.0%}" for x in e)
-            cells.append(f"{mean([x['success_rate'] for x in e]):.1%} | {mean([x['avg_reward'] for x in e]):.3f} | "
-                         f"{per_world}")
-        name = "policy_0 (BC)" if i == 0 else f"{tag}policy_{i} ({names[algo]} iter {i})"
-        rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
-    table = "\n".join(rows) + "\n"
-    if "dev" in splits:  # the one-line check: did an iteration lose ground? (dev, where settings are tuned)
-        dev = lambda tag, i: mean([load(f"eval/world{w}/{tag}policy_{i}_dev.json")["success_rate"] for w in worlds])
-        for algo in algos:
-            tag = "" if algo == "qevolve" else f"{algo}_"
-            steps = [f"iter {i} {dev(tag, i):.1%} ({100 * (dev(tag, i) - dev(tag if i > 1 else '', i - 1)):+.1f}"
-                     f"{': lost ground' if dev(tag, i) < dev(tag if i > 1 else '', i - 1) else ''})"
-                     for i in range(1, k + 1)]
-            table += f"\n{names[algo]} on dev, each iteration against its predecessor (BC {dev('', 0):.1%}): " \
-                     f"{', '.join(steps)}\n"
-    save_text(out, f"<!-- {STAMP}run_all.sh -->\n# Results: {run}\n\nSuccess and average reward: the mean over "
-                   f"worlds {', '.join(worlds)}.\n\n{table}")
-    print(f"(mean over worlds {', '.join(worlds)})\n{table}")
-
-
-def torchrun(argv):
-    """torch.distributed.run, but a stage's bad input (every rank exits 2; rank 0 printed the line) ends it with
-    exit 2 and not the launcher's wall of traceback and failure tables; any other failure as torchrun reports it."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    try:
-        run(get_args_parser().parse_args(argv))
-    except SignalException:  # run_all.sh's Ctrl-C stops it (SIGTERM): torchrun stopped its processes
-        sys.exit(130)
-    except ValueError as e:  # torchrun's own settings (--nproc_per_node abc)
-        die(f"torchrun: {e}")
-    except ChildFailedError as e:  # the others stopped by torchrun (SIGTERM) after a rank's error line
-        if 2 in {f.exitcode for f in e.failures.values()} <= {2, -signal.SIGTERM}:
-            sys.exit(2)
-        print(e.format_msg(), file=sys.stderr)
-        sys.exit(1)
-
-
-# ---- run_all.sh's start: every setting checked, one run at a time in a folder, the run's settings recorded
-LOCKS = []  # the folder locks this process holds, until it becomes its command (become)
-
-
-def lock(folders):
-    """One run at a time in a folder: FOLDER/.lock taken with filelock, at once or refused, its open file made
-    inheritable, so that the command this process becomes (become) and every process that command starts hold it.
-    The OS releases the lock when the last of them ends, however it ends (kill -9 too). A folder named in
-    QEVOLVE_LOCKED is held already, by the caller (bench/gpu_lab.sh: its run_all.sh of one folder go side by side)."""
-    held = [f for f in os.environ.get("QEVOLVE_LOCKED", "").split("\n") if f]
-    for folder in folders:
-        if os.path.realpath(folder) in held:
-            continue
-        held_lock = FileLock(os.path.join(folder, ".lock"), on_acquired=lambda fd: os.set_inheritable(fd, True))
-        try:
-            held_lock.acquire(timeout=0)
-        except Timeout:
-            die(f"{folder} is in use: a run holds its lock ({folder}/.lock) until it ends; wait for it to end, or "
-                "pick another folder")
-        except OSError as e:
-            die(f"cannot lock {folder} ({e.strerror})")
-        LOCKS.append(held_lock)
-        held.append(os.path.realpath(folder))
-    os.environ["QEVOLVE_LOCKED"] = "\n".join(held)
-
-
-def become(command, **env):
-    """Replace this process by command (exec), env added to its environment; the locks taken stay held."""
-    os.environ.update(env)
-    try:
-        os.execvp(command[0], command)
-    except OSError as e:
-        die(f"cannot run {' '.join(command)} ({e.strerror})")
-
-
-EVAL_ONLY = ("EVAL_SPLITS", "EVAL_WORLDS", "N_EVAL")  # settings that only add evaluations: not in a run's record
-COMMON = ["--seed", "--threads", "--precision", "--metrics"]  # run_all.sh's COMMON, given to every stage but 00
-# each *_ARGS -> the stage that takes its flags, and the flags run_all.sh sets itself in that stage's calls: refused in
-# *_ARGS (which come after them and would override them)
-STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "--env", "--env-kwargs", "--threads"]),
-               "BC_ARGS": ("01_bc", ["--data", "--out", "--model", *COMMON]),
-               "RFT_ARGS": ("01_bc", ["--data", "--filter", "--model", "--out", *COMMON]),
-               "COLLECT_ARGS": ("02_collect", ["--policy", "--out", "--env", "--env-kwargs", "--env-seed", "--split",
-                                               "--episodes", *COMMON]),
-               "CRITIC_ARGS": ("03_critic", ["--data", "--policy", "--out", *COMMON]),
-               "GAE_ARGS": ("04_gae", ["--data", "--critic", "--out", *COMMON]),
-               "BPPO_ARGS": ("05_bppo", ["--data", "--policy", "--ref", "--out", *COMMON])}
-STAGE_FLAGS["OUTCOME_ARGS"] = STAGE_FLAGS["LATER_ARGS"] = STAGE_FLAGS["BPPO_ARGS"]  # each after BPPO_ARGS
-# two values of each of those flags (others: 1 and 2): *_ARGS set one when the stage reads the same after either
-VALUES = {"--precision": ("fp32", "bf16"), "--env": ("household", "kitchen"), "--split": ("train", "dev"),
-          "--filter": ("success", "all")}
-
-
-def stage_args(name, value, stage, argv):
-    """The stage's parse_args(argv) (which checks the flags too where the stage does) -> its args; argparse's usage or
-    the stage's error line said as one line naming the setting."""
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
-            return importlib.import_module(stage).parse_args(argv)
-    except SystemExit:  # a stage's check or argparse's (Parser): 'error: WHY'; --help: nothing on stderr
-        why = (said.getvalue().strip().splitlines() or ["--help prints the stage's help"])[-1].split("error: ")[-1]
-        die(f"{name}={shlex.quote(value)}: {stage}.py refuses it: {why}")
-
-
-def check_settings(s):
-    """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
-    made), N_EXPERT and N_SELF against the tasks of its train split, EVAL_SPLITS (its splits) and N_EVAL against
-    their tasks, and each *_ARGS by the stage that takes the flags (stage_args), without a glob, a flag run_all.sh
-    sets itself (STAGE_FLAGS) or a critic a flag names (--init, --rerank) that is not one."""
-    import envs
-    try:
-        env = envs.make(s["ENV"], **parse_env_kwargs(s["ENV_KWARGS"]))
-        for name, splits in (("N_EXPERT", ["train"]), ("N_SELF", ["train"]), ("N_EVAL", s["EVAL_SPLITS"].split())):
-            for split in splits:
-                most = min(len(env.task_ids(split)), LIMITS["episodes"])
-                if int(s[name]) > most:
-                    die(f"{name}={s[name]}: {s['ENV']}'s split {split!r} has {most} tasks")
-        env.close()
-    except (ValueError, ImportError) as e:  # an unknown env or split, a keyword it does not take, a package
-        die(e)
-    for name, (stage, sets) in STAGE_FLAGS.items():
-        said = f"{name}={shlex.quote(s[name])}"
-        if re.search(r"[*?[]", s[name]):
-            die(f"{said}: no glob characters (* ? [): bash would expand them to file names")
-        flags = s[name].split()  # as bash splits an unquoted $NAME
-        if name in ("OUTCOME_ARGS", "LATER_ARGS"):
-            flags = s["BPPO_ARGS"].split() + flags
-        values = lambda f: ("tiny", "2") if f == "--model" and s["BASE"] == "tiny" and name == "BC_ARGS" else \
-            VALUES.get(f, ("1", "2"))
-        args = [stage_args(name, s[name], stage, [a for f in sets for a in (f, values(f)[i])] + flags) for i in (0, 1)]
-        for f in sets:
-            if getattr(args[0], f[2:].replace("-", "_")) == getattr(args[1], f[2:].replace("-", "_")):
-                die(f"{said}: run_all.sh sets {f} itself (bash run_all.sh --help names the setting for it)")
-        for f in ("init", "rerank"):
-            if getattr(args[0], f, "") and not owned(getattr(args[0], f), "critic"):
-                die(f"{said}: --{f} {getattr(args[0], f)} is not {ARTIFACTS['critic'][0]}")
-
-
-CHECKOUT = os.path.dirname(os.path.realpath(__file__))
-SHIPPED = (".ci", ".git", "bench", "course", "docs", "envs", "models", "tests")  # the checkout's own folders
-
-
-def check_run(run):
-    """run_all.sh's RUN, by the write rule (check_path): a new folder, an empty one (but for the .lock of a killed start
-    and bench/stage_times.py's launches.log) or one a run made (its settings.json: read_settings); never the checkout
-    or one of its own folders, a file, or a path with a {...} field (02 fills those in)."""
-    if re.search(r"[{}]", run):
-        die(f"RUN={run}: a run's folder has no {{...}} field; name a plain folder")
-    check_path(run)
-    rel = os.path.relpath(os.path.realpath(run), CHECKOUT).split(os.sep)
-    if rel == ["."] or rel[0] in SHIPPED:
-        die(f"RUN={run} is the checkout or lies in one of its folders ({', '.join(SHIPPED)}); pick a new folder, "
-            "e.g. runs/NAME")
-    if os.path.lexists(run) and not os.path.isdir(run):
-        die(f"RUN={run} is not a folder; pick a new folder")
-    try:
-        names = set(os.listdir(run)) - {".lock", "launches.log"} if os.path.isdir(run) else set()
-    except OSError as e:
-        die(f"cannot read RUN={run} ({e.strerror})")
-    if names and "settings.json" not in names:
-        die(f"RUN={run} holds files that no run of run_all.sh made (it has no settings.json); a run writes into a new "
-            "folder or its own: pick another RUN")
-
-
-def read_settings(run, keys=()):
-    """RUN/settings.json, read strictly: run_all.sh's record, its every value a string, each of keys there; else one
-    line that says what to do."""
-    path = os.path.join(run, "settings.json")
-    record = read_json(path) if owned(path, "settings") else None
-    if record is None:
-        die(f"{path} exists and is not {ARTIFACTS['settings'][0]}; refusing to replace it (pick another RUN)")
-    for k in [*keys, *record]:
-        if not isinstance(record.get(k), str):
-            die(f"{path}: {k} is {'not a string' if k in record else 'missing'}; run_all.sh records every setting as a "
-                f"string: write the value the run was made with (\"{k}\": \"...\"), or pick another RUN")
-    return record
-
-
-def start_run(run, settings, command):
-    """run_all.sh's first step, `python plumbing.py start RUN NAME=VALUE... [-- COMMAND...]`: RUN checked (check_run),
-    its settings checked (check_settings), and those that shape what the run writes (all but EVAL_ONLY) compared with
-    RUN/settings.json, which its first start recorded: a resume with others would mix two runs. With COMMAND
-    (run_all.sh again): RUN locked first (lock), the record written when new, then this process becomes COMMAND,
-    holding the lock. Without (run_all.sh --check) nothing is written. A RUN held by the caller (bench/gpu_lab.sh) had
-    its settings checked by the caller (run_all.sh --check), which starts many runs of it."""
-    check_run(run)
-    if os.path.realpath(run) not in os.environ.get("QEVOLVE_LOCKED", "").split("\n"):
-        check_settings(settings)
-    if command:
-        lock([run])
-    path, record = os.path.join(run, "settings.json"), {k: v for k, v in settings.items() if k not in EVAL_ONLY}
-    if os.path.lexists(path):
-        old = read_settings(run, record)
-        differ = [k for k in record if old[k] != record[k]]
-        if differ:
-            said = lambda r: " ".join(f"{k}={shlex.quote(r[k])}" for k in differ)
-            die(f"{run} was made with {said(old)}; this run has {said(record)}: resume it with the settings it was "
-                f"made with, or pick another RUN (or, if nothing in it was made with them, remove {path})")
-    elif command:
-        check_out(path, "settings")
-        save_text(path, json.dumps({"stage": "run_all.sh", **record}, indent=2) + "\n")
-    if command:
-        become(command, QEVOLVE_STARTED=run)
-
-
-def main(argv):
-    """results RUN K WORLDS ALGOS SPLIT...: run_all.sh's table. save KIND PATH WRITER: stdin into PATH after check_out,
-    atomically, its first line stamped. check KIND PATH...: check_out each. start RUN NAME=VALUE... [-- COMMAND...]:
-    run_all.sh's start (start_run). lock FOLDER... -- COMMAND...: COMMAND run holding each folder's lock (lock,
-    become). torchrun ARGS...: above."""
-    command, *rest = argv or ["help"]
-    cut = rest.index("--") if "--" in rest else len(rest)  # start / lock: what comes before COMMAND
-    if command == "results" and len(rest) >= 5 and rest[1].isdigit():
-        results_table(rest[0], int(rest[1]), rest[2].split(), rest[3].split(), rest[4:])
-    elif command == "save" and len(rest) == 3 and rest[0] == "run_log":
-        check_out(rest[1], rest[0])
-        save_text(rest[1], f"{STAMPED[rest[0]]}{STAMP}{rest[2]}\n" + sys.stdin.read())
-    elif command == "check" and rest and rest[0] in ARTIFACTS:
-        for path in rest[1:]:
-            check_out(path, rest[0])
-    elif command == "start" and rest and all("=" in a for a in rest[1:cut]):
-        start_run(rest[0], dict(a.split("=", 1) for a in rest[1:cut]), rest[cut + 1:])
-    elif command == "lock" and rest[cut + 1:]:
-        lock(rest[:cut])
-        become(rest[cut + 1:])
-    elif command == "torchrun":
-        torchrun(rest)
-    else:
-        die(f"python plumbing.py {' '.join(argv)}: not a command of {main.__doc__}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -14,7 +14,8 @@ import importlib
 
 import torch
 
-from plumbing import autocast, check_flags, die, pick_device
+from machine import autocast, pick_device
+from plumbing import check_flags, die
 
 gae = importlib.import_module("04_gae")  # the critic as 04 reads it: load_critic, tokenize_episode, collate
 

@@ -15,7 +15,8 @@ from collections import Counter
 from tqdm import tqdm
 
 import envs
-from plumbing import die, is_main
+from distributed import is_main
+from plumbing import die
 from rerank import pick_candidates
 
 

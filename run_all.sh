@@ -23,7 +23,7 @@
 #   PRECISION=auto (01-05's --precision: bf16 autocast on a GPU; bf16 takes that arithmetic on a CPU too)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
-#   ENV, ENV_KWARGS, PRETRAIN_ARGS and the code of 00_pretrain.py, plumbing.py and envs/), 'tiny' (from
+#   ENV, ENV_KWARGS, PRETRAIN_ARGS and the code of 00_pretrain.py, plumbing.py, machine.py and envs/), 'tiny' (from
 #   scratch), 'smollm2' (SmolLM2-135M-Instruct, converted once into SMOLLM2_DIR=models/smollm2-135m:
 #   docs/real_model.md) or a local Hugging Face model directory. A real model (smollm2 or a directory) gets
 #   budgets for one GPU (below; a variable you set still wins); on a CPU the run stops first with what it costs.
@@ -40,7 +40,7 @@
 #   Integers are decimal (no leading zero); paths are plain (no leading - or ~, no $ or backquote). RUN is a new
 #   folder, an empty one or one a run made (its RUN/settings.json), never the checkout, one of its folders (envs,
 #   bench, ...) or a path with a {...} field; *_ARGS take no glob and no flag run_all.sh sets itself. A bad setting
-#   is one error line and exit 2 before anything runs (python plumbing.py start checks the environment, its splits,
+#   is one error line and exit 2 before anything runs (python run_support.py start checks the environment, its splits,
 #   the episode counts and each *_ARGS with its stage); Ctrl-C stops the run, and the same command resumes it. A run
 #   holds RUN while it runs (RUN/.lock): a second run on it is refused. RUN/settings.json records the settings that
 #   shape what the run writes (SEED, ENV, ENV_KWARGS, N_EXPERT, N_SELF, KEEP_OLD, BASE, the *_ARGS): a resume with
@@ -203,17 +203,17 @@ if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ] && [ "$PYTHON" != echo ] && 
 demonstrations takes ~$((N_EXPERT / 120)) h at these budgets (docs/real_model.md has a reduced run of ~2.5 h); \
 CPU_OK=1 runs it anyway"
 fi
-# What bash cannot check, then RUN's lock and record (the header): python plumbing.py start, which then starts this
+# What bash cannot check, then RUN's lock and record (the header): python run_support.py start, which then starts this
 # script again (QEVOLVE_STARTED), holding the lock until the run ends. The last three settings only add evaluations.
 settings=()
 for v in SEED ENV ENV_KWARGS N_EXPERT N_SELF KEEP_OLD BASE REF PRETRAIN_ARGS BC_ARGS COLLECT_ARGS CRITIC_ARGS \
          GAE_ARGS BPPO_ARGS RFT_ARGS OUTCOME_ARGS LATER_ARGS EVAL_SPLITS EVAL_WORLDS N_EVAL; do settings+=("$v=${!v}"); done
 if [ "$CHECK" = 1 ]; then
-  quiet $PYTHON plumbing.py start "$RUN" "${settings[@]}"
+  quiet $PYTHON run_support.py start "$RUN" "${settings[@]}"
   echo "run_all.sh --check: every setting is good (RUN=$RUN; nothing was run)"
   exit 0
 elif [ "$PYTHON" != echo ] && [ "${QEVOLVE_STARTED:-}" != "$RUN" ]; then
-  exec $PYTHON plumbing.py start "$RUN" "${settings[@]}" -- bash run_all.sh
+  exec $PYTHON run_support.py start "$RUN" "${settings[@]}" -- bash run_all.sh
 fi
 [ "$CUDA_GRAPH" = 0 ] || COLLECT_ARGS+=" --cuda-graph"
 
@@ -222,8 +222,8 @@ METRICS="$RUN/metrics.jsonl"
 COMMON=(--seed "$SEED" --threads "$THREADS" --precision "$PRECISION" --metrics "$METRICS")
 ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")
 RUNS=($PYTHON)  # how 01, 02, 03 and 05 start: one process, or NPROC under torchrun
-# torchrun through plumbing.py: a stage's bad input (exit 2 on every rank) stays one line, not torchrun's traceback
-if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON plumbing.py torchrun --standalone --nproc_per_node "$NPROC"); fi
+# torchrun through run_support.py: a stage's bad input (exit 2 on every rank) stays one line, not torchrun's traceback
+if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON run_support.py torchrun --standalone --nproc_per_node "$NPROC"); fi
 
 # evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS in each world of EVAL_WORLDS, in one
 # process (one model load), for the worlds and splits that miss a result.
@@ -249,7 +249,7 @@ evaluate() {
 # ---- the base language model, shared by every run with the same environment and settings
 if [ "$BASE" = pretrained ]; then
   # the key covers the code that builds the base too: an edited 00_pretrain.py, models/tiny.py or envs/ makes a new one
-  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py models/tiny.py plumbing.py envs/*.py | sha1sum | cut -c1-10)
+  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py models/tiny.py plumbing.py machine.py envs/*.py | sha1sum | cut -c1-10)
   base_dir="$BASE_CACHE/$ENV-$key"
   stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads "$THREADS" $PRETRAIN_ARGS
   MODEL=(--model "$base_dir" --lr 1e-3)
@@ -321,8 +321,8 @@ evolve() {
 }
 for algo in $ALGOS; do evolve "$algo"; done
 
-# ---- the results table (plumbing.py: the output rule and an atomic write, as every file of the project)
+# ---- the results table (run_support.py: the output rule and an atomic write, as every file of the project)
 if [ "$EVAL" = 1 ]; then
-  quiet $PYTHON plumbing.py results "$RUN" "$K" "$EVAL_WORLDS" "$ALGOS" $EVAL_SPLITS
+  quiet $PYTHON run_support.py results "$RUN" "$K" "$EVAL_WORLDS" "$ALGOS" $EVAL_SPLITS
   echo "Results: $RUN/results.md   (metrics: $METRICS)"
 fi

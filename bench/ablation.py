@@ -44,7 +44,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import check_runs, eval_worlds  # noqa: E402
-from plumbing import Parser, check_flags, check_out, die, open_log, save_text  # noqa: E402
+from plumbing import Parser, check_flags, check_out, die, save_text  # noqa: E402
+from run_support import open_log  # noqa: E402
 
 SPLITS = ("seen", "unseen")
 

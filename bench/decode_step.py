@@ -6,8 +6,8 @@ prompt of --context random tokens for each of --batch rows, then --steps greedy 
 (02's), each ending in one device-to-host copy of the new tokens (as 02's decode loop does), after 5 of warm-up
 (their time printed too). --cuda-graph also times the step replayed from a CUDA graph, as 02 --cuda-graph does
 (kv_cache.GraphStep; its warm-up records the graph).
-Device, precision and loading as 02's (plumbing.pick_device / autocast / load_model): on a GPU that has bf16, bf16
-weights and so a bf16 KV cache.
+Device, precision and loading as 02's (machine.pick_device / autocast, plumbing.load_model): on a GPU that has bf16,
+bf16 weights and so a bf16 KV cache.
 
     python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128 --cuda-graph
 """
@@ -20,7 +20,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from kv_cache import GRAPH_WIDTH, GraphStep  # noqa: E402
-from plumbing import Parser, autocast, die, load_model, pick_device  # noqa: E402
+from machine import autocast, pick_device  # noqa: E402
+from plumbing import Parser, die, load_model  # noqa: E402
 
 
 def main(argv=None):

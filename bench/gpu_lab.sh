@@ -25,7 +25,7 @@
 # --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
 # run_all.sh's settings (N_EXPERT, N_SELF, N_EVAL, THREADS, BC_ARGS, ...) pass to its runs. Every setting is checked
 # before anything runs (run_all.sh's with run_all.sh --check): a bad one is one error line and exit 2. The lab holds
-# each run's folder (plumbing.py lock: its run_all.sh side by side on it, no other run).
+# each run's folder (run_support.py lock: its run_all.sh side by side on it, no other run).
 #
 #   bash bench/gpu_lab.sh                         # on the GPU machine (PYTHON=python3 where there is no python)
 #   DRY=1 bash bench/gpu_lab.sh                   # anywhere, a minute or two
@@ -86,7 +86,7 @@ else
 fi
 
 # Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
-# written atomically when its command ends (plumbing.py save): checked before anything runs.
+# written atomically when its command ends (run_support.py save): checked before anything runs.
 logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log" "$LAB/machine.log")
 for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
   logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log)
@@ -96,18 +96,18 @@ for env in $ENVS; do for seed in $SEEDS; do runs+=("$LAB/$env-s$seed"); done; do
 if [ -z "${QEVOLVE_LOCKED:-}" ]; then  # first: the checks, then this script again holding each run's folder
   [ -z "$TESTS" ] || $PYTHON -m pytest -q --co -p no:cacheprovider $TESTS >/dev/null 2>&1 || bad "TESTS='$TESTS': \
 pytest collects no test from it (python -m pytest --co $TESTS says why)"
-  $PYTHON plumbing.py check run_log "${logs[@]}"
-  $PYTHON plumbing.py check table "$report"
+  $PYTHON run_support.py check run_log "${logs[@]}"
+  $PYTHON run_support.py check table "$report"
   seeds=($SEEDS)
   for env in $ENVS; do  # run_all.sh's settings, as the runs of this env get them (the first seed's)
     "${chain[@]}" ALGOS="qevolve rft outcome" ENV="$env" SEED="${seeds[0]}" K="$K" RUN="$LAB/$env-s${seeds[0]}" \
       PYTHON="$PYTHON" bash run_all.sh --check >/dev/null
   done
-  exec $PYTHON plumbing.py lock "${runs[@]}" -- bash bench/gpu_lab.sh
+  exec $PYTHON run_support.py lock "${runs[@]}" -- bash bench/gpu_lab.sh
 fi
 [ "$DRY" = 1 ] || [ -e "$SMOLLM2_DIR" ] || $PYTHON -m models.smollm2 --out "$SMOLLM2_DIR" \
   ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
-save() { $PYTHON plumbing.py save run_log "$1" bench/gpu_lab.sh; }
+save() { $PYTHON run_support.py save run_log "$1" bench/gpu_lab.sh; }
 
 pids=() graph=0
 start=$(date +%s)

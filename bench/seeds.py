@@ -31,7 +31,8 @@ from bench._stages import check_runs, eval_worlds  # noqa: E402
 from bench.mistakes import closed_arrivals  # noqa: E402
 from critic_report import report_of  # noqa: E402
 from envs import judge  # noqa: E402
-from plumbing import Parser, check_out, die, open_log, read_json, read_settings, save_text  # noqa: E402
+from plumbing import Parser, check_out, die, read_json, save_text  # noqa: E402
+from run_support import open_log, read_settings  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
 # K is always printed.

@@ -41,7 +41,7 @@ def matmul_peak(threads, dtype, n=1024, seconds=2.0):
 
 
 def launches(log):
-    """GNU time's lines 'wall,user,sys,command' -> [(stage, command, wall, cpu)] (the results table: plumbing.py's)."""
+    """GNU time's lines 'wall,user,sys,command' -> [(stage, command, wall, cpu)] (the results table: run_support's)."""
     out = []
     for n, line in enumerate(read_lines(log), 1):
         try:
@@ -49,11 +49,11 @@ def launches(log):
             wall, cpu = float(wall), float(user) + float(system)
         except ValueError:
             die(f"{log}:{n}: not a line of GNU time's 'wall,user,sys,command'")
-        if "plumbing.py start " in command:  # run_all.sh's start, which becomes the run: its wall is the whole run's
+        if "run_support.py start " in command:  # run_all.sh's start, which becomes the run: its wall is the whole run's
             continue
         script = next((w for w in command.split() if w.endswith(".py") or w == "-"), "?")
         stage = os.path.basename(script)[:-3]
-        out.append(("results table" if script == "-" or stage == "plumbing" else stage, command, wall, cpu))
+        out.append(("results table" if script == "-" or stage == "run_support" else stage, command, wall, cpu))
     return out
 
 

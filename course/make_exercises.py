@@ -1,9 +1,9 @@
 """Write the course kit a teacher hands out: a self-contained folder with the stage files whose functions
 that carry the paper's ideas are exercises - each keeps its signature and docstring (the equation), its
 body becomes `raise NotImplementedError("exercise: <stage>.<function> ...")` - beside verbatim copies of
-what the chain needs to run (00_pretrain.py, plumbing.py, the decoding and rollout modules, envs/,
-models/, run_all.sh), the tests that grade it, and one grade command. No reference body and no git
-history go in; the functions are found by name with `ast`, so the reference files carry no markers.
+what the chain needs to run (00_pretrain.py, plumbing.py, machine.py, distributed.py, run_support.py, the decoding
+and rollout modules, envs/, models/, run_all.sh), the tests that grade it, and one grade command. No reference body and
+no git history go in; the functions are found by name with `ast`, so the reference files carry no markers.
 docs/course.md is the handout (copied in); course/TEACHER.md, with the answers, stays out.
 
     python course/make_exercises.py --out exercises   # the student's folder
@@ -33,8 +33,9 @@ EXERCISES = {
 # The data contract is copied byte-identical into the stages that read episodes: one exercise (01's),
 # stubbed in every copy with 01's message; tests/test_stage_copies.py tells the student to copy it on.
 COPIES = {"tokenize_episode": "01_bc.py", "collate": "01_bc.py"}
-VERBATIM = ["00_pretrain.py", "plumbing.py", "kv_cache.py", "rerank.py", "rollout.py", "run_all.sh", "envs",
-            "models/__init__.py", "models/tiny.py", "docs/course.md", "docs/design.md"]  # copied as they are
+VERBATIM = ["00_pretrain.py", "plumbing.py", "machine.py", "distributed.py", "run_support.py", "kv_cache.py",
+            "rerank.py", "rollout.py", "run_all.sh", "envs", "models/__init__.py", "models/tiny.py", "docs/course.md",
+            "docs/design.md"]  # copied as they are
 # The grading tests: test file -> None (all of it) or the top-level names kept; DROP: never copied
 # (a test's own re-implementation of an exercise would be its solution).
 TESTS = {"tests/conftest.py": None, "tests/test_math.py": None, "tests/test_layout.py": None,

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 import plumbing
+import run_support
 from conftest import ROOT, load_module, run_stage
 
 GOOD_STEP = {"text": "Action: look", "action": "look", "obs": "o", "r_env": 0.0, "label": "ok", "r_aux": 0.0,
@@ -619,17 +620,17 @@ def fake_run(run, worlds=("0",), splits=("seen",), k=0):
 
 
 def test_cause_1_the_results_table_keeps_the_rule(tmp_path, in_process):
-    """run_all.sh's table went through a plain open("w"): a user's results.md in RUN was replaced. Now plumbing.py
+    """run_all.sh's table went through a plain open("w"): a user's results.md in RUN was replaced. Now run_support.py
     writes it (check_out, save_text), stamped: a table of its own is replaced, a user's file is not."""
     run = tmp_path / "run"
     fake_run(run, worlds=("0", "1"), k=1)
-    assert in_process(plumbing, "results", run, 1, "0 1", "qevolve", "seen").returncode == 0
+    assert in_process(run_support, "results", run, 1, "0 1", "qevolve", "seen").returncode == 0
     table = (run / "results.md").read_text()
     assert table.startswith("<!-- q-evolve run_all.sh -->\n# Results: ") and "| policy_1 (Q-Evolve iter 1) |" in table
-    assert in_process(plumbing, "results", run, 1, "0 1", "qevolve", "seen").returncode == 0  # its own table: replaced
+    assert in_process(run_support, "results", run, 1, "0 1", "qevolve", "seen").returncode == 0  # its own: replaced
     (run / "results.md").write_text("# Results: my notes on this run\n")
     before = snapshot(tmp_path)
-    proc = in_process(plumbing, "results", run, 1, "0 1", "qevolve", "seen", check=False)
+    proc = in_process(run_support, "results", run, 1, "0 1", "qevolve", "seen", check=False)
     assert one_line(proc) and "is not a results table written by run_all.sh" in proc.stderr, proc.stderr
     assert snapshot(tmp_path) == before
 
@@ -817,10 +818,11 @@ def test_cause_5_scripts_outside_the_stages_say_one_line(script, args, env, mess
 
 @pytest.mark.slow
 def test_cause_5_under_torchrun_one_rank_reports(tmp_path):
-    """NPROC > 1: every rank printed the error, then torchrun ~40 lines of traceback. Through plumbing.py's
+    """NPROC > 1: every rank printed the error, then torchrun ~40 lines of traceback. Through run_support.py's
     torchrun (run_all.sh's way), one line and exit 2."""
     stage = ["02_collect.py", "--policy", "expert", "--episodes", "-1", "--out", str(tmp_path / "x.jsonl")]
-    proc = subprocess.run([sys.executable, "plumbing.py", "torchrun", "--standalone", "--nproc_per_node", "2", *stage],
+    torchrun = [sys.executable, "run_support.py", "torchrun", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run([*torchrun, *stage],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     errors = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("*", "Setting OMP"))]
     assert proc.returncode == 2 and len(errors) == 1 and "--episodes must be" in errors[0], proc.stderr
@@ -881,10 +883,10 @@ def test_the_lab_checks_every_setting_before_anything_runs(tmp_path):
 
 
 def _python_stub(tmp_path, stage):
-    """A PYTHON for run_all.sh: python for plumbing.py, `stage` (shell) for every stage."""
+    """A PYTHON for run_all.sh: python for run_support.py, `stage` (shell) for every stage."""
     stub = tmp_path / "bin" / "python"
     stub.parent.mkdir()
-    stub.write_text(f'#!/bin/sh\ncase "$1" in plumbing.py) exec {sys.executable} "$@" ;; esac\n{stage}\n')
+    stub.write_text(f'#!/bin/sh\ncase "$1" in run_support.py) exec {sys.executable} "$@" ;; esac\n{stage}\n')
     stub.chmod(0o755)
     return str(stub)
 
@@ -980,11 +982,11 @@ def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_pr
     """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
     default run), OUTCOME_ARGS='--bogus 1' after 02 and 04 with argparse's 12-line usage, and no other *_ARGS was
     checked (00, 02 and 04 now check their flags in parse_args too, as 01, 03 and 05 did). run_all.sh's first step,
-    python plumbing.py start, checks them (here as run_all.sh --check asks it): one error line, exit 2, nothing
+    python run_support.py start, checks them (here as run_all.sh --check asks it): one error line, exit 2, nothing
     written."""
     name, value = setting.split("=", 1)
     settings = {**SMOKE_SETTINGS, name: value}
-    proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
+    proc = in_process(run_support, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
     assert one_line(proc) and message in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == []
 
@@ -999,10 +1001,10 @@ def test_the_stages_flags_that_run_all_does_not_set_pass(in_process, tmp_path):
     settings = {**SMOKE_SETTINGS, "BASE": "tiny", "BC_ARGS": "--d-model 32 --n-heads 2 --lr 1e-3",
                 "GAE_ARGS": "--advantage qv --lam 0.5", "CRITIC_ARGS": f"--init {critic} --epochs 2",
                 "COLLECT_ARGS": "--greedy --max-new-tokens 8", "LATER_ARGS": "--lr 1e-4 --kl-coef 0.1"}
-    proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
+    proc = in_process(run_support, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    proc = in_process(plumbing, "start", tmp_path / "run", *[f"{k}={v}" for k, v in {**settings, "BC_ARGS": "--model x"}
-                                                            .items()], check=False)
+    proc = in_process(run_support, "start", tmp_path / "run",
+                      *[f"{k}={v}" for k, v in {**settings, "BC_ARGS": "--model x"}.items()], check=False)
     assert one_line(proc) and "BC_ARGS='--model x': run_all.sh sets --model itself" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
 
@@ -1028,7 +1030,7 @@ def test_run_goes_through_the_write_rule(in_process, tmp_path, monkeypatch):
                str(mine): "holds files that no run of run_all.sh made", str(tmp_path / "file"): "is not a folder"}
     before = snapshot(tmp_path)
     for run, message in refused.items():
-        proc = in_process(plumbing, *smoke_start(run), check=False)
+        proc = in_process(run_support, *smoke_start(run), check=False)
         assert one_line(proc) and message in proc.stderr, (run, proc.stderr)
     assert snapshot(tmp_path) == before
     (tmp_path / "empty").mkdir()
@@ -1037,7 +1039,7 @@ def test_run_goes_through_the_write_rule(in_process, tmp_path, monkeypatch):
     (tmp_path / "own/data").mkdir(parents=True)
     (tmp_path / "own/settings.json").write_text(json.dumps({"stage": "run_all.sh", **SMOKE_SETTINGS}))
     for run in ("new", "empty", "killed", "own"):
-        proc = in_process(plumbing, *smoke_start(tmp_path / run), check=False)
+        proc = in_process(run_support, *smoke_start(tmp_path / run), check=False)
         assert proc.returncode == 0 and proc.stderr == "", (run, proc.stderr)
 
 
@@ -1066,10 +1068,11 @@ def test_settings_json_is_read_strictly(edit, message, in_process, tmp_path):
     as SEED='', and a missing key let a resume with SEED=5 through. Every key is there and a string, or one line."""
     run = tmp_path / "run"
     run.mkdir()
-    record = {"stage": "run_all.sh", **{k: v for k, v in SMOKE_SETTINGS.items() if k not in plumbing.EVAL_ONLY}, **edit}
+    kept = {k: v for k, v in SMOKE_SETTINGS.items() if k not in run_support.EVAL_ONLY}
+    record = {"stage": "run_all.sh", **kept, **edit}
     (run / "settings.json").write_text(json.dumps({k: v for k, v in record.items() if v is not None}))
     before = snapshot(tmp_path)
-    proc = in_process(plumbing, *smoke_start(run, SEED="5"), check=False)
+    proc = in_process(run_support, *smoke_start(run, SEED="5"), check=False)
     assert one_line(proc) and message in proc.stderr, proc.stderr
     assert snapshot(tmp_path) == before
 
@@ -1171,12 +1174,12 @@ def test_the_readme_test_command_passes_without_the_optional_packages(tmp_path):
 
 
 def test_stage_times_takes_the_start_of_run_all_for_no_launch(tmp_path):
-    """run_all.sh's start (python plumbing.py start) becomes the run, so under bench/stage_times.py's GNU time its wall
-    is the whole run's: not a launch of the table."""
+    """run_all.sh's start (python run_support.py start) becomes the run, so under bench/stage_times.py's GNU time its
+    wall is the whole run's: not a launch of the table."""
     log = tmp_path / "times.csv"
     log.write_text("1.0,0.5,0.1,python 01_bc.py --data x\n"
-                   "900.0,800,10,python plumbing.py start r SEED=0 -- bash run_all.sh\n"
-                   "0.5,0.4,0.1,python plumbing.py results r 1 0 qevolve seen\n")
+                   "900.0,800,10,python run_support.py start r SEED=0 -- bash run_all.sh\n"
+                   "0.5,0.4,0.1,python run_support.py results r 1 0 qevolve seen\n")
     launches = load_module("bench/stage_times.py", "stage_times").launches(str(log))
     assert [(stage, wall) for stage, _, wall, _ in launches] == [("01_bc", 1.0), ("results table", 0.5)]
 

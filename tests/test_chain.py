@@ -39,11 +39,11 @@ def test_smoke_sets_only_defaults(tmp_path):
 
 
 def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
-    """A base cached by older 00_pretrain.py / models/tiny.py / plumbing.py / envs/ code must not be reused: the key
-    hashes them."""
+    """A base cached by older 00_pretrain.py / models/tiny.py / plumbing.py / machine.py / envs/ code must not be
+    reused: the key hashes them."""
     repo = tmp_path / "repo"
     (repo / "models").mkdir(parents=True)
-    for name in ("run_all.sh", "00_pretrain.py", "plumbing.py", "models/tiny.py"):
+    for name in ("run_all.sh", "00_pretrain.py", "plumbing.py", "machine.py", "models/tiny.py"):
         shutil.copy(os.path.join(ROOT, name), repo / name)
     shutil.copytree(os.path.join(ROOT, "envs"), repo / "envs")
 

@@ -58,7 +58,8 @@ def test_the_kit_grades_itself_has_no_solution_and_put_back_is_the_reference(tmp
     # Self-contained, and no solution in it: no history, no teacher's notes, no reference body in any file.
     files = [os.path.join(d, f) for d, _, fs in os.walk(ex) for f in fs]
     assert not any(part in (".git", "TEACHER.md") for f in files for part in f.split(os.sep))
-    assert {"grade.py", "README.md", "run_all.sh", "plumbing.py", "rollout.py"} <= set(os.listdir(ex))
+    assert {"grade.py", "README.md", "run_all.sh", "plumbing.py", "machine.py", "distributed.py",
+            "run_support.py", "rollout.py"} <= set(os.listdir(ex))
     text = {f: open(f, errors="replace").read() for f in files}
     for stage in STAGE_FILES:
         reference = open(os.path.join(ROOT, stage)).read()

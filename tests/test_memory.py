@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import machine
 import plumbing
 
 
@@ -34,7 +35,7 @@ def test_chunked_logprobs_and_kl_give_the_plain_loss_and_gradients(stages, tiny_
         model = load().train()
         if chunked:  # 05's path: reply_logits, token_logprobs and the KL in chunks of 7 rows, checkpointing
             monkeypatch.setattr(plumbing, "CHUNK_ROWS", 7)
-            plumbing.grad_checkpointing(model, argparse.Namespace(grad_checkpointing=checkpointing))
+            machine.grad_checkpointing(model, argparse.Namespace(grad_checkpointing=checkpointing))
             assert model.is_activation_checkpointing == (checkpointing == "on")
             logits = pp.reply_logits(model, b)
             with torch.no_grad():
@@ -80,9 +81,9 @@ def test_by_rows_is_the_whole_computation(monkeypatch):
 def test_grad_checkpointing_auto_is_on_for_a_real_model_only(tiny_run):
     """auto: the tiny policy (well under 20M parameters) trains as before; 'on' turns it on for any model."""
     model = AutoModelForCausalLM.from_pretrained(tiny_run / "policy_0", local_files_only=True)
-    plumbing.grad_checkpointing(model, argparse.Namespace(grad_checkpointing="auto"))
+    machine.grad_checkpointing(model, argparse.Namespace(grad_checkpointing="auto"))
     assert not model.is_activation_checkpointing
-    plumbing.grad_checkpointing(model, argparse.Namespace(grad_checkpointing="on"))
+    machine.grad_checkpointing(model, argparse.Namespace(grad_checkpointing="on"))
     assert model.is_activation_checkpointing
 
 

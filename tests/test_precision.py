@@ -1,4 +1,4 @@
-"""Mixed precision (plumbing.pick_device, --precision): fp32 weights and optimizer state, the forward
+"""Mixed precision (machine.pick_device, --precision): fp32 weights and optimizer state, the forward
 and backward under torch.autocast. `--precision bf16` takes the GPU's path on a CPU, so CI runs it.
 The failure it guards against: AdamW on bf16 weights drops a small step (0.6% of SmolLM2's
 weights moved at lr 2e-6), silently."""
@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from plumbing import pick_device
+from machine import pick_device
 
 
 def test_pick_device_on_cpu(monkeypatch):
@@ -34,7 +34,7 @@ def test_pick_device_on_a_gpu_without_bf16(monkeypatch, capsys):
 
 def test_more_processes_than_gpus_is_one_error_line(monkeypatch, capsys):
     """torchrun --nproc-per-node 2 on a one-GPU machine: refused before NCCL fails on a shared GPU."""
-    from plumbing import setup_distributed
+    from distributed import setup_distributed
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     for k, v in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():

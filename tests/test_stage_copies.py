@@ -1,7 +1,10 @@
-"""The stage files share their plumbing through one module (plumbing.py) and copy, byte-identical,
-only what a reader should see in each: the data contract and the Critic."""
+"""The stage files share their plumbing through three modules (plumbing.py; machine.py and distributed.py: how they
+run) and copy, byte-identical, only what a reader should see in each: the data contract and the Critic. No support
+module imports a stage."""
 import ast
 import os
+
+import pytest
 
 from conftest import ROOT, STAGES
 
@@ -33,7 +36,7 @@ def test_stages_import_no_other_stage():
     allowed = {"argparse", "bisect", "copy", "json", "math", "os", "random", "re", "resource", "shutil", "sys", "time",
                "collections", "numpy", "torch", "tqdm", "transformers", "safetensors", "tokenizers", "envs",
                "peft",  # peft: optional, imported only under --lora (01, 05)
-               "plumbing",  # the shared plumbing: no algorithm in it
+               "plumbing", "machine", "distributed",  # the shared plumbing, the machine, torchrun: no algorithm
                "kv_cache", "rerank", "rollout",  # 02's speed-ups and its --rerank extension, off the reading path
                "critic_report",  # 04's printout: diagnostics, off the reading path
                "models"}  # models/tiny.py: the tiny model's tokenizer and Llama (00, 01)
@@ -76,11 +79,35 @@ def test_stages_carry_only_the_helpers_they_call():
 
 
 def test_no_stage_redefines_the_plumbing():
-    """What plumbing.py defines, a stage imports instead of copying."""
-    tree = ast.parse(open(os.path.join(ROOT, "plumbing.py")).read())
-    shared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    for name, by_file in top_level_sources().items():
-        assert name not in shared, f"{name} is in plumbing.py and copied into {', '.join(by_file)}"
+    """What plumbing.py, machine.py and distributed.py define, a stage imports instead of copying."""
+    for module in ("plumbing.py", "machine.py", "distributed.py"):
+        tree = ast.parse(open(os.path.join(ROOT, module)).read())
+        shared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        for name, by_file in top_level_sources().items():
+            assert name not in shared, f"{name} is in {module} and copied into {', '.join(by_file)}"
+
+
+def stages_imported(path):
+    """The stages a file imports: by an import statement or by importlib.import_module("NAME")."""
+    names = set()
+    for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add(node.module)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+            names |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+    return names & set(STAGES)
+
+
+def test_no_support_module_imports_a_stage():
+    """The stages import the support modules, never the other way round: run_support.py checks run_all.sh's *_ARGS by
+    the stages' parse_args in a child process. The one exception is an extension: rerank.py (02 --rerank) reads the
+    critic with 04's own code."""
+    for path in ("plumbing.py", "machine.py", "distributed.py", "run_support.py", "critic_report.py", "rollout.py",
+                 "kv_cache.py"):
+        assert not stages_imported(path), f"{path} imports {stages_imported(path)}"
+    assert stages_imported("rerank.py") == {"04_gae"}  # the check sees an import_module too
 
 
 LOSS = {"00_pretrain": "lm_loss", "01_bc": "bc_loss", "02_collect": "retro_label", "03_critic": "expectile_loss",
@@ -96,3 +123,15 @@ def test_the_algorithm_comes_first():
         assert line[LOSS[name]] <= 130 and line[LOSS[name]] < line["main"], name
         for contract in ("episode_messages", "tokenize_episode", "collate"):
             assert line.get(contract, line["main"] + 1) > line["main"], f"{name}: {contract} comes before main()"
+
+
+def test_help_leads_with_the_algorithm(stages, capsys):
+    """Each stage's --help: the algorithm's flags first, then data and files, then the machine's (argparse groups)."""
+    for name, module in stages.items():
+        with pytest.raises(SystemExit):
+            module.parse_args(["--help"])
+        out = capsys.readouterr().out
+        starts = [out.index(f"\n{group}:\n") for group in ("the algorithm", "data and files", "the machine")]
+        assert starts == sorted(starts), name
+        assert "--seed" in out[starts[0]:starts[1]] and "--out" in out[starts[1]:starts[2]], name
+        assert "--threads" in out[starts[2]:], name

@@ -1,0 +1,112 @@
+"""Training under torchrun (docs/distributed.md), the machine's side of a stage: the process group, the model wrapped
+for it (DDP, or FSDP2 with --fsdp), each process's part of a global batch (and --grad-accum's micro-batches), and when
+gradients are reduced. A plain `python` run is rank 0 of 1 and skips all of it: distribute gives back the model
+itself, parts the whole batch. Every rank builds the same global batches from the same seed and takes its part.
+"""
+import os
+
+import torch
+
+
+def setup_distributed():
+    """-> (rank, world size); joins the process group (nccl on GPUs, gloo on CPU) when WORLD_SIZE > 1."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1:
+        return 0, 1
+    if torch.cuda.is_available():
+        per_node, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", world)), torch.cuda.device_count()
+        if per_node > gpus:  # NCCL cannot share one GPU between two processes of a group
+            from plumbing import die  # here, not above: plumbing imports this module
+            die(f"torchrun started {per_node} processes on this machine but it has {gpus} GPU(s): one process per "
+                f"GPU (--nproc-per-node {gpus}), or CUDA_VISIBLE_DEVICES= to run {per_node} processes on the CPU")
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # then pick_device's "cuda" is this GPU
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return torch.distributed.get_rank(), world
+
+
+def is_main():
+    """Rank 0 (or alone) writes artifacts, metrics and the progress bar."""
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def finish_distributed():
+    if torch.distributed.is_initialized():  # all ranks together: gloo aborts if one leaves mid-write
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def distribute(model, world, fsdp):
+    """The module to train: the model alone; DDP (a copy per process); or with --fsdp FSDP2 (each
+    decoder layer, then the root, sharded across processes, in place)."""
+    if world == 1:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for layer in [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]:
+            fully_shard(layer)
+        # the root resharded after every forward too: left whole after a no_grad forward, it missed updates
+        return fully_shard(model, reshard_after_forward=True)
+    device = next(model.parameters()).device
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index])
+
+
+def full_state(model, fsdp):
+    """--fsdp: the whole state dict gathered for rank 0 (every rank calls this); else None."""
+    if not (fsdp and torch.distributed.is_initialized()):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    own = {name for name, _ in [*model.named_parameters(), *model.named_buffers()]}  # a tied weight once
+    return {k: v for k, v in state.items() if k in own}
+
+
+def shard(idx, rank, world):
+    """This rank's part of a global batch -> (indices, weight); a rank left with none re-reads the
+    first trajectory with weight 0 (DDP needs every rank in every step)."""
+    mine = idx[rank::world]
+    return (mine, 1.0) if mine else (idx[:1], 0.0)
+
+
+def micro_batches(idx, n):
+    """--grad-accum n: always n micro-batches (indices, weight); an empty one re-reads one trajectory with weight 0."""
+    return [(idx[i::n], 1.0) if idx[i::n] else (idx[:1], 0.0) for i in range(n)]
+
+
+def parts(idx, n_loss, model, args):
+    """The parts of one optimizer step's batch `idx` (trajectory indices) that this process computes ->
+    yields (ids, share); alone without --grad-accum: one part, (idx, 1.0). n_loss[j] is what trajectory j
+    adds to the count the step's loss averages over (its reply tokens in 01/05, its step weights in 03).
+    Each part's loss is a mean over its own count, so with share = world * its count / the batch's count,
+    sum(share * part loss), averaged over the processes by DDP, is the single-process loss of the whole
+    batch. Every process knows idx (the same seed), so the batch's count needs no communication.
+    Gradients are reduced across processes in the last part's backward only."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    mine, keep = shard(idx, rank, world)
+    groups, total = micro_batches(mine, args.grad_accum), sum(n_loss[j] for j in idx)
+    for i, (ids, w) in enumerate(groups):
+        grad_sync(model, world, args.fsdp, on=i == len(groups) - 1)
+        yield ids, keep * w * world * sum(n_loss[j] for j in ids) / max(total, 1e-8)
+
+
+def average_info(infos):
+    """[(info, share)] of the step's parts -> their info dicts averaged with the shares over the global batch:
+    the single-process numbers."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    numbers = sum(torch.tensor(list(info.values()), dtype=torch.float64) * share / world for info, share in infos)
+    if world > 1:  # nccl reduces GPU tensors (setup_distributed), gloo CPU ones
+        numbers = numbers.to("cuda" if torch.cuda.is_available() else "cpu")
+        torch.distributed.all_reduce(numbers)
+    return dict(zip(infos[0][0], numbers.tolist()))
+
+
+def unsharded(p):
+    """--fsdp: the whole tensor of a sharded parameter (every rank calls this); else p itself."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def grad_sync(model, world, fsdp, on):
+    """Reduce gradients across processes in this backward (the last micro-batch) or not."""
+    if world > 1 and fsdp:
+        model.set_requires_gradient_sync(on)
+    elif world > 1:
+        model.require_backward_grad_sync = on
