@@ -11,14 +11,13 @@ do there, and the learned critic's share of them.
 
     python critic_report.py runs/default/iter_1/adv.jsonl     # the report of a buffer 04 wrote, again
 """
-import argparse
 import os
 from collections import defaultdict
 
 import numpy as np
 
 import envs
-from plumbing import STEP_KEYS, die, held_out, parse_env_kwargs, read_episodes, read_json
+from plumbing import STEP_KEYS, Parser, die, held_out, parse_env_kwargs, read_episodes, read_json
 
 VERDICTS = ("harmful", "recoverable", "correct")  # envs.judge's words: a lasting mistake, one undone, the good item
 
@@ -198,7 +197,7 @@ def report_of(buffer, root=""):
 
 
 def main():
-    p = argparse.ArgumentParser(description="04_gae.py's report of a buffer it wrote, printed again (with the exact "
+    p = Parser(description="04_gae.py's report of a buffer it wrote, printed again (with the exact "
                                             "Bayes critic where the world has one).")
     p.add_argument("buffer", help="the JSONL 04_gae.py wrote (e.g. runs/default/iter_1/adv.jsonl)")
     buffer = p.parse_args().buffer

@@ -23,7 +23,7 @@ sys.path.insert(0, ROOT)
 import envs  # noqa: E402
 from bench._stages import eval_worlds  # noqa: E402
 from bench.plot_learning import ALGOS, curve  # noqa: E402
-from plumbing import STAMP, check_out, die, parse_env_kwargs, read_json, save_text, write_atomic  # noqa: E402
+from plumbing import STAMP, Parser, check_out, die, parse_env_kwargs, read_json, save_text, write_atomic  # noqa: E402
 
 
 def online_steps(run, tag, k):
@@ -43,7 +43,7 @@ def optimum(run, split):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, help="one run folder pattern per N_SELF, {seed} = the seed")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds")
     p.add_argument("--splits", nargs="+", default=["seen", "unseen"], help="one panel each")

@@ -27,6 +27,8 @@ ALLOWED = {
         "write_atomic's temporary, after check_out(png); stamped",
     ("bench/plot_sweep.py", 'write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png",'):
         "write_atomic's temporary, after check_out(png); stamped",
+    ("bench/efficiency.py", 'write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png",'):
+        "write_atomic's temporary, after check_out(png); stamped",
     ("envs/alfworld_env.py", 'with open(os.path.join(tmp, "traj_data.json"), "w") as f:'):
         "a game cache built in _common.build_dir_atomically's temporary (its own cache folder, never a user's path)",
     ("envs/alfworld_env.py", 'with open(game_path, "w") as f:'):
