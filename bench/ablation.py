@@ -44,7 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench._stages import check_runs, eval_worlds  # noqa: E402
-from plumbing import Parser, check_flags, check_out, die, save_text  # noqa: E402
+from plumbing import Parser, check_flags, check_out, die, read_json, save_text  # noqa: E402
 from run_support import open_log  # noqa: E402
 
 SPLITS = ("seen", "unseen")
@@ -75,6 +75,9 @@ def run_variant(run, seed, threads, candidates, log, only):
     with open(os.path.join(ROOT, run, "data", "expert.json")) as f:
         run_args = json.load(f)["args"]
     envargs = ["--env", run_args["env"], "--env-kwargs", run_args["env_kwargs"]]
+    # the run's own stage flags (run_all.sh's *_ARGS, as its settings.json recorded them), the variant's after them
+    ran = {k: shlex.split((read_json(os.path.join(ROOT, run, "settings.json")) or {}).get(k, ""))
+           for k in ("CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS")}
 
     def stage(out, cmd):
         if os.path.exists(os.path.join(ROOT, out)):
@@ -104,13 +107,13 @@ def run_variant(run, seed, threads, candidates, log, only):
             if changes == "03":
                 critic = f"{d}/critic"
                 stage(critic, [py, "03_critic.py", "--data", *buffer, "--policy", f"{run}/policy_0",
-                               "--out", critic, *extra, *common])
+                               "--out", critic, *ran["CRITIC_ARGS"], *extra, *common])
             if changes in ("03", "04"):
                 adv = f"{d}/adv.jsonl"
                 stage(f"{d}/adv.json", [py, "04_gae.py", "--data", *buffer, "--critic", critic, "--out", adv,
-                                        *(extra if changes == "04" else []), *common])
+                                        *ran["GAE_ARGS"], *(extra if changes == "04" else []), *common])
             stage(f"{d}/policy", [py, "05_bppo.py", "--data", adv, "--policy", f"{run}/policy_0",
-                                  "--ref", f"{run}/policy_0", "--out", f"{d}/policy",
+                                  "--ref", f"{run}/policy_0", "--out", f"{d}/policy", *ran["BPPO_ARGS"],
                                   *(extra if changes == "05" else []), *common])
         evaluate(f"{d}/policy", d)
 
