@@ -201,15 +201,18 @@ def main():
         lines += [f"| {seed} | {k} | {h['episodes']} | {f(h['explained_variance'])}{best(h, 'explained_variance')} | "
                   f"{f(h['v_gap'])}{best(h, 'v_gap')} | {h['v_mean']:.2f} / {h['ret_mean']:.2f} | {f(h['auc_v'])} | "
                   f"{f(h['adv_harmful'], '+.3f')} / {f(h['adv_correct'], '+.3f')} |" for seed, k, h in held if h]
-    labels = [(r["seed"], k, (read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "self.json")) or {}).get("labels"))
+    labels = [(r["seed"], k, (read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "self.json")) or {}).get("labels"),
+               (read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "adv.json")) or {}).get("adv_mean_by_label", {}))
               for r in runs for k in range(1, K + 1)]
-    if any(lab for *_, lab in labels):  # 02's retrospective labels in each Q-Evolve iteration's self episodes
+    if any(lab for _, _, lab, _ in labels):  # 02's retrospective labels in each Q-Evolve iteration's self episodes
         lines += ["", "The retrospective labels of each Q-Evolve iteration's self episodes (pi_{k-1}'s, on train): the "
-                  "share of steps per label.", "", "| seed | iteration | steps | ok | invalid | repeat | format |",
-                  "|---|---|---|---|---|---|---|"]
+                  "share of steps per label, and the mean A_t 04 gave the steps of each label (over the whole buffer, "
+                  "expert steps too):", "", "| seed | iteration | steps | ok | invalid | repeat | format "
+                  "| A_t at ok / invalid / repeat |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {seed} | {k} | {sum(lab.values())} | " + " | ".join(
-            f"{lab[x] / sum(lab.values()):.3f}" for x in ("ok", "invalid", "repeat", "format")) + " |"
-            for seed, k, lab in labels if lab]
+            f"{lab[x] / sum(lab.values()):.3f}" for x in ("ok", "invalid", "repeat", "format")) + " | " + " / ".join(
+            f"{adv[x]:+.3f}" if x in adv else "-" for x in ("ok", "invalid", "repeat")) + " |"
+            for seed, k, lab, adv in labels if lab]
     text = "\n".join(lines) + "\n"
     save_text(os.path.join(ROOT, args.out), text)
     print(text)
