@@ -138,6 +138,21 @@ def main():
                 reached += [min(hit)] if hit else []
             mean = f"{statistics.mean(reached):.0f} ({len(reached)})" if reached else "- (0)"
             lines.append(f"| {name} | {split} | " + " | ".join(cells) + f" | {mean} |")
+    first = methods[1][1]  # Q-Evolve, against each baseline at the same budget, paired by seed
+    lines += ["", f"{first} minus each method at the same budget (runs, k), paired by seed: the mean gap in points "
+              "+- its standard error over seeds (std / sqrt(seeds)); '*': beyond two standard errors.", "",
+              "| method | runs | k | " + " | ".join(args.splits) + " |", "|---|---|---|" + "---|" * len(args.splits)]
+    for _, name, _ in methods[2:]:
+        for pattern in args.runs:
+            for k in range(1, len(points[args.splits[0]][name, pattern])):
+                cells = []
+                for split in args.splits:
+                    ours, theirs = points[split][first, pattern][k][1], points[split][name, pattern][k][1]
+                    gap = [a - b for a, b in zip(ours, theirs)]
+                    se = statistics.stdev(gap) / len(gap) ** 0.5 if len(gap) > 1 else float("nan")
+                    star = " *" if abs(statistics.mean(gap)) > 2 * se else ""
+                    cells.append(f"{statistics.mean(gap):+.1f} +- {se:.1f}{star}")
+                lines.append(f"| {name} | {pattern} | {k} | " + " | ".join(cells) + " |")
     save_text(table, "\n".join(lines) + "\n")
     print("\n".join(lines) + f"\nefficiency: wrote {args.out} and {table}")
 
