@@ -1311,3 +1311,24 @@ def test_probe83_run_all_refuses_a_control_character_and_a_missing_python(settin
     assert one_line(proc) and message in proc.stderr and proc.stdout == "", proc.stderr
     assert os.listdir(tmp_path) == []
 
+
+def test_probe83_bench_scripts_check_their_flags(tmp_path, in_process, monkeypatch):
+    """Probe campaign: efficiency.py --runs with a {split} field was a KeyError and --splits bogus an IndexError;
+    seeds.py and ablation.py wrote a markdown table to --out t.png; ablation.py took --variants awr awr."""
+    bench_run(tmp_path / "run0", k=1)
+    monkeypatch.chdir(ROOT)
+    efficiency, seeds, ablation = (load_module(f"bench/{n}.py", n) for n in ("efficiency", "seeds", "ablation"))
+    runs = ["--seeds", "0", "--prefix", tmp_path / "run"]
+    before = snapshot(tmp_path)
+    for module, args, message in (
+            (efficiency, ["--runs", f"{tmp_path}/run{{seed}}{{split}}", "--seeds", "0"], "{seed} is the one field"),
+            (efficiency, ["--runs", f"{tmp_path}/run{{seed}}", "--seeds", "0", "--splits", "bogus"],
+             "--splits bogus: " + str(tmp_path / "run0") + " was not evaluated on it"),
+            (seeds, ["--table-only", *runs, "--out", tmp_path / "t.png"], "its name must end in .md"),
+            (ablation, ["--table-only", *runs, "--out", tmp_path / "t.png"], "its name must end in .md"),
+            (ablation, ["--table-only", *runs, "--variants", "awr", "awr", "--out", tmp_path / "t.md"],
+             "--variants must be distinct")):
+        out = [] if module is not efficiency else ["--out", str(tmp_path / "e.png")]
+        proc = in_process(module, *args, *out, check=False)
+        assert one_line(proc) and message in proc.stderr, (args, proc.stderr)
+        assert snapshot(tmp_path) == before
