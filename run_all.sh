@@ -73,7 +73,8 @@ at most 9 digits), got '${!v}'"; done
 }
 need_path() {
   for v in "$@"; do
-    case ${!v} in ''|-*|'~'*|*'$'*|*'`'*) bad "$v must be a plain path (not empty, no leading - or ~, no \$ or \
+    case ${!v} in *[[:cntrl:]]*) bad "$v must be a plain path (no control character such as a newline), got ${!v@Q}" ;;
+      ''|-*|'~'*|*'$'*|*'`'*) bad "$v must be a plain path (not empty, no leading - or ~, no \$ or \
 backquote), got '${!v}'" ;; esac
   done
 }
@@ -142,6 +143,7 @@ EVAL=${EVAL:-1}
 THREADS=${THREADS:-2}
 PRECISION=${PRECISION:-auto}
 PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
+command -v "${PYTHON%% *}" >/dev/null || bad "PYTHON must be a command, got '$PYTHON' (no such command here)"
 NPROC=${NPROC:-1}
 BASE_CACHE=${BASE_CACHE:-runs/base}
 SMOLLM2_DIR=${SMOLLM2_DIR:-models/smollm2-135m}

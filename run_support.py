@@ -176,8 +176,9 @@ def stage_args(jobs):
 def check_settings(s):
     """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
     made), N_EXPERT and N_SELF against the tasks of its train split, EVAL_SPLITS (its splits) and N_EVAL against
-    their tasks, and each *_ARGS that gives a stage flags by that stage (stage_args), without a glob, a flag
-    run_all.sh sets itself (STAGE_FLAGS) or a critic a flag names (--init, --rerank) that is not one."""
+    their tasks, a BASE that names a directory (a model's), and each *_ARGS that gives a stage flags by that stage
+    (stage_args), without a glob, a flag run_all.sh sets itself (STAGE_FLAGS) or a critic a flag names (--init,
+    --rerank) that is not one."""
     import envs
     try:
         env = envs.make(s["ENV"], **parse_env_kwargs(s["ENV_KWARGS"]))
@@ -189,6 +190,11 @@ def check_settings(s):
         env.close()
     except (ValueError, ImportError) as e:  # an unknown env or split, a keyword it does not take, a package
         die(e)
+    base = s.get("BASE", "pretrained")  # a model directory: checked here, not by 01 after the expert demos
+    if base not in ("pretrained", "tiny", "smollm2") and not all(
+            os.path.isfile(os.path.join(base, f)) for f in ("config.json", "tokenizer_config.json")):
+        die(f"BASE={base} is not a model directory (a Hugging Face model's, with its config.json and "
+            "tokenizer_config.json); name one, or BASE=pretrained, tiny or smollm2")
     jobs = {}  # each *_ARGS that gives flags -> its stage's argv twice, run_all.sh's flags set two ways (VALUES)
     for name, (stage, sets) in STAGE_FLAGS.items():
         flags = s[name].split()  # as bash splits an unquoted $NAME
@@ -267,17 +273,26 @@ def start_run(run, settings, command):
     check_run(run)
     if os.path.realpath(run) not in os.environ.get("QEVOLVE_LOCKED", "").split("\n"):
         check_settings(settings)
-    if command:
-        lock([run])
     path, record = os.path.join(run, "settings.json"), {k: v for k, v in settings.items() if k not in EVAL_ONLY}
-    if os.path.lexists(path):
+
+    def same_record():  # RUN's record against this run's settings: before the lock (nothing written on a refusal)
+        if not os.path.lexists(path):  # and again under it (a run that started meanwhile may have written it)
+            return False
         old = read_settings(run, record)
+        extra = [k for k in old if k not in record and k not in ("stage", *EVAL_ONLY)]
+        if extra:
+            die(f"{path}: {extra[0]} is not a setting run_all.sh records; remove it from the file (or pick another "
+                "RUN)")
         differ = [k for k in record if old[k] != record[k]]
         if differ:
             said = lambda r: " ".join(f"{k}={shlex.quote(r[k])}" for k in differ)
             die(f"{run} was made with {said(old)}; this run has {said(record)}: resume it with the settings it was "
                 f"made with, or pick another RUN (or, if nothing in it was made with them, remove {path})")
-    elif command:
+        return True
+    same_record()
+    if command:
+        lock([run])
+    if not same_record() and command:
         check_out(path, "settings")
         save_text(path, json.dumps({"stage": "run_all.sh", **record}, indent=2) + "\n")
     if command:

@@ -176,6 +176,10 @@ def main():
     check_flags(args, candidates="at least 1")
     if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
         die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
+    if len(set(args.variants)) < len(args.variants):
+        die(f"--variants must be distinct, got {' '.join(args.variants)}")
+    if not args.out.endswith(".md"):
+        die(f"--out {args.out}: the table is markdown, its name must end in .md")
     check_runs(args.prefix, args.seeds, made=args.table_only)
     check_out(os.path.join(ROOT, args.out), "table")  # a table this script (or seeds.py) wrote, or a new file
     t0 = time.time()

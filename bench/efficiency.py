@@ -52,6 +52,11 @@ def main():
     if not args.out.endswith(".png") or any("{seed}" not in r for r in args.runs) or len(set(args.seeds)) < len(
             args.seeds) or len(set(args.runs)) < len(args.runs):
         die("--out must end in .png, each of --runs hold {seed}, and --runs and --seeds be distinct")
+    for pattern in args.runs:  # {seed} is the one field: another ({split}) was a KeyError after the checks
+        try:
+            pattern.format(seed=0)
+        except (KeyError, IndexError, ValueError):
+            die(f"--runs {pattern}: {{seed}} is the one field a pattern may hold")
     table = args.out[:-4] + ".md"
     for path, kind in ((args.out, "png"), (table, "table")):
         check_out(path, kind)
@@ -59,6 +64,11 @@ def main():
         for s in args.seeds:
             if not os.path.isdir(os.path.join(ROOT, pattern.format(seed=s), "eval")):
                 die(f"{pattern.format(seed=s)}/eval not found: make the runs first (--help)")
+            run = pattern.format(seed=s)
+            for split in args.splits:  # BC's evaluation on each split: else an IndexError after the checks
+                if not any(os.path.exists(os.path.join(ROOT, run, "eval", f"world{w}", f"policy_0_{split}.json"))
+                           for w in eval_worlds(run)):
+                    die(f"--splits {split}: {run} was not evaluated on it; name the splits its runs were (EVAL_SPLITS)")
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -54,6 +54,8 @@ def main():
     if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
         die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
     check_runs(args.prefix, args.seeds, made=args.table_only)
+    if not args.out.endswith(".md"):
+        die(f"--out {args.out}: the table is markdown, its name must end in .md")
     check_out(os.path.join(ROOT, args.out), "table")  # before any run: a table a bench script wrote, or new
     for seed in [] if args.table_only else args.seeds:  # each run's log: new, or one this script wrote (stamped)
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")

@@ -1262,3 +1262,73 @@ def test_bench_runs_check_run_alls_settings_before_any_run(tmp_path):
         proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
         assert one_line(proc) and "--env-kwargs must be a JSON object" in proc.stderr, proc.stderr
         assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("record, message", [
+    ("not json{", "is not a run's settings recorded by run_all.sh"),
+    ({k: v for k, v in SMOKE_SETTINGS.items() if k not in ("SEED", *run_support.EVAL_ONLY)}, "SEED is missing"),
+    ({k: v for k, v in {**SMOKE_SETTINGS, "FOO": "bar"}.items() if k not in run_support.EVAL_ONLY},
+     "FOO is not a setting run_all.sh records")])
+def test_probe83_a_bad_record_is_refused_before_the_lock(record, message, tmp_path):
+    """Probe campaign on issue 83's fix: a real start on a RUN whose settings.json is not JSON or lacks a key left
+    RUN/.lock behind (written before the record was read), and a key run_all.sh never records passed. Both are refused
+    before anything is written, --check and a real start alike."""
+    run = tmp_path / "run"
+    run.mkdir()
+    text = record if isinstance(record, str) else json.dumps({"stage": "run_all.sh", **record})
+    (run / "settings.json").write_text(text)
+    before = snapshot(tmp_path)
+    for command in ([], ["--", "true"]):
+        proc = subprocess.run([sys.executable, "run_support.py", *smoke_start(run), *command], cwd=ROOT,
+                              capture_output=True, text=True)
+        assert one_line(proc) and message in proc.stderr, proc.stderr
+        assert snapshot(tmp_path) == before
+
+
+def test_probe83_base_names_a_model_directory(in_process, tmp_path, monkeypatch):
+    """Probe campaign: BASE=/nonexistent CPU_OK=1 passed --check; 01 refused it after the expert demos were written."""
+    monkeypatch.chdir(ROOT)
+    before = snapshot(tmp_path)
+    proc = in_process(run_support, *smoke_start(tmp_path / "run", BASE=str(tmp_path / "nonexistent")), check=False)
+    assert one_line(proc) and "is not a model directory" in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer_config.json"):
+        (model / name).write_text("{}")
+    proc = in_process(run_support, *smoke_start(tmp_path / "run", BASE=str(model)), check=False)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"RUN": "runs/a\nb"}, "RUN must be a plain path (no control character such as a newline), got $'runs/a\\nb'"),
+    ({"PYTHON": "no-such-python"}, "PYTHON must be a command, got 'no-such-python'")])
+def test_probe83_run_all_refuses_a_control_character_and_a_missing_python(setting, message, tmp_path):
+    """Probe campaign: RUN with a newline passed --check (QEVOLVE_LOCKED is a list of lines); PYTHON=no-such-python was
+    bash's 'command not found' and exit 127."""
+    env = {**os.environ, "PYTHON": sys.executable, "BASE_CACHE": str(tmp_path / "base"), **setting}
+    proc = subprocess.run(["bash", "run_all.sh", "--check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert one_line(proc) and message in proc.stderr and proc.stdout == "", proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_probe83_bench_scripts_check_their_flags(tmp_path, in_process, monkeypatch):
+    """Probe campaign: efficiency.py --runs with a {split} field was a KeyError and --splits bogus an IndexError;
+    seeds.py and ablation.py wrote a markdown table to --out t.png; ablation.py took --variants awr awr."""
+    bench_run(tmp_path / "run0", k=1)
+    monkeypatch.chdir(ROOT)
+    efficiency, seeds, ablation = (load_module(f"bench/{n}.py", n) for n in ("efficiency", "seeds", "ablation"))
+    runs = ["--seeds", "0", "--prefix", tmp_path / "run"]
+    before = snapshot(tmp_path)
+    for module, args, message in (
+            (efficiency, ["--runs", f"{tmp_path}/run{{seed}}{{split}}", "--seeds", "0"], "{seed} is the one field"),
+            (efficiency, ["--runs", f"{tmp_path}/run{{seed}}", "--seeds", "0", "--splits", "bogus"],
+             "--splits bogus: " + str(tmp_path / "run0") + " was not evaluated on it"),
+            (seeds, ["--table-only", *runs, "--out", tmp_path / "t.png"], "its name must end in .md"),
+            (ablation, ["--table-only", *runs, "--out", tmp_path / "t.png"], "its name must end in .md"),
+            (ablation, ["--table-only", *runs, "--variants", "awr", "awr", "--out", tmp_path / "t.md"],
+             "--variants must be distinct")):
+        out = [] if module is not efficiency else ["--out", str(tmp_path / "e.png")]
+        proc = in_process(module, *args, *out, check=False)
+        assert one_line(proc) and message in proc.stderr, (args, proc.stderr)
+        assert snapshot(tmp_path) == before
