@@ -168,6 +168,13 @@ N_EXPERT=$N_EXPERT N_SELF=$N_SELF"
 [ "$SEED" -le 4294966 ] && [ "$K" -le 999 ] || bad "SEED must be at most 4294966 and K at most 999 (self-collection's \
 seed is SEED * 1000 + k, below 2**32), got SEED=$SEED K=$K"
 need_path RUN BASE_CACHE SMOLLM2_DIR
+# the base cache is a folder of its own, as RUN is (run_support.check_run): no {...} field, never /, your home, the
+# checkout or one of its folders
+cache=$(realpath -m -- "$BASE_CACHE") own=1
+[[ $BASE_CACHE != *[{}]* && $cache != / && $cache != "$(realpath -m -- ~)" && $cache != "$PWD" ]] || own=0
+for d in .ci .git bench course docs envs models tests; do [[ $cache != "$PWD/$d" && $cache != "$PWD/$d/"* ]] || own=0; done
+[ "$own" = 1 ] || bad "BASE_CACHE=$BASE_CACHE must be a folder of its own (no {...} field; not /, your home, the \
+checkout or one of its folders), e.g. runs/base"
 [[ $PRECISION =~ ^(auto|fp32|bf16)$ ]] || bad "PRECISION must be auto, fp32 or bf16, got '$PRECISION'"
 words='^[[:space:]]*WORD([[:space:]]+WORD)*[[:space:]]*$'  # one or more WORDs (a pattern) apart
 [[ $EVAL_WORLDS =~ ${words//WORD/$int} ]] || bad "EVAL_WORLDS must be non-negative integers (decimal, no leading \

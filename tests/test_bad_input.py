@@ -675,6 +675,8 @@ RUN_ALL_PROBES = {"SEED=08": "SEED must be", "SEED=010": "SEED must be", "EVAL_W
                   "RUN=~": "RUN must be a plain path", "RUN=~/x": "RUN must be", "RUN=$HOME": "RUN must be",
                   "RUN=`id`": "RUN must be", "RUN=-x": "RUN must be",
                   "BASE_CACHE=-o": "BASE_CACHE must be", "SMOLLM2_DIR=~/m": "SMOLLM2_DIR must be",
+                  "BASE_CACHE=envs": "must be a folder of its own", "BASE_CACHE=/": "must be a folder of its own",
+                  "BASE_CACHE=runs/b{split}": "must be a folder of its own", "BASE_CACHE=.": "folder of its own",
                   "PRECISION=--help": "PRECISION must be", "SEED=99999999999": "SEED must be",
                   "SEED=4294967": "SEED must be at most 4294966", "CPU_OK=yes": "CPU_OK must be",
                   "SMOKE=2": "SMOKE must be 0 or 1", "KEEP_OLD=2": "KEEP_OLD must be 0 or 1",
