@@ -733,7 +733,8 @@ def test_cause_3_ctrl_c_is_one_line_and_exit_130(tmp_path):
     time.sleep(4)  # inside its imports or its work
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted: rerun the same command to resume"
+    said = [line for line in err.strip().splitlines() if "%|" not in line]  # a stage's progress bar may redraw after
+    assert proc.returncode == 130 and said[-1] == "interrupted: rerun the same command to resume", err[-2000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 

@@ -14,6 +14,8 @@ EPISODE_FIELDS = {"env", "task_id", "split", "source", "policy", "seed", "instru
                   "steps", "reward", "success", "truncated"}
 STEP_FIELDS = {"text", "action", "obs", "r_env", "label", "r_aux", "done"}
 
+HOUSEHOLD = ["--env", "household", "--env-kwargs"]  # a step limit (max_steps): household's keyword
+
 
 def check_schema(path):
     eps = [json.loads(line) for line in open(path)]
@@ -31,8 +33,8 @@ def check_schema(path):
 
 def test_expert_through_02_scores_100_percent(stages, in_process, tmp_path):
     out = tmp_path / "seen.jsonl"
-    proc = in_process(stages["02_collect"], "--policy", "expert", "--split", "seen", "--out", out)
-    summary = json.load(open(tmp_path / "seen.json"))
+    proc = in_process(stages["02_collect"], "--policy", "expert", "--env", "household", "--split", "seen", "--out", out)
+    summary = json.load(open(tmp_path / "seen.json"))  # household's own demonstrator is clean (kitchen's is careless)
     assert summary["success_rate"] == 1.0 and summary["episodes"] == 100
     assert "success 100.0%" in proc.stdout
     eps = check_schema(out)
@@ -43,7 +45,7 @@ def test_expert_through_02_scores_100_percent(stages, in_process, tmp_path):
 def test_fresh_tiny_model_collects_end_to_end(stages, in_process, tiny_run, tmp_path):
     out = tmp_path / "self.jsonl"
     proc = in_process(stages["02_collect"], "--policy", tiny_run / "policy_0", "--split", "train", "--episodes", 6,
-                      "--num-envs", 3, "--max-new-tokens", 16, "--env-kwargs", '{"max_steps": 4}', "--out", out,
+                      "--num-envs", 3, "--max-new-tokens", 16, *HOUSEHOLD, '{"max_steps": 4}', "--out", out,
                       "--threads", 1)
     eps = check_schema(out)
     assert len(eps) == 6 and all(ep["source"] == "self" and ep["policy"] == "policy_0" for ep in eps)
@@ -64,7 +66,7 @@ def test_collection_is_reproducible(stages, in_process, tiny_run, tmp_path):
     for name, run in (("a", run_stage), ("b", lambda name, *args: in_process(stages[name], *args))):
         out = tmp_path / f"{name}.jsonl"
         run("02_collect", "--policy", tiny_run / "policy_0", "--split", "seen", "--episodes", 5,
-            "--num-envs", 2, "--max-new-tokens", 12, "--env-kwargs", '{"max_steps": 3}', "--out", out,
+            "--num-envs", 2, "--max-new-tokens", 12, *HOUSEHOLD, '{"max_steps": 3}', "--out", out,
             "--seed", 5, "--threads", 1)
         outs.append(open(out).read())
     assert outs[0] == outs[1]
@@ -91,7 +93,7 @@ def test_the_plain_rollout_and_the_lockstep_engine_write_the_same_episodes(stage
     for n in (1, 3):
         out = tmp_path / f"n{n}.jsonl"
         in_process(stages["02_collect"], "--policy", tiny_run / "policy_0", "--split", "seen", "--episodes", 7,
-                   "--num-envs", n, "--greedy", "--max-new-tokens", 12, "--env-kwargs", '{"max_steps": 4}',
+                   "--num-envs", n, "--greedy", "--max-new-tokens", 12, *HOUSEHOLD, '{"max_steps": 4}',
                    "--out", out, "--threads", 1, "--precision", "fp32")
         outs.append((out.read_text(), {k: v for k, v in json.loads((tmp_path / f"n{n}.json").read_text()).items()
                                        if k in ("episodes", "env_steps", "generated_tokens", "labels")}))
@@ -212,7 +214,7 @@ def test_the_cuda_graph_decode_step_writes_the_eager_episodes(stages, in_process
     monkeypatch.setattr(kv_cache.Session, "compacted", compacted)
     monkeypatch.setattr(kv_cache.GraphStep, "__call__", call)
     common = ["--policy", path, "--split", "seen", "--episodes", 6, "--num-envs", 3, "--greedy", "--max-new-tokens",
-              8, "--env-kwargs", '{"max_steps": 3}', "--threads", 1, "--precision", "fp32"]
+              8, *HOUSEHOLD, '{"max_steps": 6}', "--threads", 1, "--precision", "fp32"]
     outs = []
     for name, flags in (("eager", []), ("graph", ["--cuda-graph"])):
         in_place.clear()
@@ -296,7 +298,7 @@ def test_one_batch_runs_every_world_and_split_as_runs_of_their_own(stages, in_pr
     lockstep batch (slots take the next task of any run, in another world's environment), and each run written
     as a run of its own writes it - the same greedy episodes, the same summary but for the launch's timings."""
     common = ["--policy", tiny_run / "policy_0", "--episodes", 3, "--num-envs", 2, "--max-new-tokens", 12,
-              "--env-kwargs", '{"max_steps": 3}', "--greedy", "--threads", 1, "--precision", "fp32"]
+              *HOUSEHOLD, '{"max_steps": 3}', "--greedy", "--threads", 1, "--precision", "fp32"]
     run_stage("02_collect", *common, "--env-seed", 0, 1, "--split", "seen", "unseen",
               "--out", tmp_path / "w{world}_{split}.jsonl")
     assert len(list(tmp_path.glob("w*_*.jsonl"))) == 4

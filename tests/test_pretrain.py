@@ -66,7 +66,7 @@ def test_pretrain_lowers_the_loss_and_bc_fine_tunes_it(stages, in_process, tmp_p
     assert len(losses) == 3 and losses[2] < losses[0] * 0.8, losses
     assert (base / "model.safetensors").exists() and (base / "tokenizer.json").exists()
     args = json.load(open(base / "args.json"))
-    assert args["stage"] == "00_pretrain" and args["episodes"] == 48 and args["env"] == "household"
+    assert args["stage"] == "00_pretrain" and args["episodes"] == 48 and args["env"] == "kitchen"
     in_process(stages["02_collect"], "--policy", "expert", "--split", "train", "--episodes", 6,
                "--out", tmp_path / "e.jsonl")
     in_process(stages["01_bc"], "--model", base, "--data", tmp_path / "e.jsonl", "--out", tmp_path / "policy_0",

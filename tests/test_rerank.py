@@ -8,9 +8,9 @@ from transformers import AutoModel
 
 import rerank
 from conftest import load_stage, run_stage
-from test_collect import check_schema
+from test_collect import HOUSEHOLD, check_schema
 
-TINY = ["--split", "seen", "--episodes", 2, "--num-envs", 2, "--env-kwargs", '{"max_steps": 3}', "--threads", 1]
+TINY = ["--split", "seen", "--episodes", 2, "--num-envs", 2, *HOUSEHOLD, '{"max_steps": 3}', "--threads", 1]
 
 
 @pytest.fixture(scope="module")
