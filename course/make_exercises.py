@@ -33,7 +33,8 @@ EXERCISES = {
 # The data contract is copied byte-identical into the stages that read episodes: one exercise (01's),
 # stubbed in every copy with 01's message; tests/test_stage_copies.py tells the student to copy it on.
 COPIES = {"tokenize_episode": "01_bc.py", "collate": "01_bc.py"}
-VERBATIM = ["00_pretrain.py", "plumbing.py", "machine.py", "distributed.py", "run_support.py", "kv_cache.py",
+VERBATIM = ["00_pretrain.py", "plumbing.py", "machine.py", "distributed.py", "run_support.py", "critic_report.py",
+            "kv_cache.py",
             "rerank.py", "rollout.py", "run_all.sh", "envs", "models/__init__.py", "models/tiny.py", "docs/course.md",
             "docs/design.md"]  # copied as they are
 # The grading tests: test file -> None (all of it) or the top-level names kept; DROP: never copied

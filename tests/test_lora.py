@@ -48,7 +48,8 @@ def test_bc_and_bppo_with_lora_save_plain_merged_models(tiny_run, tmp_path):
     check_merged(before, tmp_path / "pi")
     # The merged policy collects like any other.
     run_stage("02_collect", "--policy", tmp_path / "pi", "--split", "seen", "--episodes", 2, "--greedy",
-              "--max-new-tokens", 8, "--env-kwargs", '{"max_steps": 2}', "--out", tmp_path / "eval.jsonl",
+              "--max-new-tokens", 8, "--env", "household", "--env-kwargs", '{"max_steps": 2}',
+              "--out", tmp_path / "eval.jsonl",
               "--threads", 1)
 
 

