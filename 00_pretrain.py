@@ -28,10 +28,7 @@ environment and settings, under runs/base/):
         --out runs/demo/data/expert.jsonl
     python 01_bc.py --model runs/demo/base --lr 1e-3 --data runs/demo/data/expert.jsonl --out runs/demo/policy_0
 """
-import argparse
-import json
 import math
-import os
 import random
 import re
 import time
@@ -40,16 +37,14 @@ import torch
 from tqdm import tqdm
 
 import envs
-from machine import add_machine_flags, autocast, pick_device
+from machine import add_machine_flags, autocast, start
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (Parser, by_rows, check_finite, check_flags, check_loss, check_memory, check_out, die,
-                      length_batches, log_metrics, lr_at, model_bytes, parse_env_kwargs, seed_everything, write_atomic)
+from plumbing import (accumulate, by_rows, check_finite, check_flags, check_tiny, die, length_batches, log_metrics,
+                      lr_at, parse_env_kwargs, save_policy, stage_parser)
 
 
 def parse_args(argv=None):
-    p = Parser(description="Stage 00: pretrain the tiny base language model on environment text.",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    p, a, d, m = stage_parser("Stage 00: pretrain the tiny base language model on environment text.")
     d.add_argument("--out", required=True, help="output model directory (save_pretrained format)")
     d.add_argument("--env", default="kitchen",
                    help=f"environment name (registered: {', '.join(sorted(envs.REGISTRY))})")
@@ -78,10 +73,7 @@ def parse_args(argv=None):
                 qa="in [0, 1]", d_model="at least 1", n_layers="at least 1", n_heads="at least 1",
                 vocab_size="at least 1", max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative",
                 env_seed="a seed in [0, 2**32)")
-    if args.d_model % args.n_heads:
-        die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
-    check_memory(model_bytes(args.vocab_size, args.d_model, args.n_layers),
-                 f"--vocab-size {args.vocab_size} --d-model {args.d_model} --n-layers {args.n_layers}")
+    check_tiny(args)  # --d-model a multiple of --n-heads, memory for the model
     return args
 
 
@@ -149,25 +141,15 @@ def build_corpus(env, n, rng, p_random, qa):
     return [transcript(env, ids[i % len(ids)], rng, p_random, qa) for i in tqdm(range(n), desc="00_pretrain corpus")]
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    # Every input is checked before any work (the flags: parse_args), and --out is replaced only by a finished model.
-    check_out(args.out, "policy")
-    if args.metrics:
-        check_out(args.metrics, "log", [args.out])
-    env_kwargs = parse_env_kwargs(args.env_kwargs)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    seed_everything(args.seed)
-    device, amp = pick_device(args.precision)  # amp: the autocast dtype, None for fp32 (the CPU's default)
-
+def prepare_pretrain(args, rng, device):
+    """The environment's train worlds -> (the corpus, the tokenizer trained on it, the model on the device, the
+    transcripts tokenized and cut to --max-len); the corpus is drawn with rng."""
     try:
-        env = envs.make(args.env, seed=args.env_seed, **env_kwargs)
+        env = envs.make(args.env, seed=args.env_seed, **parse_env_kwargs(args.env_kwargs))
     except (ValueError, ImportError) as e:  # a keyword the env does not take, a missing package
         die(e)
     if not hasattr(env, "admissible_actions"):
         die(f"env {args.env!r} has no admissible_actions(); the explorer needs it")
-    rng = random.Random(args.seed)
     corpus = build_corpus(env, args.episodes, rng, args.p_random, args.qa)
     env.close()
     # The instruction is the same in every transcript: count it once.
@@ -181,54 +163,59 @@ def main(argv=None):
         die(f"--max-len {args.max_len} cuts every transcript before its first trained token; raise it")
     print(f"00_pretrain: {len(data)} transcripts of {args.env}/train, {n_tokens} trained tokens/epoch, "
           f"model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params on {device}")
+    return corpus, tokenizer, model.train(), data
 
+
+def pad_transcripts(data, pad_id, device):
+    """(ids, loss_mask) pairs -> input_ids (B, L) right-padded with pad_id, attention_mask (B, L), mask (B, L)."""
+    L = max(len(ids) for ids, _ in data)
+    input_ids = torch.full((len(data), L), pad_id, dtype=torch.long)
+    attention_mask, mask = torch.zeros((len(data), L), dtype=torch.long), torch.zeros((len(data), L))
+    for r, (ids, m) in enumerate(data):
+        input_ids[r, :len(ids)] = torch.tensor(ids)
+        attention_mask[r, :len(ids)] = 1
+        mask[r, :len(ids)] = torch.tensor(m, dtype=torch.float)
+    return input_ids.to(device), attention_mask.to(device), mask.to(device)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    _, device, amp = start(args, "policy", [])  # --out and --metrics writable, --threads, the seed, the device
+    rng = random.Random(args.seed)  # the corpus, then the batches
+    corpus, tokenizer, model, data = prepare_pretrain(args, rng, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    n_loss = [sum(m[1:]) for _, m in data]  # trained tokens: a step's loss is their mean
     total_steps = args.epochs * math.ceil(len(data) / args.batch_size)
     step, t0, records = 0, time.time(), []
-    model.train()
     bar = tqdm(total=total_steps, desc="00_pretrain", unit="step")
+
+    def batch_loss(ids):  # forward -> loss, on transcripts `ids`
+        input_ids, attention_mask, mask = pad_transcripts([data[j] for j in ids], tokenizer.pad_token_id, device)
+        with autocast(device, amp):
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
+        loss = lm_loss(token_logprobs(logits[:, :-1], input_ids[:, 1:]), mask[:, 1:])  # position i predicts i + 1
+        return loss, {"loss": loss.item()}, int(attention_mask.sum())
+
     for epoch in range(args.epochs):
-        epoch_loss, n_batches = 0.0, 0
-        for idx in length_batches([len(ids) for ids, _ in data], args.batch_size, rng):
-            L = max(len(data[j][0]) for j in idx)
-            input_ids = torch.full((len(idx), L), tokenizer.pad_token_id, dtype=torch.long)  # (B, L), right-padded
-            attention_mask, mask = torch.zeros((len(idx), L), dtype=torch.long), torch.zeros((len(idx), L))
-            for r, j in enumerate(idx):
-                ids, m = data[j]
-                input_ids[r, :len(ids)] = torch.tensor(ids)
-                attention_mask[r, :len(ids)] = 1
-                mask[r, :len(ids)] = torch.tensor(m, dtype=torch.float)
-            input_ids, attention_mask, mask = input_ids.to(device), attention_mask.to(device), mask.to(device)
+        losses = []
+        for idx in length_batches([len(ids) for ids, _ in data], args.batch_size, rng):  # one step's batch
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            with autocast(device, amp):
-                logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
-            loss = lm_loss(token_logprobs(logits[:, :-1], input_ids[:, 1:]), mask[:, 1:])  # position i predicts i + 1
-            check_loss(loss, step)
-            loss.backward()
+            info, _ = accumulate(idx, n_loss, model, args, batch_loss, step)  # forward, loss, backward
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            epoch_loss += loss.item()
-            n_batches += 1
             step += 1
+            losses.append(info["loss"])
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-        records.append({"stage": "00_pretrain", "epoch": epoch + 1, "step": step, "train_loss": epoch_loss / n_batches,
-                        "elapsed_s": time.time() - t0})
+            bar.set_postfix(loss=f"{info['loss']:.3f}")
+        records.append({"stage": "00_pretrain", "epoch": epoch + 1, "step": step,
+                        "train_loss": sum(losses) / len(losses), "elapsed_s": time.time() - t0})
         tqdm.write(f"epoch {epoch + 1}: train loss {records[-1]['train_loss']:.4f}")
     bar.close()
-
     check_finite(model.parameters(), "the base model")
-
-    def save(tmp):
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "args.json"), "w") as f:
-            json.dump({"stage": "00_pretrain", **vars(args)}, f, indent=2)
-        with open(os.path.join(tmp, "corpus_sample.txt"), "w") as f:  # what the model read, for a human
-            f.write(tokenizer.apply_chat_template(corpus[0], tokenize=False))
-    write_atomic(args.out, save)
+    sample = tokenizer.apply_chat_template(corpus[0], tokenize=False)  # what the model read, for a human
+    save_policy(args.out, model, tokenizer, args, "00_pretrain", texts=[("corpus_sample.txt", sample)])
     log_metrics(args.metrics, *records)
     print(f"00_pretrain: wrote {args.out} (train loss {records[-1]['train_loss']:.4f}, {time.time() - t0:.0f}s)")
 

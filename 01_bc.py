@@ -23,7 +23,6 @@ demonstrator's flawed choices are what the later stages unlearn), and the base 0
         --out runs/demo/data/expert.jsonl
     python 01_bc.py --data runs/demo/data/expert.jsonl --model runs/demo/base --lr 1e-3 --out runs/demo/policy_0
 """
-import argparse
 import bisect
 import math
 import random
@@ -36,15 +35,12 @@ from transformers import AutoModelForCausalLM
 from distributed import distribute, finish_distributed, full_state, is_main
 from machine import add_lora, add_machine_flags, autocast, cost, grad_checkpointing, start
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (Parser, accumulate, by_rows, check_finite, check_flags, check_memory, die, fit_context,
-                      length_batches, load_model, load_tokenizer, log_metrics, lr_at, model_bytes, read_episodes,
-                      save_policy)
+from plumbing import (accumulate, by_rows, check_finite, check_flags, check_tiny, die, fit_context, length_batches,
+                      load_model, load_tokenizer, log_metrics, lr_at, read_episodes, save_policy, stage_parser)
 
 
 def parse_args(argv=None):
-    p = Parser(description="Stage 01: behavior cloning on expert demonstrations.",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    p, a, d, m = stage_parser("Stage 01: behavior cloning on expert demonstrations.")
     d.add_argument("--data", nargs="+", required=True, help="episode JSONL file(s) to imitate")
     d.add_argument("--out", required=True, help="output policy directory (save_pretrained format)")
     d.add_argument("--model", default="tiny",
@@ -72,11 +68,8 @@ def parse_args(argv=None):
                 weight_decay="non-negative", warmup="in [0, 1]", grad_clip="positive", val_frac="in (0, 1)",
                 d_model="at least 1", n_layers="at least 1", n_heads="at least 1", vocab_size="at least 1",
                 max_len="at least 1", seed="a seed in [0, 2**32)", threads="non-negative", lora="non-negative")
-    if args.model == "tiny" and args.d_model % args.n_heads:
-        die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
     if args.model == "tiny":
-        check_memory(model_bytes(args.vocab_size, args.d_model, args.n_layers),
-                     f"--vocab-size {args.vocab_size} --d-model {args.d_model} --n-layers {args.n_layers}")
+        check_tiny(args)  # --d-model a multiple of --n-heads, memory for the model
     if args.lora and args.model == "tiny":
         die("--lora needs a pretrained --model DIR: the tiny model starts from random weights")
     return args
@@ -159,10 +152,7 @@ def prepare_bc(args, device):
     else:
         tokenizer = load_tokenizer(args.model)
         model = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.model), args), args.lora).train()
-    pairs = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], model.config)
-    data = [x for _, x in pairs]
-    if len(data) < 2:
-        die("fewer than 2 trajectories fit the context; collect more demonstrations")
+    data = [x for _, x in fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], model.config, 2)]
     random.Random(args.seed).shuffle(data)
     n_val = max(1, int(len(data) * args.val_frac))
     print(f"01_bc: {len(data) - n_val} train / {n_val} val trajectories, model "

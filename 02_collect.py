@@ -27,7 +27,6 @@ The critic learns on r_t = r_env + r_aux (03); 04's advantages take r_env alone 
 
 --rerank CRITIC_DIR --candidates M (rerank.py, QLASS-style): the critic of 03 picks the argmax-Q of M sampled replies.
 """
-import argparse
 import os
 import time
 from collections import Counter
@@ -40,18 +39,15 @@ import envs
 from distributed import finish_distributed, is_main, setup_distributed
 from kv_cache import GraphStep, generate_cached, generate_plain
 from machine import add_machine_flags, autocast, peak_mem_gb, pick_device
-from plumbing import (Parser, check_flags, check_memory, check_out, die, kv_bytes, load_model, load_tokenizer,
-                      parse_env_kwargs, save_episodes, seed_everything)
+from plumbing import check_flags, load_model, load_tokenizer, seed_everything, stage_parser
 from rerank import Reranker, add_rerank_flags, check_rerank
-from rollout import plan_runs, run_lockstep
+from rollout import plan_runs, run_lockstep, summarize
 
 FORMAT_ERROR_OBS = "Invalid reply. End your reply with one line: Action: <command>"
 
 
 def parse_args(argv=None):
-    p = Parser(description="Stage 02: collect labeled trajectories or evaluate a policy.",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    p, a, d, m = stage_parser("Stage 02: collect labeled trajectories or evaluate a policy.")
     d.add_argument("--policy", required=True, help="'expert' or a policy directory (save_pretrained)")
     d.add_argument("--out", required=True,
                    help="output episode JSONL; the summary goes to the same name with .json. With several --env-seed "
@@ -242,19 +238,8 @@ class ModelPolicy:
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    # Every input is checked before any work (the flags: parse_args); --out and its summary are written once every
-    # episode is in.
-    if args.policy != "expert":  # every slot's KV cache (and each candidate's), one estimate before any work
-        flags = f"--num-envs {args.num_envs}" + (f" --candidates {args.candidates}" if args.rerank else "")
-        check_memory(kv_bytes(args.policy, args.num_envs * (args.candidates if args.rerank else 1)), flags)
-    env_kwargs = parse_env_kwargs(args.env_kwargs)
-    runs = plan_runs(args, env_kwargs)  # one (args, task ids) per (world, split) pair (rollout.py); one policy load
-    inputs = [p for p in (args.policy, args.rerank) if p and p != "expert"]
-    for r, _ in runs:
-        check_out(r.out, "02_collect", inputs)
-    if args.metrics:
-        check_out(args.metrics, "log", inputs + [r.out for r, _ in runs])
+    args = parse_args(argv)  # every input and output is checked before any work: the flags, then plan_runs
+    runs, make_env = plan_runs(args)  # one (args, task ids) per (world, split) pair (rollout.py); one policy load
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world = setup_distributed()  # distributed (torchrun: docs/distributed.md); alone: 0, 1
@@ -262,7 +247,6 @@ def main(argv=None):
     reranker = Reranker(args.rerank, args) if args.rerank else None  # first: a bad CRITIC_DIR fails fast
     policy = "expert" if args.policy == "expert" else ModelPolicy(args.policy, args)
     aux = {"ok": 0.0, "invalid": args.r_inv, "repeat": args.r_repeat, "format": args.r_fmt}
-    make_env = lambda r: envs.make(r.env, seed=r.env_seed, **env_kwargs)
     if world > 1:  # distributed: every rank its share of each run's tasks, sampled with its own random stream
         runs = [(r, task_ids[rank::world]) for r, task_ids in runs]
         torch.manual_seed(args.seed + rank)
@@ -288,45 +272,6 @@ def one_by_one(env, task_ids, policy, args, aux):
     episodes = [ep for ep in (run_episode(env, tid, policy, args, aux) for tid in bar) if ep is not None]
     env.close()
     return episodes, Counter() if policy == "expert" else policy.take_counts([0])
-
-
-def summarize(args, episodes, counts, timing, rank, world):
-    """One (world, split): its episodes -> args.out (JSONL) and its summary (.json), one record to --metrics.
-    wall_s, cpu_s and peak_mem_gb are the launch's, whose runs_in_batch runs were rolled out together."""
-    env_steps = sum(s["label"] != "format" for ep in episodes for s in ep["steps"])  # a format error steps nothing
-    if world > 1:  # distributed: rank 0 gathers every rank's episodes and sums the counts; the others are done
-        gathered = [None] * world if rank == 0 else None
-        torch.distributed.gather_object((episodes, counts, env_steps), gathered, dst=0)
-        if rank != 0:
-            return
-        episodes = [ep for eps, _, _ in gathered for ep in eps]
-        counts, env_steps = sum((c for _, c, _ in gathered), Counter()), sum(n for _, _, n in gathered)
-    episodes.sort(key=lambda ep: ep["task_id"])
-    if not episodes:
-        die("no episode was recorded: not even the first prompt fits the model's context")
-    n, labels = len(episodes), Counter(s["label"] for ep in episodes for s in ep["steps"])
-    if counts["cut_episodes"]:
-        print(f"note: {counts['cut_episodes']} episodes were cut because their next prompt exceeded the model's "
-              "context")
-    summary = {"stage": "02_collect", "policy": policy_name(args), "env": args.env, "split": args.split,
-               "greedy": args.greedy, "candidates": args.candidates if args.rerank else 1, "episodes": n,
-               "success_rate": sum(ep["success"] for ep in episodes) / n,
-               "avg_reward": sum(ep["reward"] for ep in episodes) / n,
-               "avg_steps": sum(len(ep["steps"]) for ep in episodes) / n,
-               "labels": {k: labels.get(k, 0) for k in ("ok", "invalid", "repeat", "format")},
-               "env_steps": env_steps, "generated_tokens": counts["generated_tokens"], **timing}
-    if counts["cut_replies"]:
-        print(f"note: {counts['cut_replies']} replies reached --max-new-tokens {args.max_new_tokens} before the "
-              f"end-of-turn token and were cut (raise --max-new-tokens if the policy writes long thoughts)")
-    save_episodes(args.out, episodes, summary, args, args.metrics)  # and FILE.json, the summary
-    lab = summary["labels"]
-    rerank = f"(Q-reranked from {args.candidates} candidates per step) " if args.rerank else ""
-    batch = f" of {timing['runs_in_batch']} runs in one batch" if timing["runs_in_batch"] > 1 else ""
-    print(f"02_collect: {summary['policy']} on {args.env}/{args.split} (world {args.env_seed}): success "
-          f"{summary['success_rate']:.1%}, avg reward {summary['avg_reward']:.3f}, "
-          f"avg steps {summary['avg_steps']:.1f}, labels ok {lab['ok']} invalid {lab['invalid']} "
-          f"repeat {lab['repeat']} format {lab['format']}, {n} episodes "
-          f"{rerank}in {summary['wall_s']:.1f}s{batch} -> {args.out}")
 
 
 # ----------------------------------------------------------------------------------------

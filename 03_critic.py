@@ -24,7 +24,6 @@ V and Q share one transformer: one forward pass over a trajectory gives every V 
     python 03_critic.py --policy runs/demo/policy_0 --out runs/demo/iter_1/critic \
         --data runs/demo/data/expert.jsonl runs/demo/iter_1/self.jsonl
 """
-import argparse
 import bisect
 import copy
 import math
@@ -37,14 +36,12 @@ from transformers import AutoModel
 
 from distributed import distribute, finish_distributed, full_state, is_main, unsharded
 from machine import add_machine_flags, autocast, cost, grad_checkpointing, start
-from plumbing import (Parser, accumulate, check_finite, check_flags, die, fit_context, held_out, length_batches,
-                      load_heads, load_model, load_tokenizer, log_metrics, owned, read_episodes, save_critic)
+from plumbing import (accumulate, check_finite, check_flags, die, fit_context, held_out, length_batches, load_heads,
+                      load_model, load_tokenizer, log_metrics, owned, read_episodes, save_critic, stage_parser)
 
 
 def parse_args(argv=None):
-    p = Parser(description="Stage 03: weighted IQL critic on the hybrid buffer.",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    p, a, d, m = stage_parser("Stage 03: weighted IQL critic on the hybrid buffer.")
     d.add_argument("--data", nargs="+", required=True, help="episode JSONL files: expert demos + self trajectories")
     d.add_argument("--policy", required=True, help="policy directory whose transformer initialises the critic")
     d.add_argument("--out", required=True, help="output critic directory")
@@ -184,8 +181,6 @@ def prepare_critic(args, device):
         load_heads(critic, args.init)
     critic = critic.to(device).train()
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
-    if not data:
-        die("no trajectory fits the model's context")
     n_expert = sum(ep["source"] == "expert" for ep, _ in data)
     print(f"03_critic: {len(data)} trajectories ({n_expert} expert, {len(data) - n_expert} self), "
           f"{sum(len(ep['steps']) for ep, _ in data)} steps; tau {args.tau}, gamma {args.gamma}, "

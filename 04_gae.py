@@ -43,14 +43,12 @@ from transformers import AutoModel, AutoTokenizer
 
 import critic_report
 from machine import add_machine_flags, autocast, start
-from plumbing import (ARTIFACTS, MAX_REWARD, Parser, check_flags, die, fit_context, load_heads, load_model, owned,
-                      read_episodes, read_json, save_episodes)
+from plumbing import (ARTIFACTS, MAX_REWARD, check_flags, die, fit_context, load_heads, load_model, owned,
+                      read_episodes, read_json, save_episodes, stage_parser)
 
 
 def parse_args(argv=None):
-    p = Parser(description="Stage 04: per-step process rewards (GAE) from the critic.",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    p, a, d, m = stage_parser("Stage 04: per-step process rewards (GAE) from the critic.")
     d.add_argument("--data", nargs="+", required=True, help="episode JSONL files (the buffer the critic learned on)")
     d.add_argument("--critic", default="", help="critic directory from 03_critic.py (not with --advantage outcome)")
     d.add_argument("--out", required=True, help="output JSONL: the buffer with 'v', 'q' and 'adv' on every step")
@@ -159,8 +157,6 @@ def critic_advantages(args, episodes, device, amp):
     with_aux = args.rewards == "critic" and not trained.get("no_aux", False)  # r_t of the advantage (03 --no-aux: none)
     holdout = trained.get("holdout", 0.0)  # 03 --holdout: these self episodes never reached its loss
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
-    if not data:
-        die("no trajectory fits the model's context")
     out_eps = [None] * len(data)  # in the buffer's order
     by_length = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"]))  # batches with little padding
     with torch.no_grad(), autocast(device, amp):  # one forward pass per batch: V at every state, Q at every action

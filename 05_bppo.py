@@ -27,7 +27,6 @@ its step's process reward A_t from 04 (the update never leaves the data):
     python 05_bppo.py --data runs/demo/iter_1/adv.jsonl --policy runs/demo/policy_0 \
         --ref runs/demo/policy_0 --out runs/demo/policy_1
 """
-import argparse
 import bisect
 import math
 import random
@@ -39,14 +38,12 @@ from transformers import AutoModelForCausalLM
 
 from distributed import distribute, finish_distributed, full_state, is_main
 from machine import add_lora, add_machine_flags, autocast, cost, grad_checkpointing, start
-from plumbing import (STEP_KEYS, Parser, accumulate, by_rows, check_finite, check_flags, die, fit_context,
-                      length_batches, load_model, load_tokenizer, log_metrics, read_episodes, save_policy)
+from plumbing import (STEP_KEYS, accumulate, by_rows, check_finite, check_flags, die, fit_context, length_batches,
+                      load_model, load_tokenizer, log_metrics, read_episodes, save_policy, stage_parser)
 
 
 def parse_args(argv=None):
-    p = Parser(description="Stage 05: BPPO policy improvement on the labeled buffer.",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a, d, m = (p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine"))  # --help's order
+    p, a, d, m = stage_parser("Stage 05: BPPO policy improvement on the labeled buffer.")
     d.add_argument("--data", nargs="+", required=True, help="episode JSONL with 'adv' on every step (04 output)")
     d.add_argument("--policy", required=True, help="pi_old: the policy entering this stage (also the starting weights)")
     d.add_argument("--ref", required=True, help="pi_ref: the behavior-cloning policy anchoring the KL term")
@@ -71,12 +68,10 @@ def parse_args(argv=None):
     add_machine_flags(m, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
     d.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
     args = p.parse_args(argv)  # every flag is checked before any work
-    check_flags(args, eps_low="in (0, 1]", eps_high="positive", dual_clip="non-negative", kl_coef="non-negative",
-                awr_beta="positive", awr_max_weight="positive", epochs="at least 1", batch_size="at least 1",
-                lr="in (0, 1]", grad_clip="positive", grad_accum="at least 1", seed="a seed in [0, 2**32)",
-                threads="non-negative", lora="non-negative")
-    if 0 < args.dual_clip <= 1:
-        die(f"--dual-clip must be 0 (off) or greater than 1, got {args.dual_clip}")
+    check_flags(args, eps_low="in (0, 1]", eps_high="positive", dual_clip="0 (off) or greater than 1",
+                kl_coef="non-negative", awr_beta="positive", awr_max_weight="positive", epochs="at least 1",
+                batch_size="at least 1", lr="in (0, 1]", grad_clip="positive", grad_accum="at least 1",
+                seed="a seed in [0, 2**32)", threads="non-negative", lora="non-negative")
     return args
 
 
@@ -214,8 +209,6 @@ def prepare_bppo(args, device):
     policy = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.policy), args), args.lora).to(device)
     ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], policy.config)
-    if not data:
-        die("no trajectory fits the model's context")
     print(f"05_bppo: {len(data)} trajectories ({sum(ep['source'] == 'expert' for ep, _ in data)} expert), objective "
           f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}")
     return tokenizer, policy, ref, data

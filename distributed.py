@@ -74,17 +74,18 @@ def micro_batches(idx, n):
 
 def parts(idx, n_loss, model, args):
     """The parts of one optimizer step's batch `idx` (trajectory indices) that this process computes ->
-    yields (ids, share); alone without --grad-accum: one part, (idx, 1.0). n_loss[j] is what trajectory j
-    adds to the count the step's loss averages over (its reply tokens in 01/05, its step weights in 03).
+    yields (ids, share); alone without --grad-accum (00 has neither): one part, (idx, 1.0). n_loss[j] is what
+    trajectory j adds to the count the step's loss averages over (its reply tokens in 01/05, its step weights in 03,
+    its trained tokens in 00).
     Each part's loss is a mean over its own count, so with share = world * its count / the batch's count,
     sum(share * part loss), averaged over the processes by DDP, is the single-process loss of the whole
     batch. Every process knows idx (the same seed), so the batch's count needs no communication.
     Gradients are reduced across processes in the last part's backward only."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     mine, keep = shard(idx, rank, world)
-    groups, total = micro_batches(mine, args.grad_accum), sum(n_loss[j] for j in idx)
+    groups, total = micro_batches(mine, getattr(args, "grad_accum", 1)), sum(n_loss[j] for j in idx)
     for i, (ids, w) in enumerate(groups):
-        grad_sync(model, world, args.fsdp, on=i == len(groups) - 1)
+        grad_sync(model, world, getattr(args, "fsdp", False), on=i == len(groups) - 1)
         yield ids, keep * w * world * sum(n_loss[j] for j in ids) / max(total, 1e-8)
 
 

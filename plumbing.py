@@ -47,6 +47,13 @@ class Parser(argparse.ArgumentParser):
         die(f"{message} (see --help)")
 
 
+def stage_parser(description):
+    """A stage's Parser and its --help's groups, in this order: the algorithm, data and files, the machine (whose
+    shared flags machine.add_machine_flags adds) -> (parser, algorithm, data, machine)."""
+    p = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return (p, *(p.add_argument_group(t) for t in ("the algorithm", "data and files", "the machine")))
+
+
 def quiet_interrupt(kind, value, tb, default=sys.excepthook):
     """Ctrl-C ends a script without a traceback (still by SIGINT: 130 in a shell; run_all.sh says how to resume).
     What it was writing is left as it was (write_atomic)."""
@@ -58,7 +65,8 @@ sys.excepthook = quiet_interrupt
 MAX_REWARD = 100.0  # a reward or advantage larger than this is a broken buffer
 RULES = {"at least 1": lambda v: v >= 1, "non-negative": lambda v: v >= 0, "positive": lambda v: v > 0,
          "in [0, 1]": lambda v: 0 <= v <= 1, "in (0, 1)": lambda v: 0 < v < 1, "in (0, 1]": lambda v: 0 < v <= 1,
-         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32, "in [-100, 100]": lambda v: abs(v) <= MAX_REWARD}
+         "a seed in [0, 2**32)": lambda v: 0 <= v < 2**32, "in [-100, 100]": lambda v: abs(v) <= MAX_REWARD,
+         "0 (off) or greater than 1": lambda v: v == 0 or v > 1}
 # Flags that size an allocation or a loop have a ceiling; every other number one of 2**32.
 LIMITS = {"threads": 1024, "grad_accum": 1024, "d_model": 16384, "n_layers": 1024, "n_heads": 1024,
           "vocab_size": 10**6, "max_len": 10**6, "lora": 4096, "candidates": 1024, "episodes": 10**6, "epochs": 10**6,
@@ -92,16 +100,13 @@ def model_bytes(vocab_size, d_model, n_layers):
     return 16 * (vocab_size * d_model + 16 * n_layers * d_model ** 2)
 
 
-def kv_bytes(model_dir, rows):
-    """The fp32 KV cache of `rows` sequences of a model directory's model at 1k tokens each (an episode of the
-    miniatures; the model's context where shorter); 0 for a config this cannot read (loading it says why)."""
-    c = read_json(os.path.join(model_dir, "config.json")) or {}
-    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "num_hidden_layers")
-    n = {k: c.get(k, 1024 if k == "max_position_embeddings" else c.get("num_attention_heads")) for k in keys}
-    if not all(type(v) is int and v > 0 for v in n.values()):
-        return 0
-    kv_dim = n["hidden_size"] // n["num_attention_heads"] * n["num_key_value_heads"]
-    return rows * min(n["max_position_embeddings"], 1024) * n["num_hidden_layers"] * 2 * kv_dim * 4
+def check_tiny(args):
+    """The tiny model's size flags (00; 01 --model tiny), before any work: --d-model a multiple of --n-heads, and the
+    memory to train it (model_bytes)."""
+    if args.d_model % args.n_heads:
+        die(f"--d-model {args.d_model} must be a multiple of --n-heads {args.n_heads}")
+    check_memory(model_bytes(args.vocab_size, args.d_model, args.n_layers),
+                 f"--vocab-size {args.vocab_size} --d-model {args.d_model} --n-layers {args.n_layers}")
 
 
 def unique_keys(pairs):
@@ -469,14 +474,17 @@ def read_episodes(paths, step_keys=STEP_KEYS):
     return episodes
 
 
-def fit_context(pairs, config):
+def fit_context(pairs, config, least=1):
     """(episode, tokenize_episode) pairs -> those that fit the context of a model (its config); the others are
-    dropped and counted."""
+    dropped and counted. Fewer than `least` left is one error line."""
     max_len = config.max_position_embeddings
     kept = [(ep, x) for ep, x in pairs if len(x["input_ids"]) <= max_len]
     if len(kept) < len(pairs):
         print(f"note: dropped {len(pairs) - len(kept)} of {len(pairs)} trajectories longer than the context "
               f"({max_len})")
+    if len(kept) < least:
+        die("no trajectory fits the model's context" if least == 1 else
+            f"fewer than {least} trajectories fit the context; collect more demonstrations")
     return kept
 
 
@@ -587,14 +595,18 @@ def accumulate(idx, n_loss, model, args, batch_loss, step):
     return average_info(infos), tokens
 
 
-def save_policy(path, model, tokenizer, args, stage, state=None):
+def save_policy(path, model, tokenizer, args, stage, state=None, texts=()):
     """A policy directory, atomically: the model (save_pretrained; --lora adapters merged into the weights,
-    a plain model; state: the FSDP-gathered weights or None), its tokenizer and args.json (stage's stamp)."""
+    a plain model; state: the FSDP-gathered weights or None), its tokenizer, args.json (stage's stamp) and
+    texts: (name, text) files for a human (00's corpus_sample.txt)."""
     def save(tmp):
-        (model.merge_and_unload() if args.lora else model).save_pretrained(tmp, state_dict=state)
+        (model.merge_and_unload() if getattr(args, "lora", 0) else model).save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "args.json"), "w") as f:
             json.dump({"stage": stage, **vars(args)}, f, indent=2)
+        for name, text in texts:
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(text)
     write_atomic(path, save)
 
 

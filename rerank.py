@@ -68,3 +68,9 @@ class Reranker:
             last = torch.tensor([len(x["action_pos"]) - 1 for x in xs], device=self.device)
             q += q_all[torch.arange(len(xs), device=self.device), last].tolist()
         return q
+
+    def choose(self, episodes, texts):
+        """The reply each environment executes: of its m candidates in a row (texts, each the next step of its
+        episode in episodes), the argmax-Q one (q_values, pick_candidates)."""
+        q = self.q_values(episodes, texts)
+        return [texts[k * self.m + j] for k, j in enumerate(pick_candidates(q, self.m))]
