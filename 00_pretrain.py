@@ -31,13 +31,12 @@ environment and settings, under runs/base/):
 import math
 import random
 import re
-import time
 
 import torch
 from tqdm import tqdm
 
 import envs
-from machine import add_machine_flags, autocast, start
+from machine import Progress, add_machine_flags, autocast, start
 from models.tiny import build_tiny_model, train_tiny_tokenizer
 from plumbing import (accumulate, by_rows, check_finite, check_flags, check_tiny, die, length_batches, log_metrics,
                       lr_at, parse_env_kwargs, save_policy, stage_parser)
@@ -186,8 +185,7 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     n_loss = [sum(m[1:]) for _, m in data]  # trained tokens: a step's loss is their mean
     total_steps = args.epochs * math.ceil(len(data) / args.batch_size)
-    step, t0, records = 0, time.time(), []
-    bar = tqdm(total=total_steps, desc="00_pretrain", unit="step")
+    log, records = Progress("00_pretrain", total_steps, device), []  # the bar, the steps
 
     def batch_loss(ids):  # forward -> loss, on transcripts `ids`
         input_ids, attention_mask, mask = pad_transcripts([data[j] for j in ids], tokenizer.pad_token_id, device)
@@ -197,27 +195,23 @@ def main(argv=None):
         return loss, {"loss": loss.item()}, int(attention_mask.sum())
 
     for epoch in range(args.epochs):
-        losses = []
         for idx in length_batches([len(ids) for ids, _ in data], args.batch_size, rng):  # one step's batch
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            info, _ = accumulate(idx, n_loss, model, args, batch_loss, step)  # forward, loss, backward
+                group["lr"] = lr_at(log.step, total_steps, args.lr, args.warmup)
+            info, tokens = accumulate(idx, n_loss, model, args, batch_loss, log.step)  # forward, loss, backward
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            step += 1
-            losses.append(info["loss"])
-            bar.update(1)
-            bar.set_postfix(loss=f"{info['loss']:.3f}")
-        records.append({"stage": "00_pretrain", "epoch": epoch + 1, "step": step,
-                        "train_loss": sum(losses) / len(losses), "elapsed_s": time.time() - t0})
-        tqdm.write(f"epoch {epoch + 1}: train loss {records[-1]['train_loss']:.4f}")
-    bar.close()
+            log.update(info, tokens, loss=f"{info['loss']:.3f}")
+        records.append(r := {"stage": "00_pretrain", "epoch": epoch + 1, "step": log.step,
+                             "train_loss": log.mean()["loss"], "elapsed_s": log.elapsed()})
+        tqdm.write(f"epoch {epoch + 1}: train loss {r['train_loss']:.4f}")
+    log.bar.close()
     check_finite(model.parameters(), "the base model")
     sample = tokenizer.apply_chat_template(corpus[0], tokenize=False)  # what the model read, for a human
     save_policy(args.out, model, tokenizer, args, "00_pretrain", texts=[("corpus_sample.txt", sample)])
     log_metrics(args.metrics, *records)
-    print(f"00_pretrain: wrote {args.out} (train loss {records[-1]['train_loss']:.4f}, {time.time() - t0:.0f}s)")
+    print(f"00_pretrain: wrote {args.out} (train loss {r['train_loss']:.4f}, {log.elapsed():.0f}s)")
 
 
 if __name__ == "__main__":

@@ -26,17 +26,16 @@ demonstrator's flawed choices are what the later stages unlearn), and the base 0
 import bisect
 import math
 import random
-import time
 
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from distributed import distribute, finish_distributed, full_state, is_main
-from machine import add_lora, add_machine_flags, autocast, cost, grad_checkpointing, start
+from distributed import distribute
+from machine import Progress, add_lora, add_machine_flags, autocast, grad_checkpointing, save_trained, start
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (accumulate, by_rows, check_finite, check_flags, check_tiny, die, fit_context, length_batches,
-                      load_model, load_tokenizer, log_metrics, lr_at, read_episodes, save_policy, stage_parser)
+from plumbing import (accumulate, by_rows, check_flags, check_tiny, die, fit_context, length_batches, load_model,
+                      load_tokenizer, lr_at, read_episodes, save_policy, stage_parser)
 
 
 def parse_args(argv=None):
@@ -79,9 +78,8 @@ def parse_args(argv=None):
 # ALGO LOGIC: the behavior-cloning loss, and what to watch while it trains.
 # ----------------------------------------------------------------------------------------
 def reply_logits(model, batch):
-    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token, in the order
-    of batch["input_ids"][batch["action_step"] >= 0]. logits_to_keep projects onto the vocabulary only there:
-    most tokens are observations, and with a large vocabulary the full (B, L, V) logits are the largest tensor."""
+    """Next-token logits only where they predict a reply token -> (N, V), in the order of batch["input_ids"][reply]
+    (logits_to_keep: most tokens are observations, and the full (B, L, V) logits would be the largest tensor)."""
     keep = torch.zeros_like(batch["action_step"], dtype=torch.bool)
     keep[:, :-1] = batch["action_step"][:, 1:] >= 0  # position i predicts token i + 1
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
@@ -170,8 +168,8 @@ def main(argv=None):
                                   weight_decay=args.weight_decay)
     n_loss = [sum(s >= 0 for s in x["action_step"]) for x in train]  # reply tokens: a step's loss is their mean
     total_steps = args.epochs * math.ceil(len(train) / args.batch_size)
-    rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
-    bar = tqdm(total=total_steps, desc="01_bc", unit="step", disable=not is_main())
+    rng, records = random.Random(args.seed), []
+    log = Progress("01_bc", total_steps, device)  # the bar, the steps, the tokens read
 
     def batch_loss(ids):  # forward -> loss, on trajectories `ids`
         b = {k: v.to(device) for k, v in collate([train[j] for j in ids], tokenizer.pad_token_id).items()}
@@ -180,35 +178,27 @@ def main(argv=None):
         return *bc_loss(token_logprobs(logits, b["input_ids"][b["action_step"] >= 0])), int(b["attention_mask"].sum())
 
     for epoch in range(args.epochs):
-        losses = []
         for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):  # one step's batch
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-            info, tokens = accumulate(idx, n_loss, train_model, args, batch_loss, step)  # forward, loss, backward
+                group["lr"] = lr_at(log.step, total_steps, args.lr, args.warmup)
+            info, tokens = accumulate(idx, n_loss, train_model, args, batch_loss, log.step)  # forward, loss, backward
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            step, n_tok = step + 1, n_tok + tokens
-            losses.append(info["loss"])
-            bar.update(1)
-            bar.set_postfix(loss=f"{info['loss']:.3f}")
+            log.update(info, tokens, loss=f"{info['loss']:.3f}")
         val_loss, val_replies, val_episodes = evaluate(model, val, tokenizer.pad_token_id, args.batch_size, device, amp)
-        records.append({"stage": "01_bc", "epoch": epoch + 1, "step": step, "train_loss": sum(losses) / len(losses),
-                        "val_loss": val_loss, "val_reply_match": val_replies, "val_episode_match": val_episodes,
-                        "elapsed_s": time.time() - t0, **cost(n_tok, time.time() - t0, device)})
-        tqdm.write(f"epoch {epoch + 1}: train loss {records[-1]['train_loss']:.4f}  val loss {val_loss:.4f}  "
+        records.append(r := {"stage": "01_bc", "epoch": epoch + 1, "step": log.step, "train_loss": log.mean()["loss"],
+                             "val_loss": val_loss, "val_reply_match": val_replies, "val_episode_match": val_episodes,
+                             "elapsed_s": log.elapsed(), **log.cost()})
+        tqdm.write(f"epoch {epoch + 1}: train loss {r['train_loss']:.4f}  val loss {val_loss:.4f}  "
                    f"greedy reproduces {val_replies:.1%} of val replies, {val_episodes:.1%} of val episodes")
-    bar.close()
+    log.bar.close()
 
-    state = full_state(model, args.fsdp)  # --fsdp: every process helps gather the weights for rank 0; else None
-    if is_main():  # rank 0 (or alone) checks and writes
-        check_finite(model.parameters() if state is None else state.values(), "the policy")
+    def save(state):  # rank 0 (or alone), the weights found finite; then the records to --metrics
         save_policy(args.out, model, tokenizer, args, "01_bc", state)
-        log_metrics(args.metrics, *records)
         print(f"01_bc: wrote {args.out} (val loss {val_loss:.4f}, val episodes reproduced {val_episodes:.1%}, "
-              f"{time.time() - t0:.0f}s, {records[-1]['tokens_per_s']:.0f} tokens/s, "
-              f"peak memory {records[-1]['peak_mem_gb']:.2f} GB)")
-    finish_distributed()
+              f"{log.elapsed():.0f}s, {r['tokens_per_s']:.0f} tokens/s, peak memory {r['peak_mem_gb']:.2f} GB)")
+    save_trained(model, args, "the policy", save, records)  # --fsdp: every process helps gather the weights
 
 
 # ----------------------------------------------------------------------------------------
@@ -255,9 +245,8 @@ def tokenize_episode(tokenizer, ep):
 
 
 def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors (long, but step_mask float): input_ids (B, L)
-    padded with pad_id, attention_mask (B, L) 1 on real tokens, action_step (B, L) padded with -1, state_pos
-    (B, T+1) and action_pos (B, T) padded with 0, step_mask (B, T) 1 on real steps."""
+    """Right-pad tokenize_episode() dicts into long tensors: input_ids (B, L) padded with pad_id, attention_mask (B, L),
+    action_step (B, L) padded with -1, state_pos (B, T+1) and action_pos (B, T) with 0; step_mask (B, T) float."""
     def pad(key, value):  # (B, the longest list): each row's list, then `value`
         out = torch.full((len(tokenized), max(len(x[key]) for x in tokenized)), value, dtype=torch.long)
         for i, x in enumerate(tokenized):

@@ -28,16 +28,15 @@ import bisect
 import copy
 import math
 import random
-import time
 
 import torch
 from tqdm import tqdm
 from transformers import AutoModel
 
-from distributed import distribute, finish_distributed, full_state, is_main, unsharded
-from machine import add_machine_flags, autocast, cost, grad_checkpointing, start
-from plumbing import (accumulate, check_finite, check_flags, die, fit_context, held_out, length_batches, load_heads,
-                      load_model, load_tokenizer, log_metrics, owned, read_episodes, save_critic, stage_parser)
+from distributed import distribute, unsharded
+from machine import Progress, add_machine_flags, autocast, grad_checkpointing, save_trained, start
+from plumbing import (accumulate, check_flags, die, fit_context, held_out, length_batches, load_heads, load_model,
+                      load_tokenizer, owned, read_episodes, save_critic, stage_parser)
 
 
 def parse_args(argv=None):
@@ -63,11 +62,9 @@ def parse_args(argv=None):
     a.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(m, training=True)  # --threads, --precision, --grad-accum, --fsdp
     d.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    args = p.parse_args(argv)  # every flag is checked before any work
-    check_flags(args, tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]", epochs="at least 1",
-                batch_size="at least 1", grad_accum="at least 1", lr="positive", grad_clip="positive",
-                seed="a seed in [0, 2**32)", threads="non-negative", holdout="in [0, 1]")
-    return args
+    return check_flags(p.parse_args(argv), tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]",  # before any work
+                       epochs="at least 1", batch_size="at least 1", grad_accum="at least 1", lr="positive",
+                       grad_clip="positive", seed="a seed in [0, 2**32)", threads="non-negative", holdout="in [0, 1]")
 
 
 # ----------------------------------------------------------------------------------------
@@ -196,9 +193,8 @@ def main(argv=None):
     train_critic = distribute(critic, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the critic itself
     optimizer = torch.optim.AdamW(critic.parameters(), lr=args.lr, weight_decay=0.0)
     n_loss = [batch_weights([ep], args.uniform_weights, "cpu").sum().item() for ep, _ in data]  # sum of each one's w_t
-    rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
-    bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="03_critic", unit="step",
-               disable=not is_main())
+    rng, records = random.Random(args.seed), []
+    log = Progress("03_critic", args.epochs * math.ceil(len(data) / args.batch_size), device)  # bar, steps, tokens
 
     def batch_loss(ids):  # forward -> loss, on trajectories `ids`
         eps = [data[j][0] for j in ids]
@@ -210,34 +206,26 @@ def main(argv=None):
         return loss, info, int(batch["attention_mask"].sum())
 
     for epoch in range(args.epochs):
-        epoch_infos = []
         for idx in length_batches([len(x["input_ids"]) for _, x in data], args.batch_size, rng):  # one step's batch
-            info, tokens = accumulate(idx, n_loss, train_critic, args, batch_loss, step)  # forward, loss, backward
+            info, tokens = accumulate(idx, n_loss, train_critic, args, batch_loss, log.step)  # forward, loss, backward
             torch.nn.utils.clip_grad_norm_(critic.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             polyak_update(target_q_head, critic.q_head, args.polyak)
-            step, n_tok = step + 1, n_tok + tokens
-            epoch_infos.append(info)
-            bar.update(1)
-            bar.set_postfix(L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}", V=f"{info['v_mean']:+.3f}",
-                            Q=f"{info['q_mean']:+.3f}")
-        records.append({"stage": "03_critic", "epoch": epoch + 1, "step": step, "elapsed_s": time.time() - t0,
-                        **{k: sum(i[k] for i in epoch_infos) / len(epoch_infos) for k in ("loss_v", "loss_q")},
-                        **cost(n_tok, time.time() - t0, device)})
-        tqdm.write(f"epoch {epoch + 1}: L_V {records[-1]['loss_v']:.4f}  L_Q {records[-1]['loss_q']:.4f}")
-    bar.close()
+            log.update(info, tokens, L_V=f"{info['loss_v']:.4f}", L_Q=f"{info['loss_q']:.4f}",
+                       V=f"{info['v_mean']:+.3f}", Q=f"{info['q_mean']:+.3f}")
+        records.append(r := {"stage": "03_critic", "epoch": epoch + 1, "step": log.step, "elapsed_s": log.elapsed(),
+                             **log.mean(("loss_v", "loss_q")), **log.cost()})
+        tqdm.write(f"epoch {epoch + 1}: L_V {r['loss_v']:.4f}  L_Q {r['loss_q']:.4f}")
+    log.bar.close()
+    summary = {"stage": "03_critic", "step": log.step, "loss_v": r["loss_v"], "loss_q": r["loss_q"]}
 
-    state = full_state(critic, args.fsdp)  # --fsdp: every process helps gather the weights for rank 0; else None
-    if is_main():  # rank 0 (or alone) checks and writes
-        check_finite((critic.state_dict() if state is None else state).values(), "the critic")
+    def save(state):  # rank 0 (or alone), the weights found finite; then the records and summary to --metrics
         save_critic(critic, args.out, tokenizer, vars(args), state)
-        summary = {"stage": "03_critic", "step": step, "loss_v": records[-1]["loss_v"], "loss_q": records[-1]["loss_q"]}
-        log_metrics(args.metrics, *records, summary)
         print(f"03_critic: L_V {summary['loss_v']:.4f}  L_Q {summary['loss_q']:.4f} in the last epoch (what V and Q "
-              f"learned: 04_gae's report); {time.time() - t0:.0f}s, {records[-1]['tokens_per_s']:.0f} tokens/s, "
-              f"peak memory {records[-1]['peak_mem_gb']:.2f} GB -> {args.out}")
-    finish_distributed()
+              f"learned: 04_gae's report); {log.elapsed():.0f}s, {r['tokens_per_s']:.0f} tokens/s, "
+              f"peak memory {r['peak_mem_gb']:.2f} GB -> {args.out}")
+    save_trained(critic, args, "the critic", save, records + [summary], whole=True)  # --fsdp: every process gathers
 
 
 # ----------------------------------------------------------------------------------------
@@ -284,9 +272,8 @@ def tokenize_episode(tokenizer, ep):
 
 
 def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors (long, but step_mask float): input_ids (B, L)
-    padded with pad_id, attention_mask (B, L) 1 on real tokens, action_step (B, L) padded with -1, state_pos
-    (B, T+1) and action_pos (B, T) padded with 0, step_mask (B, T) 1 on real steps."""
+    """Right-pad tokenize_episode() dicts into long tensors: input_ids (B, L) padded with pad_id, attention_mask (B, L),
+    action_step (B, L) padded with -1, state_pos (B, T+1) and action_pos (B, T) with 0; step_mask (B, T) float."""
     def pad(key, value):  # (B, the longest list): each row's list, then `value`
         out = torch.full((len(tokenized), max(len(x[key]) for x in tokenized)), value, dtype=torch.long)
         for i, x in enumerate(tokenized):

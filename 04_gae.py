@@ -242,9 +242,8 @@ def tokenize_episode(tokenizer, ep):
 
 
 def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors (long, but step_mask float): input_ids (B, L)
-    padded with pad_id, attention_mask (B, L) 1 on real tokens, action_step (B, L) padded with -1, state_pos
-    (B, T+1) and action_pos (B, T) padded with 0, step_mask (B, T) 1 on real steps."""
+    """Right-pad tokenize_episode() dicts into long tensors: input_ids (B, L) padded with pad_id, attention_mask (B, L),
+    action_step (B, L) padded with -1, state_pos (B, T+1) and action_pos (B, T) with 0; step_mask (B, T) float."""
     def pad(key, value):  # (B, the longest list): each row's list, then `value`
         out = torch.full((len(tokenized), max(len(x[key]) for x in tokenized)), value, dtype=torch.long)
         for i, x in enumerate(tokenized):

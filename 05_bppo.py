@@ -13,13 +13,10 @@ its step's process reward A_t from 04 (the update never leaves the data):
 
 - Asymmetric clipping, eps_low > eps_high: a bad action (A < 0) may lose more probability (down to
   1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high).
-- Dual clip (Ye et al. 2020; not in the paper): for A < 0 the term is also bounded below, max(..., c * A)
-  with c = --dual-clip, so a token whose eta grew past c cannot dominate a batch.
-- The KL anchor is exact at every action token, sum_v pi_theta(v) (log pi_theta(v) - log pi_ref(v)), from
-  pi_ref's logits computed batch by batch: no sampling estimator.
-- --adv-norm (not in the paper): 'standardize' replaces every A_t by (A_t - mean A) / std A over the buffer's
-  steps, as BPPO's and CleanRL's code do per batch; 'center' removes the mean only (an ablation: it tells an
-  advantage's offset from its step credit). The default is chosen on `dev` (docs/design.md, departures).
+- Dual clip (--dual-clip c, Ye et al. 2020; not in the paper): for A < 0 the term is at least c * A (bppo_loss).
+- The KL anchor is exact at every action token, from pi_ref's logits batch by batch: no sampling estimator (kl_to_ref).
+- --adv-norm (not in the paper; the default is chosen on `dev`, docs/design.md): 'standardize' (A_t - mean A) / std A
+  over the buffer's steps, as BPPO's and CleanRL's code do per batch; 'center' the mean only (an ablation).
 - --objective awr, the paper's weaker alternative (advantage-weighted regression), replaces L_BPPO:
     L_AWR = - E[ min(exp(A_t / beta), w_max) * log pi_theta(y) ]
   which can only raise the probability of actions in the data.
@@ -30,16 +27,15 @@ its step's process reward A_t from 04 (the update never leaves the data):
 import bisect
 import math
 import random
-import time
 
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from distributed import distribute, finish_distributed, full_state, is_main
-from machine import add_lora, add_machine_flags, autocast, cost, grad_checkpointing, start
-from plumbing import (STEP_KEYS, accumulate, by_rows, check_finite, check_flags, die, fit_context, length_batches,
-                      load_model, load_tokenizer, log_metrics, read_episodes, save_policy, stage_parser)
+from distributed import distribute
+from machine import Progress, add_lora, add_machine_flags, autocast, grad_checkpointing, save_trained, start
+from plumbing import (STEP_KEYS, accumulate, by_rows, check_flags, die, fit_context, length_batches, load_model,
+                      load_tokenizer, read_episodes, save_policy, stage_parser)
 
 
 def parse_args(argv=None):
@@ -67,12 +63,11 @@ def parse_args(argv=None):
     a.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(m, training=True, lora=True)  # --threads, --precision, --grad-accum, --fsdp, --lora
     d.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    args = p.parse_args(argv)  # every flag is checked before any work
-    check_flags(args, eps_low="in (0, 1]", eps_high="positive", dual_clip="0 (off) or greater than 1",
-                kl_coef="non-negative", awr_beta="positive", awr_max_weight="positive", epochs="at least 1",
-                batch_size="at least 1", lr="in (0, 1]", grad_clip="positive", grad_accum="at least 1",
-                seed="a seed in [0, 2**32)", threads="non-negative", lora="non-negative")
-    return args
+    return check_flags(p.parse_args(argv), eps_low="in (0, 1]", eps_high="positive",  # every flag, before any work
+                       dual_clip="0 (off) or greater than 1", kl_coef="non-negative", awr_beta="positive",
+                       awr_max_weight="positive", epochs="at least 1", batch_size="at least 1", lr="in (0, 1]",
+                       grad_clip="positive", grad_accum="at least 1", seed="a seed in [0, 2**32)",
+                       threads="non-negative", lora="non-negative")
 
 
 # ----------------------------------------------------------------------------------------
@@ -83,9 +78,8 @@ def masked_mean(x, mask):
 
 
 def bppo_loss(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip=0.0):
-    """L_BPPO = -masked_mean(min(eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A)), eta = exp(logp - logp_old);
-    every argument is a per-token tensor of one shape. dual_clip = c > 1 (0: off) bounds a bad token's term from
-    below, max(..., c * A) for A < 0: else one token whose eta grew far above 1 can dominate a whole batch."""
+    """L_BPPO = -masked_mean(min(eta * A, clip(eta, 1 - eps_low, 1 + eps_high) * A)), eta = exp(logp - logp_old), on
+    per-token tensors; dual_clip = c > 1 (0: off): max(..., c * A) for A < 0, so no token whose eta grew far rules."""
     eta = torch.exp(logp - logp_old)
     surrogate = torch.minimum(eta * adv, torch.clamp(eta, 1.0 - eps_low, 1.0 + eps_high) * adv)
     if dual_clip:
@@ -100,9 +94,8 @@ def awr_loss(logp, adv, mask, beta, max_weight):
 
 
 def kl_to_ref(logits, ref_logits):
-    """Exact KL(pi_theta || pi_ref) = sum_y pi_theta(y) (log pi_theta(y) - log pi_ref(y)) of the next-token
-    distributions, averaged over the reply tokens. logits (N, V) of pi_theta where a reply token is predicted
-    (reply_logits), ref_logits (N, V) pi_ref's there (log-probabilities do as well); by chunks of rows (by_rows)."""
+    """Exact KL(pi_theta || pi_ref) = sum_y pi_theta(y) (log pi_theta(y) - log pi_ref(y)), the mean over the reply
+    tokens: logits, ref_logits (N, V) of pi_theta and pi_ref there (log-probabilities do as well), by rows (by_rows)."""
     def kl(x, r):
         logq, logr = torch.log_softmax(x.float(), dim=-1), torch.log_softmax(r.float(), dim=-1)
         return (logq.exp() * (logq - logr)).sum(-1).mean()
@@ -110,9 +103,8 @@ def kl_to_ref(logits, ref_logits):
 
 
 def reply_logits(model, batch):
-    """Next-token logits only where they predict a reply token -> (N, V), one row per reply token, in the order
-    of batch["input_ids"][batch["action_step"] >= 0]. logits_to_keep projects onto the vocabulary only there:
-    most tokens are observations, and with a large vocabulary the full (B, L, V) logits are the largest tensor."""
+    """Next-token logits only where they predict a reply token -> (N, V), in the order of batch["input_ids"][reply]
+    (logits_to_keep: most tokens are observations, and the full (B, L, V) logits would be the largest tensor)."""
     keep = torch.zeros_like(batch["action_step"], dtype=torch.bool)
     keep[:, :-1] = batch["action_step"][:, 1:] >= 0  # position i predicts token i + 1
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
@@ -126,8 +118,7 @@ def token_logprobs(logits, targets):
 
 
 def normalize_advantages(episodes, how):
-    """--adv-norm over the buffer's steps: 'center' A - mean(A), 'standardize' (A - mean(A)) / std(A); 'none' as
-    written -> the episodes with the new "adv" (the others' fields unchanged)."""
+    """--adv-norm over the buffer's steps, on copies: 'center' A - mean(A), 'standardize' (A - mean(A)) / std(A)."""
     adv = torch.tensor([s["adv"] for ep in episodes for s in ep["steps"]], dtype=torch.float64)
     shift = adv.mean().item() if how != "none" else 0.0
     scale = adv.std(correction=0).clamp(min=1e-8).item() if how == "standardize" else 1.0
@@ -135,35 +126,28 @@ def normalize_advantages(episodes, how):
 
 
 def token_advantages(batch, step_adv):
-    """Each step's A_t on every token of its reply, A_y = step_adv[b, t] for each token y of reply t of row b:
-    step_adv (B, T) -> (N,), row-major over the batch's reply tokens (the order of reply_logits' rows)."""
+    """A_y = step_adv[b, t] on each token y of reply t of row b: step_adv (B, T) -> (N,), in reply_logits' row order."""
     reply = batch["action_step"] >= 0  # (B, L)
     return step_adv[reply.nonzero()[:, 0], batch["action_step"][reply]]
 
 
 def policy_loss(logits, ref_logits, batch, logp_old, args):
-    """L = L_BPPO (or, with --objective awr, L_AWR) + alpha * KL(pi_theta || pi_ref) on one batch -> (loss, info).
-    logits (N, V): pi_theta's at the batch's N reply tokens (reply_logits); ref_logits (N, V): pi_ref's (None when
-    alpha = 0; log-probabilities do as well); logp_old (N,); batch["adv"] (N,). info: the loss, the fraction of tokens
-    each clip holds (clip_low: A < 0, eta < 1 - eps_low; clip_high: A > 0, eta > 1 + eps_high), approx KL(pi_old ||
-    pi_theta), KL(pi_theta || pi_ref), the mean ratio eta."""
+    """L = L_BPPO (--objective awr: L_AWR) + alpha * KL(pi_theta || pi_ref) on one batch's N reply tokens -> (loss,
+    info). logits, ref_logits (N, V): pi_theta's, pi_ref's (None when alpha = 0); logp_old, batch["adv"] (N,). info:
+    the loss, the share of tokens each clip holds (clip_low: A < 0, eta < 1 - eps_low; clip_high: A > 0, eta > 1 +
+    eps_high), approx KL(pi_old || pi_theta) (k3: joschu.net/blog/kl-approx.html), KL(pi_theta || pi_ref), mean eta."""
     logp = token_logprobs(logits, batch["input_ids"][batch["action_step"] >= 0])  # (N,) log pi_theta
     adv, mask = batch["adv"], torch.ones_like(batch["adv"])
-    if args.objective == "bppo":
-        pg = bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip)
-    else:
-        pg = awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight)
-    kl_ref = torch.zeros((), device=logits.device) if ref_logits is None else kl_to_ref(logits, ref_logits)
-    loss = pg + args.kl_coef * kl_ref
+    pg = (bppo_loss(logp, logp_old, adv, mask, args.eps_low, args.eps_high, args.dual_clip) if args.objective == "bppo"
+          else awr_loss(logp, adv, mask, args.awr_beta, args.awr_max_weight))
+    kl = torch.zeros((), device=logits.device) if ref_logits is None else kl_to_ref(logits, ref_logits)
+    loss = pg + args.kl_coef * kl
     with torch.no_grad():
         log_ratio = logp - logp_old
-        eta = log_ratio.exp()
-        info = {"loss": loss.item(),
-                "clip_low": masked_mean(((eta < 1 - args.eps_low) & (adv < 0)).float(), mask).item(),
-                "clip_high": masked_mean(((eta > 1 + args.eps_high) & (adv > 0)).float(), mask).item(),
-                # approx KL(pi_old || pi_theta), the k3 estimator http://joschu.net/blog/kl-approx.html
-                "approx_kl_old": masked_mean((eta - 1) - log_ratio, mask).item(),
-                "kl_ref": kl_ref.item(), "ratio": masked_mean(eta, mask).item()}
+        eta, mean = log_ratio.exp(), lambda x: masked_mean(x.float(), mask).item()
+        info = {"loss": loss.item(), "clip_low": mean((eta < 1 - args.eps_low) & (adv < 0)),
+                "clip_high": mean((eta > 1 + args.eps_high) & (adv > 0)), "approx_kl_old": mean((eta - 1) - log_ratio),
+                "kl_ref": kl.item(), "ratio": mean(eta)}
     return loss, info
 
 
@@ -179,9 +163,8 @@ def make_batch(items, pad_id, device):
 
 @torch.no_grad()
 def old_logprobs(policy, data, pad_id, batch_size, device, amp):
-    """logp_old(y) = log pi_old(y | prefix) of every reply token y of every trajectory, computed once before any
-    update (pi_old is the policy as it entered the stage: eta's denominator must not move with pi_theta) -> a list
-    with one (n_j,) tensor per trajectory j (n_j: its reply tokens, in reply_logits' order), on the CPU."""
+    """logp_old(y) = log pi_old(y | prefix) of every reply token y, once before any update (eta's denominator must not
+    move with pi_theta) -> one (n_j,) tensor per trajectory j (its reply tokens, in reply_logits' order), on the CPU."""
     policy.eval()
     by_length, out = sorted(range(len(data)), key=lambda j: len(data[j][1]["input_ids"])), [None] * len(data)
     for i in range(0, len(data), batch_size):
@@ -222,9 +205,8 @@ def main(argv=None):
     train_policy = distribute(policy, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the policy itself
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     n_loss = [len(lp) for lp in logp_old]  # reply tokens: a step's loss is their mean
-    rng, step, t0, records, n_tok = random.Random(args.seed), 0, time.time(), [], 0
-    bar = tqdm(total=args.epochs * math.ceil(len(data) / args.batch_size), desc="05_bppo", unit="step",
-               disable=not is_main())
+    rng, records = random.Random(args.seed), []
+    log = Progress("05_bppo", args.epochs * math.ceil(len(data) / args.batch_size), device)  # bar, steps, tokens
 
     def batch_loss(ids):  # forward -> loss, on trajectories `ids`
         b = make_batch([data[j] for j in ids], tokenizer.pad_token_id, device)
@@ -236,33 +218,23 @@ def main(argv=None):
         return loss, info, int(b["attention_mask"].sum())
 
     for epoch in range(args.epochs):
-        epoch_infos = []
         for idx in length_batches([len(x["input_ids"]) for _, x in data], args.batch_size, rng):  # one step's batch
-            info, tokens = accumulate(idx, n_loss, train_policy, args, batch_loss, step)  # forward, loss, backward
+            info, tokens = accumulate(idx, n_loss, train_policy, args, batch_loss, log.step)  # forward, loss, backward
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            step, n_tok = step + 1, n_tok + tokens
-            epoch_infos.append(info)
-            bar.update(1)
-            bar.set_postfix(loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
-        records.append({"stage": "05_bppo", "out": args.out, "epoch": epoch + 1, "step": step,
-                        "elapsed_s": time.time() - t0,
-                        **{k: sum(i[k] for i in epoch_infos) / len(epoch_infos) for k in epoch_infos[0]},
-                        **cost(n_tok, time.time() - t0, device)})
-        r = records[-1]
+            log.update(info, tokens, loss=f"{info['loss']:.4f}", kl_ref=f"{info['kl_ref']:.4f}")
+        records.append(r := {"stage": "05_bppo", "out": args.out, "epoch": epoch + 1, "step": log.step,
+                             "elapsed_s": log.elapsed(), **log.mean(), **log.cost()})
         tqdm.write(f"epoch {epoch + 1}: loss {r['loss']:+.4f}  clip low {r['clip_low']:.3f} high {r['clip_high']:.3f}"
                    f"  approx KL(old) {r['approx_kl_old']:.4f}  KL(ref) {r['kl_ref']:.4f}  mean ratio {r['ratio']:.3f}")
-    bar.close()
+    log.bar.close()
 
-    state = full_state(policy, args.fsdp)  # --fsdp: every process helps gather the weights for rank 0; else None
-    if is_main():  # rank 0 (or alone) checks and writes
-        check_finite(policy.parameters() if state is None else state.values(), "the updated policy")
+    def save(state):  # rank 0 (or alone), the weights found finite; then the records to --metrics
         save_policy(args.out, policy, tokenizer, args, "05_bppo", state)
-        log_metrics(args.metrics, *records)
-        print(f"05_bppo: wrote {args.out} ({time.time() - t0:.0f}s, {r['tokens_per_s']:.0f} tokens/s, "
+        print(f"05_bppo: wrote {args.out} ({log.elapsed():.0f}s, {r['tokens_per_s']:.0f} tokens/s, "
               f"peak memory {r['peak_mem_gb']:.2f} GB)")
-    finish_distributed()
+    save_trained(policy, args, "the updated policy", save, records)  # --fsdp: every process helps gather the weights
 
 
 # ----------------------------------------------------------------------------------------
@@ -309,9 +281,8 @@ def tokenize_episode(tokenizer, ep):
 
 
 def collate(tokenized, pad_id):
-    """Right-pad a list of tokenize_episode() dicts into tensors (long, but step_mask float): input_ids (B, L)
-    padded with pad_id, attention_mask (B, L) 1 on real tokens, action_step (B, L) padded with -1, state_pos
-    (B, T+1) and action_pos (B, T) padded with 0, step_mask (B, T) 1 on real steps."""
+    """Right-pad tokenize_episode() dicts into long tensors: input_ids (B, L) padded with pad_id, attention_mask (B, L),
+    action_step (B, L) padded with -1, state_pos (B, T+1) and action_pos (B, T) with 0; step_mask (B, T) float."""
     def pad(key, value):  # (B, the longest list): each row's list, then `value`
         out = torch.full((len(tokenized), max(len(x[key]) for x in tokenized)), value, dtype=torch.long)
         for i, x in enumerate(tokenized):

@@ -1,16 +1,19 @@
 """The machine a stage runs on, not what it computes: the flags that say how to run (add_machine_flags) and what
 they set up - the device and its autocast precision (pick_device, autocast), LoRA adapters (add_lora), gradient
-checkpointing, and every training stage's start (threads, torchrun's process group, the seed, the device); the cost a
-stage reports. Training under torchrun itself is distributed.py's.
+checkpointing, and every training stage's start (threads, torchrun's process group, the seed, the device), its
+bookkeeping (Progress: the bar, the steps, the cost a stage reports) and its end (save_trained). Training under torchrun
+itself is distributed.py's.
 """
 import contextlib
 import resource
 import sys
+import time
 
 import torch
+from tqdm import tqdm
 
-from distributed import setup_distributed
-from plumbing import check_out, die, seed_everything
+from distributed import finish_distributed, full_state, is_main, setup_distributed
+from plumbing import check_finite, check_out, die, log_metrics, seed_everything
 
 
 def start(args, kind, inputs):
@@ -106,3 +109,44 @@ def peak_mem_gb(device):
 def cost(n_tokens, seconds, device):
     """Tokens through the model per second (padding excluded) and peak memory in GB."""
     return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak_mem_gb(device)}
+
+
+class Progress:
+    """A training stage's bookkeeping, kept out of the loop a student reads: the progress bar (rank 0's), the optimizer
+    steps, the tokens read and the infos of the epoch's steps; mean and cost give what its metrics record holds."""
+
+    def __init__(self, stage, total_steps, device):
+        self.device, self.t0, self.step, self.n_tok, self.infos = device, time.time(), 0, 0, []
+        self.bar = tqdm(total=total_steps, desc=stage, unit="step", disable=not is_main())
+
+    def update(self, info, tokens, **shown):
+        """One optimizer step done: its info, the tokens it read (padding excluded); shown: what the bar shows."""
+        self.step, self.n_tok = self.step + 1, self.n_tok + tokens
+        self.infos.append(info)
+        self.bar.update(1)
+        self.bar.set_postfix(**shown)
+
+    def mean(self, keys=None):
+        """Each info key's mean over the steps since the last call (keys: those, else all)."""
+        infos, self.infos = self.infos, []
+        return {k: sum(i[k] for i in infos) / len(infos) for k in keys or infos[0]}
+
+    def elapsed(self):
+        return time.time() - self.t0
+
+    def cost(self):
+        return cost(self.n_tok, self.elapsed(), self.device)
+
+
+def save_trained(model, args, what, save, records, whole=False):
+    """A training stage's end: --fsdp gathers the whole state for rank 0 (every process helps; else state is None);
+    rank 0 (or alone) checks that the weights are finite (check_finite: a diverged update is never written; whole: the
+    state dict's tensors, else the parameters), writes them, save(state), and the metrics records to --metrics; then
+    torchrun's processes end together."""
+    state = full_state(model, args.fsdp)
+    if is_main():
+        check_finite(state.values() if state is not None else
+                     model.state_dict().values() if whole else model.parameters(), what)
+        save(state)
+        log_metrics(args.metrics, *records)
+    finish_distributed()

@@ -74,6 +74,7 @@ LIMITS = {"threads": 1024, "grad_accum": 1024, "d_model": 16384, "n_layers": 102
 
 
 def check_flags(args, **rules):
+    """Each flag of rules is what its rule (RULES) says and at most its ceiling (LIMITS), else one line -> args."""
     for name, rule in rules.items():
         value, flag, most = getattr(args, name), "--" + name.replace("_", "-"), LIMITS.get(name, 2**32)
         if value is None:
@@ -82,6 +83,7 @@ def check_flags(args, **rules):
             die(f"{flag} must be {rule}, got {value}")
         if value > most:  # a huge int, not a traceback (math.isfinite) or a loop that never ends
             die(f"{flag} must be at most {most}, got {value}")
+    return args
 
 
 def check_memory(nbytes, flags):

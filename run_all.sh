@@ -22,8 +22,8 @@
 #   bench/results/tuning_dev.md; others: none; LATER_ARGS= sets none), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
 #   PRECISION=auto (01-05's --precision: bf16 autocast on a GPU; bf16 takes that arithmetic on a CPU too)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
-#   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of
-#   ENV, ENV_KWARGS, PRETRAIN_ARGS and the code of 00_pretrain.py, plumbing.py, machine.py and envs/), 'tiny' (from
+#   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of ENV, ENV_KWARGS,
+#   PRETRAIN_ARGS and the code of 00_pretrain.py, plumbing.py, machine.py, distributed.py and envs/), 'tiny' (from
 #   scratch), 'smollm2' (SmolLM2-135M-Instruct, converted once into SMOLLM2_DIR=models/smollm2-135m:
 #   docs/real_model.md) or a local Hugging Face model directory. A real model (smollm2 or a directory) gets
 #   budgets for one GPU (below; a variable you set still wins); on a CPU the run stops first with what it costs.
@@ -258,7 +258,7 @@ evaluate() {
 # ---- the base language model, shared by every run with the same environment and settings
 if [ "$BASE" = pretrained ]; then
   # the key covers the code that builds the base too: an edited 00_pretrain.py, models/tiny.py or envs/ makes a new one
-  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py models/tiny.py plumbing.py machine.py envs/*.py | sha1sum | cut -c1-10)
+  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py models/tiny.py plumbing.py machine.py distributed.py envs/*.py | sha1sum | cut -c1-10)
   base_dir="$BASE_CACHE/$ENV-$key"
   stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads "$THREADS" $PRETRAIN_ARGS
   MODEL=(--model "$base_dir" --lr 1e-3)

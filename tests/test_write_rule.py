@@ -13,10 +13,8 @@ from conftest import ROOT
 TMP = "inside write_atomic's temporary"
 # (file, the line as written, stripped of its comment) -> why it keeps the rule
 ALLOWED = {
-    ("00_pretrain.py", 'with open(os.path.join(tmp, "args.json"), "w") as f:'): TMP,
     ("run_support.py", 'f = open(path, "w", encoding="utf-8")'):
         "open_log: bench/'s live run log, after check_out(run_log); stamped on its first line",
-    ("00_pretrain.py", 'with open(os.path.join(tmp, "corpus_sample.txt"), "w") as f:'): TMP,
     ("course/make_exercises.py", 'with open(os.path.join(tmp, name), "w") as f:'): TMP,
     ("course/make_exercises.py",
      'with open(os.path.join(ROOT, name)) as f, open(os.path.join(tmp, name), "w") as g:'): TMP,
