@@ -39,11 +39,11 @@ def test_smoke_sets_only_defaults(tmp_path):
 
 
 def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
-    """A base cached by older 00_pretrain.py / models/tiny.py / plumbing.py / machine.py / envs/ code must not be
-    reused: the key hashes them."""
+    """A base cached by older 00_pretrain.py / models/tiny.py / plumbing.py / machine.py / distributed.py / envs/ code
+    must not be reused: the key hashes them."""
     repo = tmp_path / "repo"
     (repo / "models").mkdir(parents=True)
-    for name in ("run_all.sh", "00_pretrain.py", "plumbing.py", "machine.py", "models/tiny.py"):
+    for name in ("run_all.sh", "00_pretrain.py", "plumbing.py", "machine.py", "distributed.py", "models/tiny.py"):
         shutil.copy(os.path.join(ROOT, name), repo / name)
     shutil.copytree(os.path.join(ROOT, "envs"), repo / "envs")
 
@@ -55,7 +55,7 @@ def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
         return line.split("--out ")[1].split()[0]
     first = base_dir()
     assert base_dir() == first  # same code and settings: the same cache entry
-    for edited in (repo / "envs" / "household.py", repo / "models" / "tiny.py"):
+    for edited in (repo / "envs" / "household.py", repo / "models" / "tiny.py", repo / "distributed.py"):
         with open(edited, "a") as f:
             f.write("\n# an edit\n")
         assert base_dir() != first, edited
