@@ -9,7 +9,7 @@ prompt of --context random tokens for each of --batch rows, then --steps greedy 
 Device, precision and loading as 02's (machine.pick_device / autocast, plumbing.load_model): on a GPU that has bf16,
 bf16 weights and so a bf16 KV cache.
 
-    python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128 --cuda-graph
+    python bench/speed/decode_step.py --model models/smollm2-135m --random --batch 16 128 --cuda-graph
 """
 import os
 import sys
