@@ -167,7 +167,8 @@ def main():
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     p.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS], choices=[v[0] for v in VARIANTS],
                    metavar="NAME", help="run only these variants (default: all): " + ", ".join(v[0] for v in VARIANTS))
-    p.add_argument("--out", default="bench/results/ablation.md", help="markdown table to write")
+    p.add_argument("--out", default=f"bench/results/{os.environ.get('ENV', 'kitchen')}_ablation.md",
+                   help="markdown table to write (named by the world: run_all.sh's ENV)")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table from the variants finished so far (others: 'not run')")
     args = p.parse_args()

@@ -4,7 +4,7 @@ split of EVAL_SPLITS, per seed (the mean over the worlds of EVAL_WORLDS) and as 
 (seed, world) evaluations; then per world (the mean over seeds) with Q-Evolve's gain over BC; plus
 wall time and peak memory of each run. A measurement, not a test.
 
-    python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/seeds.md
+    python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/<ENV>_seeds.md
     EVAL_SPLITS='dev seen unseen' python bench/seeds.py --parallel   # the README's table (also dev)
     CRITIC_ARGS="--epochs 6" python bench/seeds.py --parallel --prefix runs/c6_s --out /tmp/seeds_c6.md
     ALGOS="qevolve rft outcome" python bench/seeds.py --parallel --table-only   # the table of runs as they stand
@@ -41,7 +41,8 @@ def main():
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run")
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix (seed number appended)")
-    p.add_argument("--out", default="bench/results/seeds.md", help="markdown table to write")
+    p.add_argument("--out", default=f"bench/results/{os.environ.get('ENV', 'kitchen')}_seeds.md",
+                   help="markdown table to write (named by the world: run_all.sh's ENV)")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table from the runs as they are (a policy not evaluated: 'not run')")
