@@ -18,7 +18,7 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from kv_cache import GRAPH_WIDTH, GraphStep  # noqa: E402
 from machine import autocast, pick_device  # noqa: E402
 from plumbing import Parser, die, load_model  # noqa: E402
