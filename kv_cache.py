@@ -3,7 +3,7 @@
 generate_plain re-reads every prompt in full at each turn. generate_cached gives the same replies (up
 to float rounding) from one KV cache kept across turns and episodes: each turn feeds only the new
 tokens - the last reply's end, the observation, or a refilled slot's new task. It is 02's default
-(--plain-generate takes the plain loop; bench/collect_speed.py measures both), so its arithmetic is
+(--plain-generate takes the plain loop; bench/speed/collect_speed.py measures both), so its arithmetic is
 the one every seeded run reproduces bit for bit. tests/test_collect.py checks that both write the
 same replies. Both take 02's ModelPolicy (model, step, n_rows, eos_id, pad_id, args) and next_tokens, 02's
 choice of each row's next token (greedy or sampled).

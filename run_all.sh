@@ -19,7 +19,7 @@
 #   iteration's self data), EVAL=1 (0: train only, no evaluation and no results table; a later run with EVAL=1
 #   evaluates what exists), REF=bc (05's pi_ref: bc = policy_0, prev = pi_{k-1}), LATER_ARGS: 05's extra flags from
 #   iteration 2 on, for Q-Evolve and the outcome-level PG alike (household: "--lr 1.5e-4 --kl-coef 0.1", chosen on dev:
-#   bench/results/tuning_dev.md; others: none; LATER_ARGS= sets none), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
+#   bench/results/household_tuning_dev.md; others: none; LATER_ARGS= sets none), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
 #   PRECISION=auto (01-05's --precision: bf16 autocast on a GPU; bf16 takes that arithmetic on a CPU too)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of ENV, ENV_KWARGS,
@@ -31,7 +31,7 @@
 #   ALGOS=qevolve: the algorithms that evolve policy_0, each K iterations from the same BC policy and iteration-1
 #   episodes - qevolve, and the baselines rft (iterated rejection fine-tuning: 01 on expert + successful own episodes;
 #   RFT_ARGS="--epochs 2 --lr 1e-3") and outcome (05 on the episode's return - the mean: 04 --advantage outcome;
-#   OUTCOME_ARGS="--epochs 2", 05's flags after BPPO_ARGS). Both chosen on dev: bench/results/tuning_dev.md
+#   OUTCOME_ARGS="--epochs 2", 05's flags after BPPO_ARGS). Both chosen on dev: bench/results/household_tuning_dev.md
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
 #   CPU_OK=0: 1 runs a real model on a machine without a GPU (else the run stops first with what it would cost)
 #   CUDA_GRAPH=0: 1 adds --cuda-graph to COLLECT_ARGS (02's decode steps from CUDA graphs: faster on a GPU, the

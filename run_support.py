@@ -229,8 +229,8 @@ SHIPPED = (".ci", ".git", "bench", "course", "docs", "envs", "models", "tests") 
 
 def check_run(run):
     """run_all.sh's RUN, by the write rule (check_path): a new folder, an empty one (but for the .lock of a killed start
-    and bench/stage_times.py's launches.log) or one a run made (its settings.json: read_settings); never the checkout
-    or one of its own folders, a file, or a path with a {...} field (02 fills those in)."""
+    and bench/speed/stage_times.py's launches.log) or one a run made (its settings.json: read_settings); never the
+    checkout or one of its own folders, a file, or a path with a {...} field (02 fills those in)."""
     if re.search(r"[{}]", run):
         die(f"RUN={run}: a run's folder has no {{...}} field; name a plain folder")
     check_path(run)

@@ -1,41 +1,32 @@
-"""The paper's ablation table in miniature (AlfWorld, 1 iteration in the paper), plus the
-baselines: one row per variant, seen / unseen success and average reward (each seed's mean over
-the worlds its run was evaluated in, run_all.sh's EVAL_WORLDS) as mean +- std over seeds, and the
-environment steps each used. A measurement, not a test.
+"""The paper's ablation table in miniature (AlfWorld, 1 iteration in the paper), plus the baselines: one row per
+variant, seen / unseen success and average reward (each seed's mean over the worlds its run was evaluated in) as mean
++- std over seeds, and the environment steps each used. A measurement, not a test.
 
-Every variant starts from the same artifacts of a default run (run_all.sh, iteration 1), which are
-reused, never recomputed: the expert demos, the BC policy (policy_0), the self-collected
-buffer of iteration 1 and the default critic / advantages / Q-Evolve policy. A variant changes
-exactly one thing and redoes only the stages downstream of it:
+Every variant starts from a default run's artifacts (run_all.sh with K=1, ALGOS="qevolve rft outcome"), reused, never
+recomputed, and changes exactly one thing: a variant of a stage's flags is run_all.sh itself (RUN
+runs/seed<k>/ablation/<variant>, K=1) with the default run's record and that stage's *_ARGS extended, from the default
+run's expert demos, policy_0 and iteration 1's self buffer (and critic / advantages upstream of the stage) hard-linked
+into it: run_all.sh skips what exists and redoes only the stages downstream.
 
-    BC (SFT)           policy_0, as run_all.sh evaluated it
-    Q-Evolve           policy_1, as run_all.sh evaluated it
-    RFT                rft/policy_1 of run_all.sh (ALGOS=rft): 01 --filter success on expert + self, from policy_0
-    outcome-level PG   outcome/policy_1 of run_all.sh (ALGOS=outcome): 04 --advantage outcome -> 05, no critic
-    w/o RR             03_critic.py --no-aux             -> 04 -> 05
-    w/o W-IQL          03_critic.py --uniform-weights    -> 04 -> 05
-    w/o GAE            04_gae.py --advantage qv          -> 05
-    r_aux in A_t       04_gae.py --rewards critic        -> 05  (A_t on r_env + r_aux; the paper keeps it out)
-    w/o PI             no policy update: policy_0 acts, the default critic reranks
-                       --candidates sampled replies per step (02_collect.py --rerank; QLASS-style)
-    AWR                05_bppo.py --objective awr
-    A centred          05_bppo.py --adv-norm center (the buffer's mean advantage removed: the gain left is step credit)
-    symmetric clip     05_bppo.py --eps-low 0.2 (= --eps-high)
+    BC, Q-Evolve, RFT, outcome-level PG   policy_0, policy_1, rft/policy_1, outcome/policy_1 as run_all.sh made them
+    w/o RR             CRITIC_ARGS+=" --no-aux"            w/o W-IQL   CRITIC_ARGS+=" --uniform-weights"
+    w/o GAE            GAE_ARGS+=" --advantage qv"         r_aux in A_t  GAE_ARGS+=" --rewards critic" (the paper: out)
+    AWR                BPPO_ARGS+=" --objective awr"       A centred   BPPO_ARGS+=" --adv-norm center" (step credit)
+    symmetric clip     BPPO_ARGS+=" --eps-low 0.2 --eps-high 0.2"
+    w/o PI             no policy update: policy_0 acts, the default critic reranks --candidates sampled replies per
+                       step (02_collect.py --rerank; QLASS-style): not a run_all.sh setting, its own 02 calls
 
     python bench/ablation.py --parallel          # seeds 0 1 2: runs/seed<k> (made by bench/seeds.py if missing,
                                                  # its table runs/seed0_1_2.seeds.md)
     python bench/ablation.py --seeds 0           # one seed, one process
     python bench/ablation.py --parallel --variants rft awr   # only some rows (the others: 'not run')
 
-Outputs go to runs/seed<k>/ablation/<variant>/ (skip-if-exists, so a rerun resumes) and the
-table to bench/results/ablation.md.
+Outputs go to runs/seed<k>/ablation/<variant>/ (skip-if-exists, so a rerun resumes) and the table to --out.
 """
 import argparse
-import datetime
 import json
 import os
-import platform
-import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,88 +34,95 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench._stages import check_runs, eval_worlds  # noqa: E402
-from plumbing import Parser, check_flags, check_out, die, read_json, save_text  # noqa: E402
-from run_support import open_log  # noqa: E402
+from bench.runner import check_runs, command, eval_worlds, evaluations, launch, measured, sd, wait  # noqa: E402
+from plumbing import Parser, check_flags, check_out, die, save_text  # noqa: E402
+from run_support import open_log, read_settings  # noqa: E402
 
 SPLITS = ("seen", "unseen")
 
-# name, label, stage that changes (None: reuse run_all.sh's artifacts), its extra flags
+# name, label, what it is: a policy run_all.sh evaluated, run_all.sh's settings added to the default run's, or rerank
 VARIANTS = [
-    ("bc", "BC (SFT)", None, ""),
-    ("qevolve", "Q-Evolve (full)", None, ""),
-    ("rft", "RFT (BC on expert + successful self)", None, ""),
-    ("outcome", "outcome-level PG (A_t = R - mean R, no critic)", None, ""),
-    ("no_rr", "w/o retrospective rewards (--no-aux)", "03", "--no-aux"),
-    ("no_wiql", "w/o weighted IQL (--uniform-weights)", "03", "--uniform-weights"),
-    ("no_gae", "w/o GAE (--advantage qv)", "04", "--advantage qv"),
-    ("aux_adv", "r_aux also in A_t (--rewards critic)", "04", "--rewards critic"),
-    ("no_pi", "w/o policy improvement (Q-rerank of BC samples)", "rerank", ""),
-    ("awr", "AWR instead of BPPO", "05", "--objective awr"),
-    ("centred", "A centred (--adv-norm center)", "05", "--adv-norm center"),
-    ("sym_clip", "symmetric clipping (eps_low = eps_high = 0.2)", "05", "--eps-low 0.2 --eps-high 0.2"),
+    ("bc", "BC (SFT)", "policy_0"),
+    ("qevolve", "Q-Evolve (full)", "policy_1"),
+    ("rft", "RFT (BC on expert + successful self)", "rft_policy_1"),
+    ("outcome", "outcome-level PG (A_t = R - mean R, no critic)", "outcome_policy_1"),
+    ("no_rr", "w/o retrospective rewards (--no-aux)", {"CRITIC_ARGS": "--no-aux"}),
+    ("no_wiql", "w/o weighted IQL (--uniform-weights)", {"CRITIC_ARGS": "--uniform-weights"}),
+    ("no_gae", "w/o GAE (--advantage qv)", {"GAE_ARGS": "--advantage qv"}),
+    ("aux_adv", "r_aux also in A_t (--rewards critic)", {"GAE_ARGS": "--rewards critic"}),
+    ("no_pi", "w/o policy improvement (Q-rerank of BC samples)", "rerank"),
+    ("awr", "AWR instead of BPPO", {"BPPO_ARGS": "--objective awr"}),
+    ("centred", "A centred (--adv-norm center)", {"BPPO_ARGS": "--adv-norm center"}),
+    ("sym_clip", "symmetric clipping (eps_low = eps_high = 0.2)", {"BPPO_ARGS": "--eps-low 0.2 --eps-high 0.2"}),
 ]
+# what a variant of each stage's flags takes from the default run: everything upstream of that stage
+SHARED = {"CRITIC_ARGS": [], "GAE_ARGS": ["iter_1/critic"], "BPPO_ARGS": ["iter_1/critic", "iter_1/adv.jsonl",
+                                                                          "iter_1/adv.json"]}
+
+
+def share(run, d, key):
+    """The default run's artifacts upstream of the variant's stage, hard-linked into its RUN folder d: the expert
+    demos, policy_0 and its evaluations, iteration 1's self buffer (and critic / advantages)."""
+    evals = [os.path.join("eval", f"world{w}", f) for w in eval_worlds(run)
+             for f in os.listdir(os.path.join(ROOT, run, "eval", f"world{w}")) if f.startswith("policy_0_")]
+    for p in ["data", "policy_0", "iter_1/self.jsonl", "iter_1/self.json", *SHARED[key], *evals]:
+        src, dst = os.path.join(ROOT, run, p), os.path.join(ROOT, d, p)
+        if not os.path.lexists(dst):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copytree(src, dst, copy_function=os.link) if os.path.isdir(src) else os.link(src, dst)
 
 
 def run_variant(run, seed, threads, candidates, log, only):
-    """Run the variants named in `only` of one seed, stage by stage; an existing output is skipped."""
-    py = sys.executable
-    common = ["--seed", str(seed), "--threads", str(threads), "--metrics", f"{run}/ablation/metrics.jsonl"]
-    buffer = [f"{run}/data/expert.jsonl", f"{run}/iter_1/self.jsonl"]
-    # evaluate in the run's own environment (run_all.sh's ENV / ENV_KWARGS), as 02 recorded it
-    with open(os.path.join(ROOT, run, "data", "expert.json")) as f:
-        run_args = json.load(f)["args"]
-    envargs = ["--env", run_args["env"], "--env-kwargs", run_args["env_kwargs"]]
-    # the run's own stage flags (run_all.sh's *_ARGS, as its settings.json recorded them), the variant's after them
-    ran = {k: shlex.split((read_json(os.path.join(ROOT, run, "settings.json")) or {}).get(k, ""))
-           for k in ("CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS")}
-
-    def stage(out, cmd):
-        if os.path.exists(os.path.join(ROOT, out)):
-            return
-        print("==", " ".join(cmd), file=log, flush=True)
-        subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
-
-    def evaluate(policy, d, rerank=()):
-        for w in eval_worlds(run):
-            for split in SPLITS:
-                stage(f"{d}/world{w}/{split}.json", [py, "02_collect.py", "--policy", policy, *envargs, "--env-seed", w,
-                                                     "--split", split, *(rerank or ["--greedy"]),
-                                                     "--out", f"{d}/world{w}/{split}.jsonl", *common])
-
-    for name, _, changes, flags in sorted(VARIANTS, key=lambda v: v[2] == "rerank"):  # the slow rerank last
-        if name not in only:
-            continue
+    """The variants named in `only` of one seed: each a run_all.sh run (K=1, its RUN run/ablation/<name>) from the
+    default run's shared artifacts with the variant's flags after the run's own *_ARGS; w/o PI an 02 --rerank of
+    policy_0. Whatever exists is skipped (run_all.sh's rule), so a rerun resumes."""
+    record = {k: v for k, v in read_settings(os.path.join(ROOT, run)).items() if k != "stage"}
+    worlds = eval_worlds(run)
+    for name, _, how in sorted(VARIANTS, key=lambda v: v[2] == "rerank"):  # the slow rerank last
         d = f"{run}/ablation/{name}"
-        extra = flags.split()
-        if changes is None:
+        if name not in only or how not in ("rerank",) and isinstance(how, str):
             continue
-        if changes == "rerank":
-            evaluate(f"{run}/policy_0", d, ["--rerank", f"{run}/iter_1/critic", "--candidates", str(candidates)])
+        if how == "rerank":  # evaluated in the run's own environment (ENV / ENV_KWARGS), as 02 recorded it
+            run_args = json.load(open(os.path.join(ROOT, run, "data", "expert.json")))["args"]
+            for w in worlds:
+                for split in SPLITS:
+                    if os.path.exists(os.path.join(ROOT, f"{d}/world{w}/{split}.json")):
+                        continue
+                    cmd = [sys.executable, "02_collect.py", "--policy", f"{run}/policy_0", "--env", run_args["env"],
+                           "--env-kwargs", run_args["env_kwargs"], "--env-seed", w, "--split", split, "--rerank",
+                           f"{run}/iter_1/critic", "--candidates", str(candidates), "--out",
+                           f"{d}/world{w}/{split}.jsonl", "--seed", str(seed), "--threads", str(threads),
+                           "--metrics", f"{run}/ablation/metrics.jsonl"]
+                    print("==", " ".join(cmd), file=log, flush=True)
+                    subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
             continue
-        else:
-            critic, adv = f"{run}/iter_1/critic", f"{run}/iter_1/adv.jsonl"
-            if changes == "03":
-                critic = f"{d}/critic"
-                stage(critic, [py, "03_critic.py", "--data", *buffer, "--policy", f"{run}/policy_0",
-                               "--out", critic, *ran["CRITIC_ARGS"], *extra, *common])
-            if changes in ("03", "04"):
-                adv = f"{d}/adv.jsonl"
-                stage(f"{d}/adv.json", [py, "04_gae.py", "--data", *buffer, "--critic", critic, "--out", adv,
-                                        *ran["GAE_ARGS"], *(extra if changes == "04" else []), *common])
-            stage(f"{d}/policy", [py, "05_bppo.py", "--data", adv, "--policy", f"{run}/policy_0",
-                                  "--ref", f"{run}/policy_0", "--out", f"{d}/policy", *ran["BPPO_ARGS"],
-                                  *(extra if changes == "05" else []), *common])
-        evaluate(f"{d}/policy", d)
+        (key, flags), = how.items()
+        share(run, d, key)
+        settings = {**record, key: f"{record.get(key, '')} {flags}".strip()}
+        if not os.path.exists(os.path.join(ROOT, d, "settings.json")):  # the record run_all.sh would write
+            check_out(os.path.join(ROOT, d, "settings.json"), "settings")
+            save_text(os.path.join(ROOT, d, "settings.json"), json.dumps({"stage": "run_all.sh", **settings}, indent=2)
+                      + "\n")
+        print(f"== {name}: bash run_all.sh with RUN={d} K=1 {key}={settings[key]!r}", file=log, flush=True)
+        proc = launch(d, {**settings, "K": "1", "ALGOS": "qevolve", "EVAL_SPLITS": " ".join(SPLITS), "N_EVAL": "0",
+                          "EVAL_WORLDS": " ".join(worlds), "THREADS": str(threads), "PYTHON": sys.executable}, log)
+        if wait(proc)[0]:
+            raise subprocess.CalledProcessError(proc.returncode, "run_all.sh")
 
 
 def result(run, name, split):
-    """(summary of the evaluation over the run's worlds: mean success and reward, summed costs,
-    env steps spent on training data) of one variant."""
-    policy = {"bc": "policy_0", "qevolve": "policy_1", "rft": "rft_policy_1", "outcome": "outcome_policy_1"}.get(name)
-    path = (f"{run}/ablation/{name}/world{{}}/{split}.json" if policy is None
-            else f"{run}/eval/world{{}}/{policy}_{split}.json")
-    evals = [json.load(open(os.path.join(ROOT, path.format(w)))) for w in eval_worlds(run)]
+    """(the evaluation over the run's worlds: mean success and reward, summed costs; env steps spent on training
+    data) of one variant; KeyError: not run."""
+    how = next(v[2] for v in VARIANTS if v[0] == name)
+    if how == "rerank":
+        found = {w: f"{run}/ablation/{name}/world{w}/{split}.json" for w in eval_worlds(run)}
+        found = {w: json.load(open(os.path.join(ROOT, p))) for w, p in found.items() if os.path.exists(
+            os.path.join(ROOT, p))}
+    else:
+        found = evaluations(run if isinstance(how, str) else f"{run}/ablation/{name}")
+        found = {w: e for (pol, w, s), e in found.items() if s == split and pol == (
+            how if isinstance(how, str) else "policy_1")}
+    evals = [found[w] for w in eval_worlds(run)]
     summary = {k: statistics.mean(e[k] for e in evals) for k in ("success_rate", "avg_reward")}
     summary.update({k: sum(e[k] for e in evals) for k in ("env_steps", "generated_tokens")})
     steps = json.load(open(os.path.join(ROOT, run, "data", "expert.json")))["env_steps"]
@@ -169,7 +167,8 @@ def main():
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     p.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS], choices=[v[0] for v in VARIANTS],
                    metavar="NAME", help="run only these variants (default: all): " + ", ".join(v[0] for v in VARIANTS))
-    p.add_argument("--out", default="bench/results/ablation.md", help="markdown table to write")
+    p.add_argument("--out", default=f"bench/results/{os.environ.get('ENV', 'kitchen')}_ablation.md",
+                   help="markdown table to write (named by the world: run_all.sh's ENV)")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table from the variants finished so far (others: 'not run')")
     args = p.parse_args()
@@ -189,49 +188,34 @@ def main():
             check_out(os.path.join(ROOT, f"{r}.ablation.log"), "run_log")
         run_all_variants(args, runs)
 
-    sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
-    lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
-             f"`{' '.join(['python', 'bench/ablation.py'] + [shlex.quote(a) for a in sys.argv[1:]])}` (seeds "
-             f"{' '.join(map(str, args.seeds))}; one iteration; 100 greedy episodes per split and world, "
-             f"w/o PI samples "
-             f"{args.candidates} candidates per step at temperature 1; each seed's mean over worlds "
-             f"{', '.join(eval_worlds(runs[0]))}"
+    lines = [measured(command("bench/ablation.py")) + f" (seeds {' '.join(map(str, args.seeds))}; one iteration; "
+             f"100 greedy episodes per split and world, w/o PI samples {args.candidates} candidates per step at "
+             f"temperature 1; each seed's mean over worlds {', '.join(eval_worlds(runs[0]))}"
              + ("" if args.table_only else f"; this call took {(time.time() - t0) / 60:.0f} min") + ").",
              "", "| variant | seen success | unseen success | seen avg reward | unseen avg reward | train env steps "
-             "| eval env steps (seen + unseen, all worlds) | eval tokens generated |",
-             "|---|---|---|---|---|---|---|---|"]
-    def done(name):
+             "| eval env steps (seen + unseen, all worlds) | eval tokens generated |", "|---" * 8 + "|"]
+    res = {}
+    for name, _, _ in VARIANTS:
         try:
-            [result(r, name, split) for r in runs for split in SPLITS]
-            return True
-        except FileNotFoundError:
-            return False
-
-    for name, label, _, _ in VARIANTS:
-        if not done(name):
+            res[name] = {split: [result(r, name, split) for r in runs] for split in SPLITS}
+        except (FileNotFoundError, KeyError):
+            pass
+    mean = statistics.mean
+    for name, label, _ in VARIANTS:
+        if name not in res:
             lines.append(f"| {label} | not run | | | | | | |")
             continue
-        cells = {}
-        for split in SPLITS:
-            res = [result(r, name, split) for r in runs]
-            succ = [x["success_rate"] * 100 for x, _ in res]
-            rew = [x["avg_reward"] for x, _ in res]
-            cells[split] = (succ, rew, res)
-        (s_succ, s_rew, s_res), (u_succ, u_rew, u_res) = cells["seen"], cells["unseen"]
-        steps = statistics.mean(st for _, st in s_res)
-        ev_steps = statistics.mean(a["env_steps"] + b["env_steps"] for (a, _), (b, _) in zip(s_res, u_res))
-        ev_tok = statistics.mean(a["generated_tokens"] + b["generated_tokens"] for (a, _), (b, _) in zip(s_res, u_res))
-        lines.append(f"| {label} | {statistics.mean(s_succ):.1f} +- {sd(s_succ):.1f} | "
-                     f"{statistics.mean(u_succ):.1f} +- {sd(u_succ):.1f} | {statistics.mean(s_rew):.3f} | "
-                     f"{statistics.mean(u_rew):.3f} | {steps:.0f} | {ev_steps:.0f} | {ev_tok:.0f} |")
+        (s_res, u_res), ok = res[name].values(), lambda rs: [x["success_rate"] * 100 for x, _ in rs]
+        both = lambda k: mean(a[k] + b[k] for (a, _), (b, _) in zip(s_res, u_res))
+        lines.append(f"| {label} | {mean(ok(s_res)):.1f} +- {sd(ok(s_res)):.1f} | {mean(ok(u_res)):.1f} +- "
+                     f"{sd(ok(u_res)):.1f} | {mean(x['avg_reward'] for x, _ in s_res):.3f} | "
+                     f"{mean(x['avg_reward'] for x, _ in u_res):.3f} | {mean(st for _, st in s_res):.0f} | "
+                     f"{both('env_steps'):.0f} | {both('generated_tokens'):.0f} |")
     lines += ["", "Per seed (seen / unseen success):", "",
               "| variant | " + " | ".join(f"seed {s}" for s in args.seeds) + " |", "|---|" + "---|" * len(runs)]
-    for name, label, _, _ in VARIANTS:
-        if not done(name):
-            continue
-        row = [f"{result(r, name, 'seen')[0]['success_rate']:.0%} / {result(r, name, 'unseen')[0]['success_rate']:.0%}"
-               for r in runs]
-        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    lines += [f"| {label} | " + " | ".join(f"{a['success_rate']:.0%} / {b['success_rate']:.0%}"
+                                          for (a, _), (b, _) in zip(*res[name].values())) + " |"
+              for name, label, _ in VARIANTS if name in res]
     text = "\n".join(lines) + "\n"
     save_text(os.path.join(ROOT, args.out), text)
     print(text)

@@ -152,14 +152,14 @@ if command -v nvidia-smi >/dev/null; then
     done > "$use" ) &
   sampler=$!
 fi
-# 02's decode steps replayed from CUDA graphs (02 --cuda-graph) once bench/decode_step.py has timed one step of
+# 02's decode steps replayed from CUDA graphs (02 --cuda-graph) once bench/speed/decode_step.py has timed one step of
 # SmolLM2's shape (random weights) at 128 rows, eager and from a CUDA graph (LAB/decode_step.log, the report's first
 # lines), and the graph was the faster; else 02 runs eager. CUDA_GRAPH=0 skips it. The check runs beside the runs' BC
 # (which decodes nothing); each run's first 02 waits for its verdict, the file $verdict (1: CUDA graphs, 0: eager).
 verdict=$(mktemp -d /tmp/gpu_lab_graph.XXXXXX)/verdict
 ( set +e; c=0
   if [ "$CUDA_GRAPH" = 1 ]; then
-    if timeout 240 $PYTHON bench/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --cuda-graph 2>&1 \
+    if timeout 240 $PYTHON bench/speed/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --cuda-graph 2>&1 \
          | save "$LAB/decode_step.log"; then
       ms() { grep -o "$1: [0-9.]*" "$LAB/decode_step.log" | awk '{ print $NF }'; }
       if awk "BEGIN { exit !($(ms 'cuda graph') < $(ms eager)) }"; then c=1; fi

@@ -11,11 +11,8 @@ Writes  --out: the device; per environment and evaluation world, each policy's s
         the policy; the tests' outcome. A run stopped early (gpu_lab.sh's DEADLINE) counts with what it finished:
         a cell shows how many seeds it holds when fewer than all.
 
-How FLOPs are counted: a token through a training step costs 6 N (forward 2 N, backward 4 N), N the
-parameters outside the input embedding (a tied output head counted at every token, attention's
-quadratic term and gradient checkpointing's recomputed forward left out); 05 adds pi_ref's forward (2 N):
-8 N (log pi_old is computed before the loop). Utilisation = tokens/s x FLOPs per token / the device's dense bf16 peak
-(PEAK_TFLOPS by name, or --peak-tflops).
+FLOPs per token: runner.FLOPS_PER_N (a tied output head counted at every token, gradient checkpointing's recomputed
+forward left out). Utilisation = tokens/s x FLOPs per token / the device's dense bf16 peak (PEAK_TFLOPS, --peak-tflops).
 
     python bench/gpu_report.py --lab runs/gpu_lab --out bench/results/gpu_lab.md
 """
@@ -31,22 +28,16 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from bench.runner import ALGOS, FLOPS_PER_N, body_params, evaluations, spread  # noqa: E402
 from plumbing import Parser, check_out, die, save_text  # noqa: E402
 
 PEAK_TFLOPS = {"H200": 989, "H100": 989, "A100": 312, "L40S": 362, "A10": 125, "L4": 121, "T4": 65}  # dense bf16
-FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
-NAMES = {"": "Q-Evolve", "rft_": "iterated RFT", "outcome_": "outcome-level PG"}
+NAMES = {tag: name for _, tag, _, name, _ in ALGOS}  # a policy's prefix -> its method
 
 
 def device_name():
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or 'cpu'}, " \
         f"{os.cpu_count()} cores)"
-
-
-def body_params(policy_dir):
-    """N: the policy's parameters outside the input embedding table."""
-    weights = load_file(os.path.join(policy_dir, "model.safetensors"))
-    return sum(t.numel() for k, t in weights.items() if "embed_tokens" not in k)
 
 
 def test_summary(log):
@@ -61,27 +52,10 @@ def test_summary(log):
     return counts + "".join(f"\n  - {t}" for t in sorted({t for o, t in results if o in ("FAILED", "ERROR")}))
 
 
-def spread(xs, fmt):
-    """mean +- std (n - 1) of xs, or the one value."""
-    return fmt.format(statistics.mean(xs)) + (f" ± {fmt.format(statistics.stdev(xs))}" if len(xs) > 1 else "")
-
-
 def policy_order(name):
-    """policy_0 first, then Q-Evolve's, iterated RFT's and the outcome-level PG's, by iteration."""
+    """policy_0 first, then each method's in runner.METHODS' order, by iteration."""
     tag, k = re.fullmatch(r"(\w*?)policy_(\d+)", name).groups()
     return list(NAMES).index(tag), int(k)
-
-
-def evaluations(run):
-    """{(policy, world, split): (success, avg reward)} of every evaluation the run finished."""
-    found, root = {}, os.path.join(run, "eval")
-    for world in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        for f in os.listdir(os.path.join(root, world)):
-            m = re.fullmatch(r"(\w*?policy_\d+)_(\w+)\.json", f)
-            if m:
-                s = json.load(open(os.path.join(root, world, f)))
-                found[m.group(1), world, m.group(2)] = s["success_rate"], s["avg_reward"]
-    return found
 
 
 def trained(run):
@@ -166,7 +140,9 @@ def main(argv=None):
         by_env.setdefault(run.rsplit("-s", 1)[0], []).append(run)
     for env, env_runs in by_env.items():
         seeds = [r.rsplit("-s", 1)[1] for r in env_runs]
-        evals = [evaluations(os.path.join(args.lab, r)) for r in env_runs]
+        evals = [{(p, f"world{w}", s): (e["success_rate"], e["avg_reward"])
+                  for (p, w, s), e in evaluations(os.path.abspath(os.path.join(args.lab, r))).items()}
+                 for r in env_runs]
         walls = [open(os.path.join(args.lab, f"{r}.seconds")).read().split()[-1]  # after the writer's stamp line
                  for r in env_runs if os.path.exists(os.path.join(args.lab, f"{r}.seconds"))]
         lines += ["", f"## {env}: seeds {', '.join(seeds)}", "",

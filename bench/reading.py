@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import envs  # noqa: E402
-from bench._stages import load_stage  # noqa: E402
+from bench.runner import load_stage  # noqa: E402
 from plumbing import Parser  # noqa: E402
 
 

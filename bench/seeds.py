@@ -4,7 +4,7 @@ split of EVAL_SPLITS, per seed (the mean over the worlds of EVAL_WORLDS) and as 
 (seed, world) evaluations; then per world (the mean over seeds) with Q-Evolve's gain over BC; plus
 wall time and peak memory of each run. A measurement, not a test.
 
-    python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/seeds.md
+    python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/<ENV>_seeds.md
     EVAL_SPLITS='dev seen unseen' python bench/seeds.py --parallel   # the README's table (also dev)
     CRITIC_ARGS="--epochs 6" python bench/seeds.py --parallel --prefix runs/c6_s --out /tmp/seeds_c6.md
     ALGOS="qevolve rft outcome" python bench/seeds.py --parallel --table-only   # the table of runs as they stand
@@ -13,21 +13,17 @@ run_all.sh's settings (K, ENV_KWARGS, BC_ARGS, COLLECT_ARGS, BPPO_ARGS, N_EXPERT
 are read from the environment as usual; the ones that are set are named in the table's header.
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
-import resource
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench._stages import check_runs, eval_worlds  # noqa: E402
+from bench import runner  # noqa: E402
 from bench.mistakes import closed_arrivals  # noqa: E402
 from critic_report import report_of  # noqa: E402
 from envs import judge  # noqa: E402
@@ -39,31 +35,28 @@ from run_support import open_log, read_settings  # noqa: E402
 RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS",
                     "EVAL_WORLDS", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS",
                     "ALGOS", "RFT_ARGS", "OUTCOME_ARGS", "REF", "LATER_ARGS"]
-NAMES = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level PG"}
 
 
 def main():
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run")
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix (seed number appended)")
-    p.add_argument("--out", default="bench/results/seeds.md", help="markdown table to write")
+    p.add_argument("--out", default=f"bench/results/{os.environ.get('ENV', 'kitchen')}_seeds.md",
+                   help="markdown table to write (named by the world: run_all.sh's ENV)")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table from the runs as they are (a policy not evaluated: 'not run')")
     args = p.parse_args()
     if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
         die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
-    check_runs(args.prefix, args.seeds, made=args.table_only)
+    runner.check_runs(args.prefix, args.seeds, made=args.table_only)
     if not args.out.endswith(".md"):
         die(f"--out {args.out}: the table is markdown, its name must end in .md")
     check_out(os.path.join(ROOT, args.out), "table")  # before any run: a table a bench script wrote, or new
     for seed in [] if args.table_only else args.seeds:  # each run's log: new, or one this script wrote (stamped)
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
     for seed in [] if args.table_only else args.seeds:  # every setting and RUN, as run_all.sh checks them
-        check = subprocess.run(["bash", "run_all.sh", "--check"], cwd=ROOT, capture_output=True, text=True,
-                               env={**os.environ, "RUN": f"{args.prefix}{seed}", "SEED": str(seed)})
-        if check.returncode:
-            die(f"seed {seed}: {check.stderr.strip().removeprefix('error: ')}")
+        runner.check(f"{args.prefix}{seed}", {"SEED": str(seed)}, f"seed {seed}: ")
     K = os.environ.get("K", "2")  # run_all.sh's default, read as run_all.sh reads it
     if not re.fullmatch(r"0|[1-9][0-9]{0,8}", K) or int(K) > 999:
         die(f"K must be a non-negative integer (decimal, no leading zero, at most 999), got {K!r}")
@@ -72,26 +65,24 @@ def main():
     procs = []
     for seed in [] if args.table_only else args.seeds:
         run = f"{args.prefix}{seed}"
-        env = {**os.environ, "RUN": run, "SEED": str(seed), "PYTHON": sys.executable}
-        if args.parallel:
-            env["THREADS"] = "1"
+        env = {"SEED": str(seed), "PYTHON": sys.executable, **({"THREADS": "1"} if args.parallel else {})}
         fresh = not os.path.exists(os.path.join(ROOT, run, "results.md"))
         log = open_log(os.path.join(ROOT, f"{run}.log"), "bench/seeds.py",
                        f": bash run_all.sh with RUN={run} SEED={seed}")
         t0 = time.time()
-        proc = subprocess.Popen(["bash", "run_all.sh"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = runner.launch(run, env, log)
         procs.append((proc, t0))
         runs.append({"seed": seed, "run": run, "fresh": fresh})
         if args.parallel and len(procs) == 1:  # the first run builds the shared base model alone (once)
-            while proc.poll() is None and "02_collect.py" not in open(log.name).read():
+            while runner.running(proc) and "02_collect.py" not in open(log.name).read():
                 time.sleep(2)
         if not args.parallel:
-            proc.wait()
-            runs[-1]["wall_s"] = time.time() - t0
+            runs[-1]["code"], runs[-1]["wall_s"], _, runs[-1]["peak_mib"] = runner.wait(proc, t0)
     for (proc, t0), r in zip(procs, runs):
-        if proc.wait() != 0:
+        if "code" not in r:
+            r["code"], r["wall_s"], _, r["peak_mib"] = runner.wait(proc, t0)
+        if r["code"] != 0:
             sys.exit(f"run_all.sh failed for seed {r['seed']}; see {r['run']}.log")
-        r.setdefault("wall_s", time.time() - t0)
     made = f"{'these' if any(os.environ.get(k) for k in RUN_ALL_SETTINGS) else 'default'} settings of run_all.sh"
     if args.table_only:  # what made the runs: their last iteration evaluated, the settings they recorded
         runs = [{"seed": seed, "run": f"{args.prefix}{seed}", "fresh": False} for seed in args.seeds]
@@ -106,21 +97,19 @@ def main():
         made = ("run_all.sh's settings as the runs recorded them: " + " ".join(
             f"{k}={shlex.quote(v)}" for k, v in records[0].items() if v) if records[0] else
             "run_all.sh's settings not recorded")
-    # ru_maxrss of children = the largest process any stage ran (KiB on Linux)
-    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    peak_mib = max([r["peak_mib"] for r in runs if "peak_mib" in r], default=0)  # the largest stage process
     splits = os.environ.get("EVAL_SPLITS", "seen unseen").split()
-    worlds = eval_worlds(runs[0]["run"])
+    worlds = runner.eval_worlds(runs[0]["run"])
     algos = os.environ.get("ALGOS", "qevolve").split()
-    if set(algos) - set(NAMES):
-        die(f"ALGOS must be words of: {' '.join(NAMES)}, got {' '.join(algos)!r}")
+    if set(algos) - {a[0] for a in runner.ALGOS}:
+        die(f"ALGOS must be words of: {' '.join(a[0] for a in runner.ALGOS)}, got {' '.join(algos)!r}")
     evaluated = {f for r in runs for _, _, files in os.walk(os.path.join(ROOT, r["run"], "eval")) for f in files}
     for s in splits:  # a split no run was evaluated on: a table of 'not run'
         if not any(f.endswith(f"_{s}.json") for f in evaluated):
             die(f"EVAL_SPLITS names {s!r}, on which no run of {args.prefix}* was evaluated; name the splits they were")
 
-    def rate(run, policy, split, world):
-        path = os.path.join(ROOT, run, "eval", f"world{world}", f"{policy}_{split}.json")
-        return json.load(open(path))["success_rate"] * 100
+    found = {r["run"]: runner.evaluations(r["run"]) for r in runs}
+    rate = lambda run, policy, split, world: found[run][policy, world, split]["success_rate"] * 100
 
     def habit(policy):  # household: the share of arrivals at a closed receptacle where it examines first;
         verbs, flaws = [], []  # kitchen: the share of decisions (flawed or good item used) that used the flawed one
@@ -136,18 +125,15 @@ def main():
         return (f"{verbs.count('examine') / len(verbs):.2f}" if verbs else
                 f"{1 - flaws.count('correct') / len(flaws):.2f}" if flaws else "-")
 
-    mean, sd = statistics.mean, (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    mean = statistics.mean
     policies = [("policy_0", "BC (policy_0)")] + [
-        (p, f"{NAMES[a]} iter {k} ({p})") for a in algos for k in range(1, K + 1)
+        (p, f"{runner.NAME[a]} iter {k} ({p})") for a in algos for k in range(1, K + 1)
         for p in [f"{'' if a == 'qevolve' else a + '_'}policy_{k}"]]
     slash = "/".join(splits)
-    settings = [f"{k}={shlex.quote(os.environ[k])}" for k in RUN_ALL_SETTINGS if os.environ.get(k)]
-    command = " ".join(settings + ["python", "bench/seeds.py"] + [shlex.quote(a) for a in sys.argv[1:]])
     how = ("by earlier calls; this one ran nothing" if args.table_only
            else "in parallel, one torch thread each" if args.parallel else "one after another")
-    lines = [f"Measured {datetime.date.today()} on {platform.machine()} with {os.cpu_count()} CPU cores by "
-             f"`{command}` "
-             f"(K={K}, {made}; seeds run {how}). "
+    lines = [runner.measured(runner.command("bench/seeds.py", RUN_ALL_SETTINGS))
+             + f" (K={K}, {made}; seeds run {how}). "
              f"Greedy success in % on {slash}; every policy is evaluated in worlds {', '.join(worlds)} "
              "(world 0 is the one the run trained in).", "",
              "Per seed (the mean over the worlds), and mean +- std over every (seed, world) evaluation; the mistake "
@@ -157,15 +143,14 @@ def main():
              "| policy | " + " | ".join(f"seed {r['seed']} {slash}" for r in runs)
              + " | " + " | ".join(f"{s} mean +- std" for s in splits) + " | mistake rate |",
              "|---|" + "---|" * (len(runs) + len(splits) + 1)]
-    done = lambda policy: all(os.path.exists(os.path.join(ROOT, r["run"], "eval", f"world{w}", f"{policy}_{s}.json"))
-                              for r in runs for w in worlds for s in splits)
+    done = lambda policy: all((policy, w, s) in found[r["run"]] for r in runs for w in worlds for s in splits)
     for policy, name in policies:
         if not done(policy):
             lines.append(f"| {name} | " + " | ".join(["not run"] * (len(runs) + len(splits) + 1)) + " |")
             continue
         cells = [" / ".join(f"{mean(rate(r['run'], policy, s, w) for w in worlds):.1f}" for s in splits) for r in runs]
         every = [[rate(r["run"], policy, s, w) for r in runs for w in worlds] for s in splits]
-        spread = [f"{mean(xs):.1f} +- {sd(xs):.1f}" for xs in every]
+        spread = [f"{mean(xs):.1f} +- {runner.sd(xs):.1f}" for xs in every]
         lines.append(f"| {name} | " + " | ".join(cells + spread + [habit(policy)]) + " |")
     if K:  # K = 0: BC only, no gain to show
         lines += ["", f"Per world (the mean over the seeds), and Q-Evolve iter {K}'s gain over BC:", "",

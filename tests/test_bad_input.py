@@ -793,16 +793,16 @@ def test_cause_5_one_line_where_a_traceback_was(tmp_path, capfd, monkeypatch):
     ("models/smollm2.py", ["--gguf", "{d}/notes.txt", "--out", "{d}/m"], {}, "not a GGUF file"),
     ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], {"K": "abc"}, "K must be"),
     ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], {"K": "08"}, "K must be"),
-    ("bench/stage_times.py", ["--table-only", "--run", "{d}/none", "--out", "{d}/t.md"], {}, "no such file"),
-    ("bench/stage_times.py", ["--table-only", "--run", "{d}", "--out", "{d}/t.md", "--threads", "0"], {},
+    ("bench/speed/stage_times.py", ["--table-only", "--run", "{d}/none", "--out", "{d}/t.md"], {}, "no such file"),
+    ("bench/speed/stage_times.py", ["--table-only", "--run", "{d}", "--out", "{d}/t.md", "--threads", "0"], {},
      "--threads must be at least 1"),
-    ("bench/stage_times.py", ["--table-only", "--run", "{d}", "--out", "{d}/t.md", "--threads", "100000"], {},
+    ("bench/speed/stage_times.py", ["--table-only", "--run", "{d}", "--out", "{d}/t.md", "--threads", "100000"], {},
      "--threads must be at most"),
-    ("bench/stage_times.py", ["--run", "{d}/a b", "--out", "{d}/t.md"], {}, "no spaces"),
-    ("bench/plot_learning.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.png"], {},
+    ("bench/speed/stage_times.py", ["--run", "{d}/a b", "--out", "{d}/t.md"], {}, "no spaces"),
+    ("bench/plots.py", ["learning", "--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/notes.png"], {},
      "not a PNG written by this project"),
-    ("bench/decode_step.py", ["--model", "{d}/run0", "--random"], {}, "no config.json there"),
-    ("bench/decode_step.py", ["--model", "models/smollm2-135m", "--batch", "0"], {}, "must be at least 1"),
+    ("bench/speed/decode_step.py", ["--model", "{d}/run0", "--random"], {}, "no config.json there"),
+    ("bench/speed/decode_step.py", ["--model", "models/smollm2-135m", "--batch", "0"], {}, "must be at least 1"),
 ])
 def test_cause_5_scripts_outside_the_stages_say_one_line(script, args, env, message, tmp_path, in_process,
                                                          monkeypatch):
@@ -1177,13 +1177,13 @@ def test_the_readme_test_command_passes_without_the_optional_packages(tmp_path):
 
 
 def test_stage_times_takes_the_start_of_run_all_for_no_launch(tmp_path):
-    """run_all.sh's start (python run_support.py start) becomes the run, so under bench/stage_times.py's GNU time its
-    wall is the whole run's: not a launch of the table."""
+    """run_all.sh's start (python run_support.py start) becomes the run, so under bench/speed/stage_times.py's GNU time
+    its wall is the whole run's: not a launch of the table."""
     log = tmp_path / "times.csv"
     log.write_text("1.0,0.5,0.1,python 01_bc.py --data x\n"
                    "900.0,800,10,python run_support.py start r SEED=0 -- bash run_all.sh\n"
                    "0.5,0.4,0.1,python run_support.py results r 1 0 qevolve seen\n")
-    launches = load_module("bench/stage_times.py", "stage_times").launches(str(log))
+    launches = load_module("bench/speed/stage_times.py", "stage_times").launches(str(log))
     assert [(stage, wall) for stage, _, wall, _ in launches] == [("01_bc", 1.0), ("results table", 0.5)]
 
 
@@ -1201,7 +1201,8 @@ def test_04_says_when_the_held_out_returns_say_nothing(world, stages, in_process
     assert "held out (" in proc.stdout and "explained variance n/a (every return equal)" in proc.stdout, proc.stdout
 
 
-ENTRY_POINTS = sorted(f for f in glob.glob("*.py", root_dir=ROOT) + glob.glob("bench/*.py", root_dir=ROOT)
+ENTRY_POINTS = sorted(f for f in glob.glob("*.py", root_dir=ROOT) + glob.glob("bench/**/*.py", root_dir=ROOT,
+                                                                              recursive=True)
                       + glob.glob("models/*.py", root_dir=ROOT) if "\ndef main(" in open(os.path.join(ROOT, f)).read())
 
 
@@ -1226,7 +1227,7 @@ def test_bench_scripts_check_every_input_before_work(tmp_path, in_process, monke
     (tmp_path / "settings_int").mkdir()
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("EVAL_SPLITS", "seen")
-    seeds, ablation, sweep = (load_module(f"bench/{n}.py", n) for n in ("seeds", "ablation", "plot_sweep"))
+    seeds, ablation, sweep = (load_module(f"bench/{n}.py", n) for n in ("seeds", "ablation", "plots"))
     table = ["--table-only", "--seeds", "0", "--prefix", tmp_path / "run", "--out", tmp_path / "t.md"]
     assert in_process(seeds, *table).returncode == 0 and "| Q-Evolve iter 1 (policy_1) | 50.0" in (
         tmp_path / "t.md").read_text()
@@ -1239,10 +1240,10 @@ def test_bench_scripts_check_every_input_before_work(tmp_path, in_process, monke
             (seeds, table, {"ALGOS": "qevolve bogus"}, "ALGOS must be words of"),
             (seeds, table, {"EVAL_SPLITS": "seen bogus"}, "EVAL_SPLITS names 'bogus', on which no run"),
             (seeds, table, {"settings": {**record, "N_SELF": 6}}, "N_SELF is not a string"),
-            (sweep, ["--seeds", "0", "0"], {}, "--seeds must be distinct integers of at least 0, got 0 0"),
-            (sweep, ["--decisions", "2", "2"], {}, "--decisions must be distinct"),
-            (sweep, ["--decisions", "-3", "0"], {}, "--decisions must be distinct integers of at least 1"),
-            (sweep, ["--prefix", "runs/sweep-s"], {}, "--prefix must name the decisions as {D}")):
+            (sweep, ["sweep", "--seeds", "0", "0"], {}, "--seeds must be distinct integers of at least 0, got 0 0"),
+            (sweep, ["sweep", "--decisions", "2", "2"], {}, "--decisions must be distinct"),
+            (sweep, ["sweep", "--decisions", "-3", "0"], {}, "--decisions must be distinct integers of at least 1"),
+            (sweep, ["sweep", "--prefix", "runs/sweep-s"], {}, "--prefix must name the decisions as {D}")):
         settings = env.pop("settings", None)
         if settings:
             (tmp_path / "run0/settings.json").write_text(json.dumps(settings))
@@ -1261,7 +1262,7 @@ def test_bench_runs_check_run_alls_settings_before_any_run(tmp_path):
     env = {**os.environ, "ENV_KWARGS": "{bad", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     before = snapshot(tmp_path)
     for script, args in (("bench/seeds.py", ["--seeds", "0", "--prefix", f"{tmp_path}/s", "--out", f"{tmp_path}/t.md"]),
-                         ("bench/stage_times.py", ["--run", f"{tmp_path}/timed", "--out", f"{tmp_path}/t.md"])):
+                         ("bench/speed/stage_times.py", ["--run", f"{tmp_path}/timed", "--out", f"{tmp_path}/t.md"])):
         proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
         assert one_line(proc) and "--env-kwargs must be a JSON object" in proc.stderr, proc.stderr
         assert snapshot(tmp_path) == before
@@ -1320,12 +1321,13 @@ def test_probe83_bench_scripts_check_their_flags(tmp_path, in_process, monkeypat
     seeds.py and ablation.py wrote a markdown table to --out t.png; ablation.py took --variants awr awr."""
     bench_run(tmp_path / "run0", k=1)
     monkeypatch.chdir(ROOT)
-    efficiency, seeds, ablation = (load_module(f"bench/{n}.py", n) for n in ("efficiency", "seeds", "ablation"))
+    efficiency, seeds, ablation = (load_module(f"bench/{n}.py", n) for n in ("plots", "seeds", "ablation"))
     runs = ["--seeds", "0", "--prefix", tmp_path / "run"]
     before = snapshot(tmp_path)
     for module, args, message in (
-            (efficiency, ["--runs", f"{tmp_path}/run{{seed}}{{split}}", "--seeds", "0"], "{seed} is the one field"),
-            (efficiency, ["--runs", f"{tmp_path}/run{{seed}}", "--seeds", "0", "--splits", "bogus"],
+            (efficiency, ["efficiency", "--runs", f"{tmp_path}/run{{seed}}{{split}}", "--seeds", "0"],
+             "{seed} is the one field"),
+            (efficiency, ["efficiency", "--runs", f"{tmp_path}/run{{seed}}", "--seeds", "0", "--splits", "bogus"],
              "--splits bogus: " + str(tmp_path / "run0") + " was not evaluated on it"),
             (seeds, ["--table-only", *runs, "--out", tmp_path / "t.png"], "its name must end in .md"),
             (ablation, ["--table-only", *runs, "--out", tmp_path / "t.png"], "its name must end in .md"),

@@ -1,7 +1,7 @@
 """Training in less memory, the same math: 01/05's log-probabilities and 05's KL to pi_ref in chunks of rows
 (plumbing.by_rows, checkpointed), and transformers' gradient checkpointing (--grad-checkpointing), against
 the plain computation on the full logits of the tiny policy: the same loss and gradients to 1e-5.
-bench/train_memory.py measures what they save on SmolLM2."""
+bench/speed/train_memory.py measures what they save on SmolLM2."""
 import argparse
 import json
 

@@ -1,4 +1,4 @@
-"""bench/plot_learning.py: the learning curve is each iteration's success, the mean over the run's worlds."""
+"""bench/plots.py learning: the learning curve is each iteration's success, the mean over the run's worlds."""
 import json
 import os
 
@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT, load_module
 from plumbing import png_software
 
-plot = load_module("bench/plot_learning.py", "plot_learning")
+plot = load_module("bench/plots.py", "plots")
 
 
 def fake_run(run, rates, tag=""):
@@ -35,19 +35,22 @@ def test_writes_a_png(tmp_path, in_process, monkeypatch):
     fake_run(tmp_path / "s0", [[0.5, 0.7]])
     fake_run(tmp_path / "s1", [[0.4, 0.6]])
     out = tmp_path / "curve.png"
-    proc = in_process(plot, "--seeds", 0, 1, "--prefix", tmp_path / "s", "--splits", "seen", "--out", out,
+    proc = in_process(plot, "learning", "--seeds", 0, 1, "--prefix", tmp_path / "s", "--splits", "seen", "--out", out,
                       check=False)
     assert proc.returncode == 0, proc.stderr
-    assert png_software(out) == "q-evolve bench/plot_learning.py"  # its stamp: a rerun may replace it
-    in_process(plot, "--seeds", 0, 1, "--prefix", tmp_path / "s", "--splits", "seen", "--out", out)  # check=True
-    bad = in_process(plot, "--prefix", tmp_path / "none", "--out", out, check=False)
+    assert png_software(out) == "q-evolve bench/plots.py"  # its stamp: a rerun may replace it
+    in_process(plot, "learning", "--seeds", 0, 1, "--prefix", tmp_path / "s", "--splits", "seen", "--out",
+               out)  # check=True
+    bad = in_process(plot, "learning", "--prefix", tmp_path / "none", "--out", out, check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
     notes = tmp_path / "notes.png"  # a file that only looks like a PNG by its name: never overwritten
     notes.write_text("my notes")
-    kept = in_process(plot, "--seeds", 0, "--prefix", tmp_path / "s", "--splits", "seen", "--out", notes, check=False)
+    kept = in_process(plot, "learning", "--seeds", 0, "--prefix", tmp_path / "s", "--splits", "seen", "--out", notes,
+                      check=False)
     assert kept.returncode == 2 and notes.read_text() == "my notes"
     photo = tmp_path / "photo.png"  # issue 61: a real PNG that is not this project's (no stamp) is kept too
     photo.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0\0\0\rIHDR" + bytes(17) + b"\0\0\0\0IEND\xaeB`\x82")
     before = photo.read_bytes()
-    kept = in_process(plot, "--seeds", 0, "--prefix", tmp_path / "s", "--splits", "seen", "--out", photo, check=False)
+    kept = in_process(plot, "learning", "--seeds", 0, "--prefix", tmp_path / "s", "--splits", "seen", "--out", photo,
+                      check=False)
     assert kept.returncode == 2 and photo.read_bytes() == before and "not a PNG written by this project" in kept.stderr

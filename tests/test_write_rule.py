@@ -21,17 +21,13 @@ ALLOWED = {
     ("models/smollm2.py", 'with open(os.path.join(tmp, "source.json"), "w") as f:'): TMP,
     ("show_credit.py", 'write_atomic(args.png, lambda tmp: fig.savefig(tmp, dpi=args.dpi, format="png",'):
         "write_atomic's temporary, after check_out(png); stamped",
-    ("bench/plot_learning.py", 'write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png",'):
-        "write_atomic's temporary, after check_out(png); stamped",
-    ("bench/plot_sweep.py", 'write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png",'):
-        "write_atomic's temporary, after check_out(png); stamped",
-    ("bench/efficiency.py", 'write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format="png",'):
-        "write_atomic's temporary, after check_out(png); stamped",
+    ("bench/runner.py", 'write_atomic(out, lambda tmp: fig.savefig(tmp, dpi=110, format="png", metadata={"Software": '
+                        'STAMP + writer}))'): "write_atomic's temporary, after check_out(png) (plots.py); stamped",
     ("envs/alfworld_env.py", 'with open(os.path.join(tmp, "traj_data.json"), "w") as f:'):
         "a game cache built in _common.build_dir_atomically's temporary (its own cache folder, never a user's path)",
     ("envs/alfworld_env.py", 'with open(game_path, "w") as f:'):
         "a game file inside the same temporary (build_dir_atomically)",
-    ("bench/train_memory.py", 'with open(adv, "w") as f:'):
+    ("bench/speed/train_memory.py", 'with open(adv, "w") as f:'):
         "an input buffer inside its own tempfile.TemporaryDirectory, never a user's path",
     ("bench/gpu_lab.sh", 'echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &'):
         "the decode-step check's verdict, inside the lab's own mktemp folder, never a user's path",
@@ -107,7 +103,7 @@ def test_the_scan_sees_what_it_looks_for(tmp_path, monkeypatch):
 
 def test_every_table_writer_owns_its_table():
     """A bench script that writes a table (check_out(..., "table")) is one of plumbing's table writers: else its
-    second run refuses the table its first run wrote (bench/train_memory.py and model_throughput.py did)."""
+    second run refuses the table its first run wrote (bench/speed/train_memory.py and model_throughput.py did)."""
     import plumbing
     writers = {os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(os.path.join(ROOT, "bench"))
                for f in fs if f.endswith(".py") and '"table")' in open(os.path.join(d, f)).read()}

@@ -13,22 +13,19 @@ estimate of a whole chain at a given budget from the measured rates and the meas
 per episode.
 
     python -m models.smollm2 --out models/smollm2-135m        # once
-    python bench/model_throughput.py --smollm2 models/smollm2-135m --threads 1
+    python bench/speed/model_throughput.py --smollm2 models/smollm2-135m --threads 1
 """
 import argparse
 import copy
 import json
 import os
-import platform
 import random
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from bench._stages import ROOT, load_stage  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from bench.runner import ROOT, expert_demos, load_stage, measured, must  # noqa: E402
 from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
 from plumbing import Parser, check_out, die, save_text  # noqa: E402
 
@@ -141,22 +138,16 @@ def worker(a):
         out["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
         out["tokens_per_episode"] = sum(len(x["input_ids"]) for x in data) / len(data)
         out["reply_tokens_per_episode"] = sum(sum(t >= 0 for t in x["action_step"]) for x in data) / len(data)
-    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     print("RESULT " + json.dumps(out))
 
 
 def run_worker(**kw):
+    """One (model, stage) in a process of its own, measured: its RESULT and its peak resident set."""
     argv = [sys.executable, os.path.abspath(__file__), "--worker"]
     for k, v in kw.items():
-        if v is None:
-            continue
         argv += [f"--{k.replace('_', '-')}"] + ([str(x) for x in v] if isinstance(v, list) else [str(v)])
-    env = {**os.environ, "OMP_NUM_THREADS": str(kw["threads"])}
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"{kw['stage']} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][7:])
+    m = must(argv, result=True, threads=kw["threads"])
+    return {**m["result"], "peak_rss_gb": m["peak_mib"] / 1024}
 
 
 # run_all.sh's defaults: demonstrations, BC epochs, self episodes, eval tasks per split, critic epochs
@@ -183,9 +174,7 @@ def chain_minutes(res, demos, bc_epochs, n_self, n_eval, critic_epochs, val_frac
 def measure(a, models, tmp):
     """Every stage of every model, each in its own process; -> table rows, raw results."""
     rows, results = [], {}
-    expert = os.path.join(tmp, "expert.jsonl")
-    subprocess.run([sys.executable, "02_collect.py", "--policy", "expert", "--split", "train", "--episodes",
-                    str(a.demos), "--out", expert], cwd=ROOT, check=True, capture_output=True)
+    expert = expert_demos(os.path.join(tmp, "expert.jsonl"), a.demos)
     common = dict(steps=a.steps, batch_size=a.batch_size, threads=a.threads)
     for name in models:
         d = os.path.join(tmp, name)
@@ -244,10 +233,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="model_throughput_") as tmp:
         rows, results = measure(a, models, tmp)
 
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {os.cpu_count()} CPU cores "
-             "(shared) by "
-             f"`python bench/model_throughput.py --threads {a.threads} --steps {a.steps} --batch-size {a.batch_size} "
-             f"--episodes {a.episodes} --max-steps {a.max_steps}`; torch threads {a.threads}, fp32.",
+    lines = [measured(f"python bench/speed/model_throughput.py --threads {a.threads} --steps {a.steps} --batch-size "
+                      f"{a.batch_size} --episodes {a.episodes} --max-steps {a.max_steps}")
+             + f"; torch threads {a.threads}, fp32.",
              "",
              "| model | params | stage | shape | tokens timed | tokens/s (wall) | tokens per CPU s | peak RSS |",
              "|---|---|---|---|---|---|---|---|"]
@@ -278,13 +266,13 @@ def main():
               + (f"{sum(chain_minutes(results['tiny'], *DEFAULT_CHAIN).values()):.0f} min"
                  if "tiny" in results else "(tiny not measured)")
               + " for one iteration; bench/results/stage_times.md times every launch of a real run "
-              "(`python bench/stage_times.py --run RUN`). The estimate leaves out loading the model in every "
+              "(`python bench/speed/stage_times.py --run RUN`). The estimate leaves out loading the model in every "
               "stage (seconds) and "
               "the expert demos. Collection here ran policies after 3 BC steps, whose replies run to "
               "`--max-new-tokens`; a trained policy's shorter replies make the prefill a larger share, "
               "so expect fewer generated tokens/s from it.", ""]
     keep = ("smollm2", "models", "steps", "batch_size", "episodes", "max_steps", "demos", "threads", "budget")
-    save_text(summary, json.dumps({"stage": "bench/model_throughput.py", "args": {k: getattr(a, k) for k in keep},
+    save_text(summary, json.dumps({"stage": "bench/speed/model_throughput.py", "args": {k: getattr(a, k) for k in keep},
                                    "results": results}, indent=1) + "\n")
     save_text(a.out, "\n".join(lines) + "\n")
     print(f"wrote {a.out}")

@@ -5,24 +5,23 @@ test. Use more episodes than --batch so that refilling slots (a finished slot st
 task) is part of what is measured. On a shared CPU the wall time depends on the other load, so
 the CPU seconds of each collection (02's summary) are compared too.
 
-    python bench/collect_speed.py --policy runs/default/policy_0 [--episodes 96] [--batch 32] [--threads 1]
+    python bench/speed/collect_speed.py --policy runs/default/policy_0 [--episodes 96] [--batch 32] [--threads 1]
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from bench.runner import must  # noqa: E402
 from plumbing import Parser  # noqa: E402
 
 
 def collect(args, num_envs, out, *flags):
-    subprocess.run([sys.executable, "02_collect.py", "--policy", args.policy, "--split", args.split, "--episodes",
-                    str(args.episodes), "--num-envs", str(num_envs), "--greedy", "--threads", str(args.threads),
-                    "--out", out, *flags], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    must([sys.executable, "02_collect.py", "--policy", args.policy, "--split", args.split, "--episodes",
+          str(args.episodes), "--num-envs", str(num_envs), "--greedy", "--threads", str(args.threads), "--out", out,
+          *flags])
     return json.load(open(out[:-1])), open(out).read()  # the summary .json beside the .jsonl, the episodes
 
 

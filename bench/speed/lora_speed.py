@@ -6,17 +6,16 @@ at the last 64 positions of each row (as reply_logits keeps only reply positions
 log-sum-exp loss standing in for the NLL, backward, AdamW. Each setting runs in its own
 process (a fresh resident set). A measurement, not a test.
 
-    python bench/lora_speed.py --model models/smollm2-135m --threads 2 --ranks 0 16
+    python bench/speed/lora_speed.py --model models/smollm2-135m --threads 2 --ranks 0 16
 """
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from bench.runner import must  # noqa: E402
 from plumbing import Parser  # noqa: E402
 
 
@@ -35,15 +34,12 @@ def one(model_dir, rank, threads):
     times = []
     for _ in range(4):
         t = time.time()
-        loss = m(input_ids=x, logits_to_keep=64).logits.float().logsumexp(-1).mean()
-        loss.backward()
+        m(input_ids=x, logits_to_keep=64).logits.float().logsumexp(-1).mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.time() - t)
     step_s = sorted(times[1:])[1]
-    print(json.dumps({"rank": rank, "trainable_m": sum(p.numel() for p in params) / 1e6, "s_per_step": step_s,
-                      "tokens_per_s": 4 * 512 / step_s,
-                      "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}))
+    print("RESULT " + json.dumps({"trainable_m": sum(p.numel() for p in params) / 1e6, "s_per_step": step_s}))
 
 
 def main():
@@ -59,12 +55,11 @@ def main():
         raise SystemExit(f"error: {a.model} is not a model directory; run python -m models.smollm2 --out {a.model}")
     print("| LoRA rank | trained params | s / step | tokens/s | peak RSS |\n|---|---|---|---|---|")
     for r in a.ranks:
-        cmd = [sys.executable, __file__, "--model", a.model, "--threads", str(a.threads), "--one", str(r)]
-        out = subprocess.run(cmd,
-                             capture_output=True, text=True, check=True).stdout
-        d = json.loads(out.strip().splitlines()[-1])
-        print(f"| {r or 'none (full)'} | {d['trainable_m']:.2f} M | {d['s_per_step']:.2f} | {d['tokens_per_s']:.0f} | "
-              f"{d['peak_rss_gb']:.2f} GiB |", flush=True)
+        m = must([sys.executable, __file__, "--model", a.model, "--threads", str(a.threads), "--one", str(r)],
+                 result=True)
+        d = m["result"]
+        print(f"| {r or 'none (full)'} | {d['trainable_m']:.2f} M | {d['s_per_step']:.2f} | "
+              f"{4 * 512 / d['s_per_step']:.0f} | {m['peak_mib'] / 1024:.2f} GiB |", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ prompt of --context random tokens for each of --batch rows, then --steps greedy 
 Device, precision and loading as 02's (machine.pick_device / autocast, plumbing.load_model): on a GPU that has bf16,
 bf16 weights and so a bf16 KV cache.
 
-    python bench/decode_step.py --model models/smollm2-135m --random --batch 16 128 --cuda-graph
+    python bench/speed/decode_step.py --model models/smollm2-135m --random --batch 16 128 --cuda-graph
 """
 import os
 import sys
@@ -18,7 +18,7 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from kv_cache import GRAPH_WIDTH, GraphStep  # noqa: E402
 from machine import autocast, pick_device  # noqa: E402
 from plumbing import Parser, die, load_model  # noqa: E402

@@ -1,30 +1,23 @@
 """Where a run of run_all.sh spends its time. Each launch is timed by GNU time (wall, CPU = user + sys);
 the stage's own loop comes from the run's metrics.jsonl (01 / 03 / 05: the training loop, 02: the
 episodes); the rest of a launch is start-up and wrap-up (imports, model load, tokenizing, saving).
-Training stages also get their model FLOP/s against this machine's matmul peak, measured here: a
-token through a training step costs 6 N FLOPs (forward 2 N, backward 4 N; 05 adds pi_ref's forward:
-8 N), N the model's parameters outside the input embedding; attention's quadratic term is left out.
+Training stages also get their model FLOP/s (runner.FLOPS_PER_N) against this machine's matmul peak, measured here.
 
-    python bench/stage_times.py --run runs/timed               # bash run_all.sh with RUN=runs/timed, each launch timed
-    python bench/stage_times.py --run runs/timed --table-only   # the table from that run's launches.log again
+    python bench/speed/stage_times.py --run runs/timed              # run_all.sh with RUN=runs/timed, each launch timed
+    python bench/speed/stage_times.py --run runs/timed --table-only  # the table from that run's launches.log again
 
 run_all.sh's other settings come from the environment as usual. Writes --out (bench/results/stage_times.md).
 """
 import argparse
 import os
-import platform
-import subprocess
 import sys
 import time
 
 import torch
-from safetensors.torch import load_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from bench.runner import FLOPS_PER_N, ROOT, body_params, check, launch, measured, wait  # noqa: E402
 from plumbing import Parser, check_flags, check_out, die, loads, save_text  # noqa: E402
-
-FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
 
 
 def matmul_peak(threads, dtype, n=1024, seconds=2.0):
@@ -86,14 +79,10 @@ def main():
     if not args.table_only:
         if os.path.exists(log):
             die(f"{log} exists: a timed run must start from nothing (another --run, or --table-only)")
-        check = subprocess.run(["bash", "run_all.sh", "--check"], cwd=ROOT, env={**os.environ, "RUN": run},
-                               capture_output=True, text=True)  # every setting, before GNU time writes the log
-        if check.returncode:
-            die(check.stderr.strip().removeprefix("error: "))
+        check(run)  # every setting, before GNU time writes the log
         os.makedirs(run, exist_ok=True)
         python = os.environ.get("PYTHON", "python")
-        env = {**os.environ, "RUN": run, "PYTHON": f"/usr/bin/time -a -o {log} -f %e,%U,%S,%C {python}"}
-        code = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env).returncode
+        code = wait(launch(run, {"PYTHON": f"/usr/bin/time -a -o {log} -f %e,%U,%S,%C {python}"}))[0]
         if code:
             sys.exit(code)  # run_all.sh said why
     if not os.path.exists(log):
@@ -107,7 +96,7 @@ def main():
     if not os.path.isfile(weights):
         die(f"{weights}: no such file; is {args.run} a run of run_all.sh?")
     peak = {dt: matmul_peak(args.threads, getattr(torch, dt)) for dt in ("float32", "bfloat16")}
-    n_body = sum(t.numel() for k, t in load_file(weights).items() if "embed_tokens" not in k)
+    n_body = body_params(os.path.dirname(weights))
     rows = ["| launch | wall s | CPU s | the stage's loop s | start-up and wrap-up s | tokens/s | GFLOP/s | "
             "of the fp32 peak |", "|---|---|---|---|---|---|---|---|"]
     peak_fp32, seen, timed = peak["float32"], {}, launches(log)  # seen: stage -> launches so far (02: records)
@@ -128,8 +117,8 @@ def main():
                     f"{'-' if flops is None else f'{flops:.1f}'} | "
                     f"{'-' if flops is None else f'{flops / peak_fp32:.0%}'} |")
     walls = [w for _, _, w, _ in timed]
-    text = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {os.cpu_count()} CPU cores by "
-            f"`python bench/stage_times.py --run {args.run}` (run_all.sh's settings from the environment)\n\n"
+    text = (measured(f"python bench/speed/stage_times.py --run {args.run}") + " (run_all.sh's settings from the "
+            "environment)\n\n"
             f"# Where the run's time goes\n\n{len(walls)} launches, {sum(walls):.0f} s "
             f"of launches" + ("" if args.table_only else f", {total:.0f} s in all") + ". This machine's matmul "
             f"peak with {args.threads} threads: {peak['float32']:.0f} GFLOP/s fp32, {peak['bfloat16']:.0f} bf16 "

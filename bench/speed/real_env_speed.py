@@ -4,8 +4,8 @@ Plays the env's expert on the first --episodes train tasks of each env and print
 markdown table (medians over all calls). Games are generated into a fresh temp cache, so
 the TextWorld / ALFWorld "generate" column is the one-off cost of a new game.
 
-    python bench/real_env_speed.py                       # all three, ~2-3 min on 2 cores
-    python bench/real_env_speed.py --envs textworld --episodes 20
+    python bench/speed/real_env_speed.py                       # all three, ~2-3 min on 2 cores
+    python bench/speed/real_env_speed.py --envs textworld --episodes 20
 
 For ScienceWorld it also times the package's own ScienceWorldEnv.step on the same
 commands (it builds an info dict with the valid-action list on every step), and for
@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
 
 import envs  # noqa: E402
 from plumbing import Parser  # noqa: E402

@@ -4,9 +4,9 @@ reward; for kitchen also the two policies that bound what a run can reach: item 
 (the demonstrator's most common reply, what greedy BC copies) and the good item always (the optimum).
 A measurement, not a test.
 
-    python bench/env_speed.py [--seed 0] [--env-kwargs '{"habit": 0.6}']
-    python bench/env_speed.py --env kitchen [--env-kwargs '{"decisions": 2}']
-    python bench/env_speed.py --env shop
+    python bench/speed/env_speed.py [--seed 0] [--env-kwargs '{"habit": 0.6}']
+    python bench/speed/env_speed.py --env kitchen [--env-kwargs '{"decisions": 2}']
+    python bench/speed/env_speed.py --env shop
 """
 import argparse
 import json
@@ -15,7 +15,7 @@ import random
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 import envs  # noqa: E402
 from plumbing import Parser  # noqa: E402
 

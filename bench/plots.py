@@ -1,0 +1,271 @@
+"""The pictures of the runs (each needs matplotlib, requirements-plot.txt), one command each; every value is greedy
+success in %, the mean over seeds with +- one standard deviation over them (each seed's value: its mean over the worlds
+its run was evaluated in), one line or point per method of runner.METHODS that the runs have.
+
+learning: success per iteration from the runs of bench/seeds.py, one panel per split.
+sweep: success of each method at iteration --iteration against kitchen's decisions per task - one (the outcome names
+  its one decision: outcome credit should do) to several (a failure's cause is one step of many: step credit has a
+  job); one run prefix per number of decisions (bench/seeds.py's runs); a table beside the PNG.
+efficiency: success against the online environment steps of each method's own self-collections (the paper's axis: it
+  reaches QLASS's success with about 1/30 of its online samples); runs of several N_SELF, a line style each; a table
+  beside the PNG: the points, the steps each method needs to reach 90% of the optimum's success (the good item
+  always: it loses only the outages), and Q-Evolve's paired gap to each method.
+
+    python bench/plots.py learning                          # runs/seed0..2 -> docs/img/learning_curve.png
+    python bench/plots.py learning --seeds 0 1 --prefix runs/s --out /tmp/curve.png --splits dev
+    for D in 1 2 6; do K=1 ENV_KWARGS="{\"decisions\": $D}" ALGOS="qevolve rft outcome" \
+        python bench/seeds.py --parallel --prefix runs/sweep-d$D-s --out /tmp/sweep_d$D.md; done
+    python bench/plots.py sweep --decisions 1 2 4 6 --prefix 'runs/sweep-d{D}-s' --prefix4 runs/k
+    for S in 0 1 2 3 4; do RUN=runs/n50-s$S SEED=$S N_SELF=50 K=3 ALGOS="qevolve rft outcome" bash run_all.sh; done
+    for S in 0 1 2 3 4; do RUN=runs/e$S SEED=$S ALGOS="qevolve rft outcome" bash run_all.sh; done
+    python bench/plots.py efficiency --runs 'runs/n50-s{seed}' 'runs/e{seed}' --seeds 0 1 2 3 4
+"""
+import argparse
+import os
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import envs  # noqa: E402
+from bench.runner import ALGOS, METHODS, command, curve, eval_worlds, measured, pyplot, save_png, sd  # noqa: E402
+from plumbing import Parser, check_out, die, parse_env_kwargs, read_json, save_text  # noqa: E402
+
+WRITER = "bench/plots.py"
+mean = statistics.mean
+
+
+def online_steps(run, method, k):
+    """The environment steps of the self-collections behind the method's policy_k: iterations 1..k (02's env_steps;
+    iteration 1's is policy_0's, shared)."""
+    folder = next(m[2] for m in METHODS if m[0] == method)
+    paths = [os.path.join(ROOT, run, "iter_1" if j == 1 else os.path.join(folder, f"iter_{j}"), "self.json")
+             for j in range(1, k + 1)]
+    return sum((read_json(p) or die(f"{p}: missing; is {run} a run of run_all.sh?"))["env_steps"] for p in paths)
+
+
+def optimum(run, split):
+    """The good item always, in % on `split`: it wins every task without an outage (envs/kitchen.py)."""
+    kwargs = parse_env_kwargs((read_json(os.path.join(ROOT, run, "settings.json")) or {}).get("ENV_KWARGS", "{}"))
+    wins = [mean(env.generate(t)["outage_at"] is None for t in env.task_ids(split))
+            for w in eval_worlds(run) for env in [envs.make("kitchen", seed=int(w), **kwargs)]]
+    return 100 * mean(wins)
+
+
+def panels(plt, splits, width, height=3.4):
+    fig, axes = plt.subplots(1, len(splits), figsize=(width * len(splits), height), sharey=True, squeeze=False)
+    return fig, axes[0]
+
+
+def finish(fig, axes, out, legend, label="greedy success (%)", fontsize=7):
+    """The common ending: the y label, the legend, and the PNG stamped with this script."""
+    axes[0].set_ylabel(label)
+    axes[0].legend(fontsize=fontsize, loc=legend)
+    fig.tight_layout()
+    save_png(fig, out, WRITER)
+
+
+def learning(args, plt):
+    runs = [f"{args.prefix}{s}" for s in args.seeds]
+    for run in runs:
+        if not os.path.isdir(os.path.join(ROOT, run, "eval")):
+            die(f"{run}/eval not found; run python bench/seeds.py first")
+    fig, axes = panels(plt, args.splits, 4.2)
+    for ax, split in zip(axes, args.splits):
+        n_worlds, top = curve(runs[0], split)[1], 1
+        for i, (_, tag, _, name, colour) in enumerate(ALGOS):
+            curves = [curve(run, split, tag)[0] for run in runs]
+            n = min(len(c) for c in curves)
+            if n < 2 and tag:  # this algorithm is not in the runs
+                continue
+            if n == 0:
+                die(f"no evaluation of policy_0 on {split!r} in every run")
+            m = [mean(c[k] for c in curves) for k in range(n)]
+            d = [sd([c[k] for c in curves]) for k in range(n)]
+            ax.fill_between(range(n), [a - b for a, b in zip(m, d)], [a + b for a, b in zip(m, d)], color=colour,
+                            alpha=0.15, lw=0)
+            ax.plot(range(n), m, color=colour, lw=2, marker="o", label=name)
+            ax.annotate(f"{m[-1]:.1f}", (n - 1, m[-1]), textcoords="offset points", xytext=(8, 8 - 9 * i),
+                        fontsize=8, color=colour)  # one above the other where the lines end together
+            top = max(top, n)
+        ax.set_xticks(range(top), ["BC"] + [f"iter {k}" for k in range(1, top)])
+        ax.set(title=f"{split} (mean over {n_worlds} worlds)", ylim=(0, 100))
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"seeds {', '.join(map(str, args.seeds))}: the mean, and a band of +- one std over the seeds",
+                 fontsize=9)
+    finish(fig, axes, args.out, "lower right")
+    print(f"plot_learning: wrote {args.out}")
+
+
+def sweep(args, plt, table):
+    for flag, xs, least in (("--seeds", args.seeds, 0), ("--decisions", args.decisions, 1)):
+        if min(xs) < least or len(set(xs)) < len(xs):
+            die(f"{flag} must be distinct integers of at least {least}, got {' '.join(map(str, xs))}")
+    if "{D}" not in args.prefix:
+        die(f"--prefix must name the decisions as {{D}} (one run folder per number of decisions), got {args.prefix!r}")
+    if args.iteration < 1:
+        die(f"--iteration must be at least 1, got {args.iteration}")
+    prefix = lambda d: args.prefix4 if d == 4 and args.prefix4 else args.prefix.replace("{D}", str(d))
+    for d in args.decisions:
+        for s in args.seeds:
+            if not os.path.isdir(os.path.join(ROOT, f"{prefix(d)}{s}", "eval")):
+                die(f"{prefix(d)}{s}/eval not found; run bench/seeds.py for {d} decisions first (--help)")
+    methods = [("", "BC", 0, "tab:gray")] + [(tag, name, args.iteration, c) for _, tag, _, name, c in ALGOS]
+    points = {split: {} for split in args.splits}  # points[split][name] = [(mean, std) per number of decisions]
+    for split in args.splits:
+        for tag, name, k, _ in methods:
+            for d in args.decisions:
+                xs = [curve(f"{prefix(d)}{s}", split, tag)[0] for s in args.seeds]
+                if any(len(x) <= k for x in xs):
+                    die(f"{name} iteration {k} is not evaluated on {split!r} in every run of {prefix(d)}*")
+                points[split].setdefault(name, []).append((mean(x[k] for x in xs), sd([x[k] for x in xs])))
+    fig, axes = panels(plt, args.splits, 4.4)
+    for ax, split in zip(axes, args.splits):
+        for i, (_, name, _, colour) in enumerate(methods):
+            row, shift = points[split][name], (i - 1.5) * 0.06  # side by side, so the bars do not hide each other
+            ax.errorbar([d + shift for d in args.decisions], [m for m, _ in row], yerr=[s for _, s in row],
+                        color=colour, marker="o", capsize=3, lw=1.8,
+                        label=name if name == "BC" else f"{name} iter {args.iteration}")
+        ax.set_xticks(args.decisions)
+        ax.set(title=split, xlabel="decisions per task (kitchen)", ylim=(0, 100))
+        ax.grid(alpha=0.3)
+    finish(fig, axes, args.out, "lower left", f"greedy success (%), seeds {', '.join(map(str, args.seeds))}")
+    lines = [measured(command(WRITER), machine=False) + " from the runs it names (each made by bench/seeds.py, on the "
+             f"machine its table names). Greedy success in %, mean +- std over seeds {', '.join(map(str, args.seeds))}"
+             "; each seed's value is its mean over the worlds it was evaluated in.", "",
+             "| method | " + " | ".join(f"{d} decision{'s' * (d > 1)} {'/'.join(args.splits)}"
+                                     for d in args.decisions) + " |", "|---|" + "---|" * len(args.decisions)]
+    for _, name, _, _ in methods:
+        cells = [" / ".join(f"{points[s][name][j][0]:.1f} +- {points[s][name][j][1]:.1f}" for s in args.splits)
+                 for j in range(len(args.decisions))]
+        lines.append(f"| {name if name == 'BC' else f'{name} iter {args.iteration}'} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def efficiency(args, plt, table):
+    if any("{seed}" not in r for r in args.runs) or len(set(args.runs)) < len(args.runs):
+        die("each of --runs must hold {seed}, and --runs and --seeds be distinct")
+    for pattern in args.runs:  # {seed} is the one field: another ({split}) was a KeyError after the checks
+        try:
+            pattern.format(seed=0)
+        except (KeyError, IndexError, ValueError):
+            die(f"--runs {pattern}: {{seed}} is the one field a pattern may hold")
+    for run in [pattern.format(seed=s) for pattern in args.runs for s in args.seeds]:
+        if not os.path.isdir(os.path.join(ROOT, run, "eval")):
+            die(f"{run}/eval not found: make the runs first (--help)")
+        for split in args.splits:  # BC's evaluation on each split: else an IndexError after the checks
+            if not any(os.path.exists(os.path.join(ROOT, run, "eval", f"world{w}", f"policy_0_{split}.json"))
+                       for w in eval_worlds(run)):
+                die(f"--splits {split}: {run} was not evaluated on it; name the splits its runs were (EVAL_SPLITS)")
+    points = {split: {} for split in args.splits}  # [split][(name, family)] = [(steps per seed, success per seed)]
+    for split in args.splits:
+        for key, tag, _, name, _ in METHODS:
+            for pattern in args.runs:
+                runs = [pattern.format(seed=s) for s in args.seeds]
+                curves = [curve(r, split, tag)[0] for r in runs]
+                top = 0 if key == "bc" else min(len(c) for c in curves) - 1
+                points[split][name, pattern] = [([0 if k == 0 else online_steps(r, key, k) for r in runs],
+                                                 [c[k] for c in curves]) for k in range(top + 1)]
+    best = {split: mean(optimum(pattern.format(seed=s), split) for s in args.seeds) for split in args.splits}
+    fig, axes = panels(plt, args.splits, 4.8, 3.6)
+    n_self = {pattern: (read_json(os.path.join(ROOT, pattern.format(seed=args.seeds[0]), "settings.json")) or {}).get(
+        "N_SELF", "?") for pattern in args.runs}  # each family's episodes per iteration
+    for ax, split in zip(axes, args.splits):
+        for key, _, _, name, colour in METHODS:
+            for i, pattern in enumerate(args.runs):
+                row = points[split][name, pattern]
+                x, y, d = ([mean(s) for s, _ in row], [mean(ok) for _, ok in row], [sd(ok) for _, ok in row])
+                ax.plot(x, y, ["-", "--", ":", "-."][i % 4], color=colour, marker="o", ms=3,
+                        label=f"{name}, {n_self[pattern]} episodes an iteration" if key != "bc" else (
+                            name if i == 0 else None))
+                ax.fill_between(x, [a - b for a, b in zip(y, d)], [a + b for a, b in zip(y, d)], color=colour,
+                                alpha=0.12)
+        ax.axhline(best[split], color="black", lw=0.8, ls=":")
+        ax.axhline(0.9 * best[split], color="black", lw=0.6, ls="--")
+        ax.set_xscale("symlog", linthresh=100)
+        ax.set_xlim(left=0)
+        ax.set(title=split, xlabel="online environment steps (own episodes)", ylim=(0, 100))
+        ax.grid(alpha=0.3)
+    finish(fig, axes, args.out, "lower right", f"greedy success (%), seeds {', '.join(map(str, args.seeds))}", 6)
+    lines = [measured(command(WRITER), machine=False) + " from the runs it names (made by run_all.sh, on the machine "
+             f"their notes name). Greedy success in %, mean +- std over seeds {', '.join(map(str, args.seeds))}, each "
+             "seed's value its mean over the worlds it was evaluated in; steps: the online environment steps of the "
+             "method's own self-collections (iteration 1's, policy_0's, shared), mean over the seeds.", "",
+             f"The optimum (the good item always): {' / '.join(f'{best[s]:.1f}' for s in args.splits)} on "
+             f"{'/'.join(args.splits)}.", "", "| method | runs | k | online steps | " + " | ".join(args.splits) + " |",
+             "|---|---|---|---|" + "---|" * len(args.splits)]
+    for key, _, _, name, _ in METHODS:
+        for pattern in args.runs[:1] if key == "bc" else args.runs:
+            for k, (steps, _) in list(enumerate(points[args.splits[0]][name, pattern]))[key != "bc":]:  # k = 0: BC
+                cells = [f"{mean(ok):.1f} +- {sd(ok):.1f}" for split in args.splits
+                         for ok in [points[split][name, pattern][k][1]]]
+                lines.append(f"| {name} | {pattern} | {k} | {mean(steps):.0f} | " + " | ".join(cells) + " |")
+    lines += ["", "The online steps to reach 90% of the optimum: per seed, the fewest steps of a point at or above it "
+              "(any of the runs; '>N': not reached, N the most steps of that seed's points); the mean over the seeds "
+              "that reached it, and how many did.", "",
+              "| method | split | " + " | ".join(f"seed {s}" for s in args.seeds) + " | mean (seeds reached) |",
+              "|---|---|" + "---|" * len(args.seeds) + "---|"]
+    for _, _, _, name, _ in ALGOS:
+        for split in args.splits:
+            cells, reached = [], []
+            for i in range(len(args.seeds)):
+                pts = [(steps[i], ok[i]) for pattern in args.runs for steps, ok in points[split][name, pattern]]
+                hit = [x for x, ok in pts if ok >= 0.9 * best[split]]
+                cells.append(f"{min(hit)}" if hit else f">{max(x for x, _ in pts)}")
+                reached += [min(hit)] if hit else []
+            lines.append(f"| {name} | {split} | " + " | ".join(cells) + " | "
+                         + (f"{mean(reached):.0f} ({len(reached)})" if reached else "- (0)") + " |")
+    first = ALGOS[0][3]  # Q-Evolve, against each baseline at the same budget, paired by seed
+    lines += ["", f"{first} minus each method at the same budget (runs, k), paired by seed: the mean gap in points "
+              "+- its standard error over seeds (std / sqrt(seeds)); '*': beyond two standard errors.", "",
+              "| method | runs | k | " + " | ".join(args.splits) + " |", "|---|---|---|" + "---|" * len(args.splits)]
+    for _, _, _, name, _ in ALGOS[1:]:
+        for pattern in args.runs:
+            for k in range(1, len(points[args.splits[0]][name, pattern])):
+                cells = []
+                for split in args.splits:
+                    row = points[split]
+                    gap = [a - b for a, b in zip(row[first, pattern][k][1], row[name, pattern][k][1])]
+                    se = statistics.stdev(gap) / len(gap) ** 0.5 if len(gap) > 1 else float("nan")
+                    cells.append(f"{mean(gap):+.1f} +- {se:.1f}{' *' if abs(mean(gap)) > 2 * se else ''}")
+                lines.append(f"| {name} | {pattern} | {k} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv=None):
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="plot", required=True, metavar="{learning,sweep,efficiency}")
+    plots = {name: sub.add_parser(name, help=help_) for name, help_ in (
+        ("learning", "success per iteration"), ("sweep", "success against kitchen's decisions per task"),
+        ("efficiency", "success against the online environment steps"))}
+    for name, q in plots.items():
+        q.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4] if name == "efficiency" else [0, 1, 2],
+                       help="seeds (run directories PREFIX<seed>)")
+        q.add_argument("--splits", nargs="+", default=["seen", "unseen"], help="one panel each")
+        q.add_argument("--out", default=f"docs/img/{'learning_curve' if name == 'learning' else name}.png",
+                       help="the PNG to write" + ("" if name == "learning" else " (its table: the same name, .md)"))
+    plots["learning"].add_argument("--prefix", default="runs/seed", help="run directory prefix, as bench/seeds.py's")
+    plots["sweep"].add_argument("--decisions", type=int, nargs="+", default=[1, 2, 4, 6], help="one point each")
+    plots["sweep"].add_argument("--prefix", default="runs/sweep-d{D}-s", help="run directory prefix, {D}: decisions")
+    plots["sweep"].add_argument("--prefix4", default="", help="the prefix for 4 decisions (kitchen's default runs)")
+    plots["sweep"].add_argument("--iteration", type=int, default=1, help="the iteration k of each method plotted")
+    plots["efficiency"].add_argument("--runs", nargs="+", required=True, help="one run folder pattern per N_SELF, "
+                                     "{seed} = the seed")
+    args = p.parse_args(argv)
+    if not args.out.endswith(".png"):
+        die(f"--out must end in .png, got {args.out!r}")
+    if len(set(args.seeds)) < len(args.seeds):
+        die(f"--seeds must be distinct integers of at least 0, got {' '.join(map(str, args.seeds))}")
+    table = args.out[:-4] + ".md"
+    check_out(args.out, "png")  # new, or a PNG this project wrote (its stamp): never a user's picture
+    if args.plot != "learning":
+        check_out(table, "table")
+    if args.plot == "learning":
+        return learning(args, pyplot())
+    lines = globals()[args.plot](args, pyplot(), table)
+    save_text(table, "\n".join(lines) + "\n")
+    print("\n".join(lines) + f"\n{args.plot}: wrote {args.out} and {table}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""What every script of bench/ (and bench/speed/) shares, so that each does a thing one way: a stage file as a module
+(load_stage: its name starts with a digit), ONE table of the methods (METHODS), a run of run_all.sh launched with
+settings (check, launch), its evaluations read (evaluations, curve), a child process measured (measure: wall, CPU, peak
+memory, and the RESULT line it printed), expert demonstrations made (expert_demos), and a table's or picture's
+first line and plotting setup (measured, pyplot, save_png).
+
+    sys.path.insert(0, ROOT)  # in a script of bench/: the repo root
+    from bench.runner import load_stage, METHODS, evaluations
+"""
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # the stages import envs
+from plumbing import STAMP, die, write_atomic  # noqa: E402
+
+# The methods, once: key (run_all.sh's ALGOS word; bc: policy_0), the prefix of its policies' evaluations
+# (eval/world<w>/<prefix>policy_<k>_<split>.json) and folder in a run, its name in every table, its colour in a plot
+METHODS = [("bc", "", "", "BC", "tab:gray"), ("qevolve", "", "", "Q-Evolve", "tab:blue"),
+           ("outcome", "outcome_", "outcome", "outcome-level PG", "tab:orange"),
+           ("rft", "rft_", "rft", "iterated RFT", "tab:green")]
+ALGOS = METHODS[1:]  # what evolves policy_0
+NAME = {m[0]: m[3] for m in METHODS}
+# run_all.sh's miniatures (household: the habit world; shop: its default), for a script that collects outside it
+KWARGS = {"household": '{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}',
+          "shop": '{"page_size": 3, "max_steps": 10, "hasty": 0.5}'}
+sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def load_stage(name):
+    """The module of ROOT/<name>.py, e.g. load_stage("01_bc"); loading it runs no main()."""
+    spec = importlib.util.spec_from_file_location(f"stage_{name}", os.path.join(ROOT, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def spread(xs, fmt):
+    """mean +- std (n - 1) of xs, or the one value."""
+    return fmt.format(statistics.mean(xs)) + (f" ± {fmt.format(statistics.stdev(xs))}" if len(xs) > 1 else "")
+
+
+def command(script, env_keys=()):
+    """This call as a table quotes it: the settings of env_keys that are set, python SCRIPT and its arguments."""
+    settings = [f"{k}={shlex.quote(os.environ[k])}" for k in env_keys if os.environ.get(k)]
+    return " ".join(settings + ["python", script] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def measured(by, machine=True):
+    """A table's first line: when, on what and by which command (plumbing.owned reads the command's script)."""
+    where = f" on {platform.machine()} with {os.cpu_count()} CPU cores" if machine else ""
+    return f"Measured {datetime.date.today()}{where} by `{by}`"
+
+
+def check_runs(prefix, seeds, made):
+    """A bench script's run folders, --prefix<seed>: the prefix names a folder; made: each is a run of run_all.sh (its
+    data/expert.jsonl and eval/) - else one error line."""
+    if not prefix.strip():
+        die("--prefix is empty: name the runs' folders without their seed (runs/seed: runs/seed0, runs/seed1, ...)")
+    for seed in seeds if made else []:
+        run = os.path.join(ROOT, f"{prefix}{seed}")
+        if not (os.path.isfile(os.path.join(run, "data", "expert.jsonl")) and os.path.isdir(os.path.join(run, "eval"))):
+            die(f"{prefix}{seed}: no run of run_all.sh there (its data/expert.jsonl and eval/); check --prefix and "
+                "--seeds, or run it first")
+
+
+def eval_worlds(run):
+    """The world seeds run_all.sh evaluated RUN in (its EVAL_WORLDS: eval/world<w>/), as strings, in order."""
+    return sorted((d[5:] for d in os.listdir(os.path.join(ROOT, run, "eval")) if re.fullmatch(r"world(0|[1-9]\d*)", d)),
+                  key=int)
+
+
+def evaluations(run):
+    """{(policy, world, split): 02's summary} of every evaluation RUN finished (world: its seed, a string)."""
+    found, root = {}, os.path.join(ROOT, run, "eval")
+    for world in eval_worlds(run) if os.path.isdir(root) else []:
+        for f in os.listdir(os.path.join(root, f"world{world}")):
+            m = re.fullmatch(r"(\w*?policy_\d+)_(\w+)\.json", f)
+            if m:
+                found[m[1], world, m[2]] = json.load(open(os.path.join(root, f"world{world}", f)))
+    return found
+
+
+def curve(run, split, tag=""):
+    """Success in % of policy_0 (BC), <tag>policy_1, ... on `split`, each the mean over the run's worlds; and the
+    number of worlds."""
+    worlds, found = eval_worlds(run), evaluations(run)
+    out, k = [], 0
+    while all((f"{tag if k else ''}policy_{k}", w, split) in found for w in worlds):
+        out.append(statistics.mean(found[f"{tag if k else ''}policy_{k}", w, split]["success_rate"] for w in worlds)
+                   * 100)
+        k += 1
+    return out, len(worlds)
+
+
+def check(run, settings=None, who=""):
+    """bash run_all.sh --check with RUN and these settings (over the environment's): else its one error line."""
+    proc = subprocess.run(["bash", "run_all.sh", "--check"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(settings or {}), "RUN": run})
+    if proc.returncode:
+        die(who + proc.stderr.strip().removeprefix("error: "))
+
+
+def launch(run, settings=None, log=None):
+    """bash run_all.sh with RUN and these settings (over the environment's), its output into the open file `log` (None:
+    this process's); -> the running Popen."""
+    return subprocess.Popen(["bash", "run_all.sh"], cwd=ROOT, env={**os.environ, **(settings or {}), "RUN": run},
+                            stdout=log, stderr=subprocess.STDOUT if log else None)
+
+
+def running(proc):
+    """Whether a child of this process runs yet, without reaping it (wait: its account)."""
+    return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+
+
+def wait(proc, t0=None):
+    """Wait for a child of this process -> (exit code, wall s since t0, CPU s, peak resident MiB of it and the
+    children it waited for) from the kernel's account of that child alone (wait4)."""
+    _, status, use = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, time.time() - (t0 or 0), use.ru_utime + use.ru_stime, use.ru_maxrss / 1024
+
+
+def measure(argv, cwd=ROOT, env=None, threads=None):
+    """Run argv to its end, measured (wait) -> {rc, wall_s, cpu_s, peak_mib, out (its stdout and stderr), result (the
+    JSON of its last 'RESULT {...}' line, or None)}. threads: its OMP_NUM_THREADS."""
+    env = {**os.environ, **(env or {}), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    with tempfile.TemporaryFile("w+") as out:
+        t0 = time.time()
+        rc, wall, cpu, peak = wait(subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT), t0)
+        out.seek(0)
+        text = out.read()
+    results = [line[7:] for line in text.splitlines() if line.startswith("RESULT ")]
+    return {"rc": rc, "wall_s": wall, "cpu_s": cpu, "peak_mib": peak, "out": text,
+            "result": json.loads(results[-1]) if results else None}
+
+
+def must(argv, result=False, **kw):
+    """measure, or the end of this script with the child's last output (result: it must print a RESULT line)."""
+    m = measure(argv, **kw)
+    if m["rc"] or (result and m["result"] is None):
+        sys.exit(f"{' '.join(map(str, argv[:3]))} failed:\n{m['out'][-4000:]}")
+    return m
+
+
+def expert_demos(out, n, env=None, seed=None):
+    """02's expert on n train tasks -> out (a JSONL; its summary beside it); env: an environment whose kwargs are
+    run_all.sh's miniature (KWARGS), None: 02's default."""
+    envargs = ["--env", env, "--env-kwargs", KWARGS.get(env, "{}")] if env else []
+    must([sys.executable, "02_collect.py", "--policy", "expert", *envargs, "--split", "train", "--episodes", str(n),
+          *(["--seed", str(seed)] if seed is not None else []), "--out", out])
+    return out
+
+
+def pyplot():
+    """matplotlib's pyplot without a display, or one error line that says what to install."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        die("matplotlib is not installed: pip install -r requirements-plot.txt")
+    return plt
+
+
+def save_png(fig, out, writer):
+    """The figure into out, atomically, stamped with its writer (a rerun may replace it, never a user's picture)."""
+    write_atomic(out, lambda tmp: fig.savefig(tmp, dpi=110, format="png", metadata={"Software": STAMP + writer}))
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+# model FLOPs per token and parameter N (outside the input embedding) of a training step: forward 2 N, backward 4 N;
+# 05 adds pi_ref's forward (log pi_old is computed before its loop). Attention's quadratic term is left out.
+FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
+
+
+def body_params(policy_dir):
+    """N: the policy's parameters outside the input embedding table."""
+    from safetensors.torch import load_file
+    return sum(t.numel() for k, t in load_file(os.path.join(policy_dir, "model.safetensors")).items()
+               if "embed_tokens" not in k)
