@@ -1,29 +1,15 @@
-"""The paper's ablation table in miniature (AlfWorld, 1 iteration in the paper), plus the baselines: one row per
-variant, seen / unseen success and average reward (each seed's mean over the worlds its run was evaluated in) as mean
-+- std over seeds, and the environment steps each used. A measurement, not a test.
+"""The paper's ablation table in miniature, plus the baselines: one row per variant, seen / unseen success and average
+reward (each seed's mean over its run's worlds) as mean +- std over seeds, and the environment steps each used. Every
+variant starts from a default run (run_all.sh with K=1, ALGOS="qevolve rft outcome"; bench/seeds.py makes it if
+missing) and changes one thing: a stage's flags (VARIANTS below) in a run_all.sh run runs/seed<k>/ablation/<variant>
+into which the default run's artifacts upstream of that stage are hard-linked (run_all.sh redoes only what is
+downstream); w/o PI is policy_0 with the default critic reranking --candidates samples per step (02 --rerank). Reruns
+resume (skip-if-exists). A measurement, not a test.
 
-Every variant starts from a default run's artifacts (run_all.sh with K=1, ALGOS="qevolve rft outcome"), reused, never
-recomputed, and changes exactly one thing: a variant of a stage's flags is run_all.sh itself (RUN
-runs/seed<k>/ablation/<variant>, K=1) with the default run's record and that stage's *_ARGS extended, from the default
-run's expert demos, policy_0 and iteration 1's self buffer (and critic / advantages upstream of the stage) hard-linked
-into it: run_all.sh skips what exists and redoes only the stages downstream.
-
-    BC, Q-Evolve, RFT, outcome-level PG   policy_0, policy_1, rft/policy_1, outcome/policy_1 as run_all.sh made them
-    w/o RR             CRITIC_ARGS+=" --no-aux"            w/o W-IQL   CRITIC_ARGS+=" --uniform-weights"
-    w/o GAE            GAE_ARGS+=" --advantage qv"         r_aux in A_t  GAE_ARGS+=" --rewards critic" (the paper: out)
-    AWR                BPPO_ARGS+=" --objective awr"       A centred   BPPO_ARGS+=" --adv-norm center" (step credit)
-    symmetric clip     BPPO_ARGS+=" --eps-low 0.2 --eps-high 0.2"
-    w/o PI             no policy update: policy_0 acts, the default critic reranks --candidates sampled replies per
-                       step (02_collect.py --rerank; QLASS-style): not a run_all.sh setting, its own 02 calls
-
-    python bench/ablation.py --parallel          # seeds 0 1 2: runs/seed<k> (made by bench/seeds.py if missing,
-                                                 # its table runs/seed0_1_2.seeds.md)
+    python bench/ablation.py --parallel          # seeds 0 1 2: runs/seed<k>
     python bench/ablation.py --seeds 0           # one seed, one process
     python bench/ablation.py --parallel --variants rft awr   # only some rows (the others: 'not run')
-
-Outputs go to runs/seed<k>/ablation/<variant>/ (skip-if-exists, so a rerun resumes) and the table to --out.
 """
-import argparse
 import json
 import os
 import shutil
@@ -34,8 +20,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench.runner import check_runs, command, eval_worlds, evaluations, launch, measured, sd, wait  # noqa: E402
-from plumbing import Parser, check_flags, check_out, die, save_text  # noqa: E402
+from bench.runner import (check_runs, command, distinct, eval_worlds, evaluations, launch, markdown_out, measured,  # noqa
+                          parser, pm, row, wait)
+from plumbing import check_flags, check_out, die, save_text  # noqa: E402
 from run_support import open_log, read_settings  # noqa: E402
 
 SPLITS = ("seen", "unseen")
@@ -160,7 +147,7 @@ def run_all_variants(args, runs):
 
 
 def main():
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories --prefix<seed>)")
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix, as bench/seeds.py writes them")
     p.add_argument("--candidates", type=int, default=4, help="w/o PI: candidate replies per step for the rerank")
@@ -173,14 +160,11 @@ def main():
                    help="run nothing: write the table from the variants finished so far (others: 'not run')")
     args = p.parse_args()
     check_flags(args, candidates="at least 1")
-    if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
-        die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
+    distinct("--seeds", args.seeds)
     if len(set(args.variants)) < len(args.variants):
         die(f"--variants must be distinct, got {' '.join(args.variants)}")
-    if not args.out.endswith(".md"):
-        die(f"--out {args.out}: the table is markdown, its name must end in .md")
     check_runs(args.prefix, args.seeds, made=args.table_only)
-    check_out(os.path.join(ROOT, args.out), "table")  # a table this script (or seeds.py) wrote, or a new file
+    markdown_out(args.out)
     t0 = time.time()
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     if not args.table_only:
@@ -207,10 +191,9 @@ def main():
             continue
         (s_res, u_res), ok = res[name].values(), lambda rs: [x["success_rate"] * 100 for x, _ in rs]
         both = lambda k: mean(a[k] + b[k] for (a, _), (b, _) in zip(s_res, u_res))
-        lines.append(f"| {label} | {mean(ok(s_res)):.1f} +- {sd(ok(s_res)):.1f} | {mean(ok(u_res)):.1f} +- "
-                     f"{sd(ok(u_res)):.1f} | {mean(x['avg_reward'] for x, _ in s_res):.3f} | "
-                     f"{mean(x['avg_reward'] for x, _ in u_res):.3f} | {mean(st for _, st in s_res):.0f} | "
-                     f"{both('env_steps'):.0f} | {both('generated_tokens'):.0f} |")
+        lines.append(row(label, pm(ok(s_res)), pm(ok(u_res)), f"{mean(x['avg_reward'] for x, _ in s_res):.3f}",
+                         f"{mean(x['avg_reward'] for x, _ in u_res):.3f}", f"{mean(st for _, st in s_res):.0f}",
+                         f"{both('env_steps'):.0f}", f"{both('generated_tokens'):.0f}"))
     lines += ["", "Per seed (seen / unseen success):", "",
               "| variant | " + " | ".join(f"seed {s}" for s in args.seeds) + " |", "|---|" + "---|" * len(runs)]
     lines += [f"| {label} | " + " | ".join(f"{a['success_rate']:.0%} / {b['success_rate']:.0%}"

@@ -1,31 +1,17 @@
 #!/usr/bin/env bash
-# The real-model lab (issue 60; docs/real_model.md, 'The lab'): one command of at most 8 minutes on one GPU.
-#   1. SmolLM2 converted once (SMOLLM2_DIR=models/smollm2-135m; from the installed wheel, or SMOLLM2_GGUF=<file>)
-#   2. for each env of ENVS and each seed of SEEDS, all side by side on the one GPU: run_all.sh with BASE=smollm2,
-#      BC, then Q-Evolve and the credit issue's baselines (iterated RFT, the outcome-level PG) for K=2 iterations
-#      from the same BC policy, each algorithm its own run_all.sh (ALGOS=qevolve, rft, outcome) once Q-Evolve's
-#      has collected iteration 1's episodes, iteration by iteration, every policy evaluated greedily on seen and
-#      unseen in worlds 0 and 1 (N_EVAL tasks each) beside the next iteration's training; run LAB/<env>-s<seed>, its
-#      logs (<algo>.it<k>.log, evaluations <algo>.it<k>.eval.log) and wall-clock beside it
-#   3. bench/gpu_report.py: per policy and world mean +- std over the seeds on every split, per-stage seconds,
-#      tokens/s, peak memory and MFU -> bench/results/gpu_lab.md
-# The lab's budgets (a variable you set still wins): 400 demonstrations, BC 2 epochs at lr 5e-5; per iteration 128
-# self episodes (one lockstep batch of 128 slots), the critic 1 epoch at 1e-5, BPPO 1 epoch at 2e-6, RFT 1 epoch at
-# 2e-5; batches of 16 trajectories; 100 greedy tasks per (world, split). Memory per run: gradient checkpointing and
-# the chunked log-probabilities (--grad-checkpointing auto, plumbing.by_rows), so three seeds share an 80 GB GPU.
-# docs/real_model.md, 'The lab', has the budget arithmetic; 'The lab on one H200' and '... H100' its runs.
-# Settings: LAB=runs/gpu_lab, SEEDS="0 1 2", ENVS=household ("household shop" where it fits: about twice the
-# time), TESTS= (pytest's arguments, e.g. "--slow -n 8 tests": the suite beside the runs, -v into LAB/tests.log),
-# PYTHON=python (else python3),
-# DEADLINE=S (seconds: each run is stopped there, and the report counts what finished; run_all.sh resumes it),
-# CUDA_GRAPH=1 (below: 02's decode steps replayed from CUDA graphs; 0: eager),
-# MPS=1 (below: the GPU shared through NVIDIA's MPS). Where nvidia-smi is, LAB/machine.log: the GPU's memory in use
-# and utilisation and the CPU's runnable threads, each second.
-# DRY=1 runs the same path on a CPU: a one-layer tiny model from scratch, SMOKE's toy budgets, two seeds, K=1 and
-# --precision bf16 (the GPU's arithmetic), its report in LAB/gpu_lab.md (tests/test_gpu_lab.py, in CI).
-# run_all.sh's settings (N_EXPERT, N_SELF, N_EVAL, THREADS, BC_ARGS, ...) pass to its runs. Every setting is checked
-# before anything runs (run_all.sh's with run_all.sh --check): a bad one is one error line and exit 2. The lab holds
-# each run's folder (run_support.py lock: its run_all.sh side by side on it, no other run).
+# The real-model lab (docs/real_model.md, 'The lab': its budgets, their arithmetic and its runs on one H200 / H100):
+# one command of at most 8 minutes on one GPU. SmolLM2 converted once (SMOLLM2_DIR=models/smollm2-135m, or from
+# SMOLLM2_GGUF=<file>); then for each env of ENVS and seed of SEEDS, side by side, run_all.sh runs LAB/<env>-s<seed>
+# with BASE=smollm2: BC, then Q-Evolve, iterated RFT and the outcome-level PG (K=2) from the same BC policy, iteration
+# by iteration, each policy evaluated greedily on seen and unseen in worlds 0 and 1 beside the next training; logs
+# LAB/<env>-s<seed>.<algo>.it<k>[.eval].log; last bench/gpu_report.py -> bench/results/gpu_lab.md. Budgets (a
+# variable you set wins): 400 demos, BC 2 epochs at 5e-5; per iteration 128 self episodes, critic 1 epoch at 1e-5,
+# BPPO 1 at 2e-6, RFT 1 at 2e-5; batches of 16; 100 greedy tasks per (world, split).
+# Settings: LAB=runs/gpu_lab, SEEDS="0 1 2", ENVS=household, TESTS= (pytest's arguments: the suite beside the runs,
+# -v into LAB/tests.log), PYTHON=python, DEADLINE=S (each run stopped there; the report counts what finished),
+# CUDA_GRAPH=1 (02's decode steps from CUDA graphs where faster), MPS=1 (the GPU shared through NVIDIA's MPS);
+# run_all.sh's settings pass to its runs; every setting is checked first (a bad one: one error line, exit 2).
+# DRY=1: the same path on a CPU (a one-layer tiny model, SMOKE's budgets, two seeds, K=1, bf16; tests/test_gpu_lab.py).
 #
 #   bash bench/gpu_lab.sh                         # on the GPU machine (PYTHON=python3 where there is no python)
 #   DRY=1 bash bench/gpu_lab.sh                   # anywhere, a minute or two
@@ -72,8 +58,7 @@ else
   # one check for a GPU, here: its run_all.sh calls skip theirs (CPU_OK=1)
   [ -n "${QEVOLVE_LOCKED:-}" ] || $PYTHON -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
     || bad "no GPU here: the lab trains SmolLM2 for 8 minutes on one; DRY=1 runs the same path on a CPU"
-  # the allocator of every process here (the runs, the decode-step check, the tests): segments that grow, less memory
-  # lost to fragments while up to 18 processes share the GPU
+  # every process's allocator: growing segments, less lost to fragments while up to 18 processes share the GPU
   export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
   chain=(env BASE=smollm2 SMOLLM2_DIR="$SMOLLM2_DIR" EVAL_WORLDS="0 1" EVAL_SPLITS="${EVAL_SPLITS:-seen unseen}"
          CPU_OK=1
@@ -85,8 +70,7 @@ else
   report=bench/results/gpu_lab.md
 fi
 
-# Every file it writes goes through plumbing.py's rule (new, or one this script wrote: its stamped first line) and is
-# written atomically when its command ends (run_support.py save): checked before anything runs.
+# Every file it writes: new or one it wrote (plumbing.py's rule), checked first, written atomically (run_support save)
 logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log" "$LAB/machine.log")
 for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
   logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log)
@@ -111,11 +95,9 @@ save() { $PYTHON run_support.py save run_log "$1" bench/gpu_lab.sh; }
 
 pids=() graph=0
 start=$(date +%s)
-# MPS=1: NVIDIA's multi-process service for the lab's processes, so that their small kernels run on the GPU at once
-# instead of taking turns (time-slicing). The daemon's pipes and log in a fresh /tmp folder, for this lab alone (a CUDA
-# program that cannot reach it runs as without it); it is stopped when the lab ends. The lab runs without MPS where
-# nvidia-cuda-mps-control is missing, or a first CUDA program failed under it or was served by no MPS server: LAB/mps.log
-# says which, the report quotes it.
+# MPS=1: NVIDIA's multi-process service, so that the processes' small kernels run at once instead of taking turns; its
+# daemon in a fresh /tmp folder for this lab alone, stopped at the end. Without it where the control is missing or a
+# first CUDA program failed under it or was served by no server: LAB/mps.log says which, the report quotes it.
 mps="off (MPS=0)"
 if [ "$MPS" = 1 ]; then
   mps="off: no nvidia-cuda-mps-control"
@@ -139,9 +121,8 @@ if [ "$MPS" = 1 ]; then
   fi
 fi
 echo "MPS: $mps" | save "$LAB/mps.log"
-# The machine, sampled each second while the lab runs (where nvidia-smi is): the GPU's memory that all the lab's
-# processes hold together (three seeds' runs side by side must fit in it), its utilisation, and the CPU's runnable
-# threads (/proc/loadavg: more than its cores, and processes wait for one) -> LAB/machine.log, in the report.
+# Each second (where nvidia-smi is): the GPU memory all processes hold, its utilisation, the CPU's runnable threads
+# (/proc/loadavg) -> LAB/machine.log, in the report.
 sampler=""
 if command -v nvidia-smi >/dev/null; then
   use=$(mktemp /tmp/gpu_lab_use.XXXXXX)
@@ -152,10 +133,8 @@ if command -v nvidia-smi >/dev/null; then
     done > "$use" ) &
   sampler=$!
 fi
-# 02's decode steps replayed from CUDA graphs (02 --cuda-graph) once bench/speed/decode_step.py has timed one step of
-# SmolLM2's shape (random weights) at 128 rows, eager and from a CUDA graph (LAB/decode_step.log, the report's first
-# lines), and the graph was the faster; else 02 runs eager. CUDA_GRAPH=0 skips it. The check runs beside the runs' BC
-# (which decodes nothing); each run's first 02 waits for its verdict, the file $verdict (1: CUDA graphs, 0: eager).
+# 02 --cuda-graph where bench/speed/decode_step.py timed SmolLM2's decode step (random weights, 128 rows) faster from a
+# CUDA graph than eager (LAB/decode_step.log); it runs beside BC; each run's first 02 waits for $verdict (1 graph, 0 not)
 verdict=$(mktemp -d /tmp/gpu_lab_graph.XXXXXX)/verdict
 ( set +e; c=0
   if [ "$CUDA_GRAPH" = 1 ]; then
@@ -168,9 +147,8 @@ verdict=$(mktemp -d /tmp/gpu_lab_graph.XXXXXX)/verdict
 02 runs eager" >&2
   fi
   echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &
-# lab ALGO ENV SEED K EVAL: run_all.sh for one algorithm up to iteration K, resuming (run_all.sh skips what exists):
-# EVAL=0 its training alone, EVAL=1 the evaluations of what it has trained; stopped at DEADLINE seconds after the
-# lab's start. Its log: LAB/<env>-s<seed>.<algo>.it<K>.log, or .it<K>.eval.log
+# lab ALGO ENV SEED K EVAL: run_all.sh for one algorithm up to iteration K, resuming; EVAL=0 its training, 1 its
+# evaluations; stopped at DEADLINE. Its log: LAB/<env>-s<seed>.<algo>.it<K>[.eval].log
 lab() {
   local left="" log=$LAB/$2-s$3.$1.it$4
   [ "$5" = 0 ] || log+=.eval
@@ -178,12 +156,8 @@ lab() {
   ${left:+timeout "$left"} "${chain[@]}" CUDA_GRAPH="$graph" ALGOS="$1" ENV="$2" SEED="$3" K="$4" EVAL="$5" \
     RUN="$LAB/$2-s$3" PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$log.log"
 }
-# Per run: BC first (beside the decode-step check), then iteration by iteration: all three algorithms finish iteration
-# k's training before any starts k + 1 (a baseline's iteration is shorter than Q-Evolve's), so that DEADLINE stops
-# them at the same iteration. Iteration 1: Q-Evolve first (its episodes); once they exist the two baselines start
-# beside it from the same policy_0 and episodes. Later iterations: the three at once. The evaluations run beside
-# the training, off its path: BC's once the decode-step check is done; iteration k's three at once, when iteration k's
-# training and the evaluations before them are done.
+# Per run: BC, then iteration by iteration (all three finish k before any starts k + 1: DEADLINE stops them alike);
+# iteration 1's baselines start once Q-Evolve's episodes exist. Iteration k's evaluations run beside k + 1's training.
 for env in $ENVS; do
   for seed in $SEEDS; do
     ( t0=$(date +%s) rc=0 evals=() run=$LAB/$env-s$seed

@@ -1,18 +1,8 @@
-"""The report of bench/gpu_lab.sh: what the lab measured, as one markdown page.
-
-Reads   LAB/<env>-s<seed>/ (run_all.sh runs: metrics.jsonl, eval/world*/<policy>_<split>.json, policy_0, policy_1),
-        LAB/<env>-s<seed>.seconds (a run's wall-clock), LAB/tests.log (pytest -v, when the lab ran the tests),
-        LAB/decode_step.log and LAB/mps.log (whether 02 ran with CUDA graphs, and the GPU was shared through MPS),
-        LAB/machine.log (the GPU's memory in use and utilisation, the CPU's runnable threads, each second)
-Writes  --out: the device; per environment and evaluation world, each policy's success and average reward on
-        every split, mean +- std over the seeds that finished it (std: n - 1); per stage its launches, loop
-        seconds (start-up excluded), tokens/s, peak memory and model FLOP utilisation, collection's generated
-        tokens/s and peak memory; the machine's GPU memory, utilisation and runnable threads; how far 05 moved
-        the policy; the tests' outcome. A run stopped early (gpu_lab.sh's DEADLINE) counts with what it finished:
-        a cell shows how many seeds it holds when fewer than all.
-
-FLOPs per token: runner.FLOPS_PER_N (a tied output head counted at every token, gradient checkpointing's recomputed
-forward left out). Utilisation = tokens/s x FLOPs per token / the device's dense bf16 peak (PEAK_TFLOPS, --peak-tflops).
+"""The report of bench/gpu_lab.sh as one markdown page, from LAB/<env>-s<seed>/ (run_all.sh runs), their .seconds
+and LAB's tests.log, decode_step.log, mps.log and machine.log: per environment and world each policy's success and
+average reward, mean +- std over the seeds that finished it (a run stopped at DEADLINE counts with what it finished);
+per stage its launches, loop seconds, tokens/s, peak memory and model FLOP utilisation (runner.FLOPS_PER_N; the peak:
+PEAK_TFLOPS or --peak-tflops); the machine's use; how far 05 moved the policy; the tests' outcome.
 
     python bench/gpu_report.py --lab runs/gpu_lab --out bench/results/gpu_lab.md
 """

@@ -1,24 +1,13 @@
-"""Where a policy's episodes go wrong, read from episode JSONL files (02 or 04 output). One line
-per file. For household:
-
-- the habit: right after arriving at a closed receptacle ("You arrive at X. The X is closed."),
-  does the policy `examine` it (the demonstrator's habit: "The X is closed.", a valid step no rule
-  labels, that only wastes a step of the limit) or `open` it? The habit rate is the share of such
-  arrivals that it examines. On a 04 buffer, also the mean advantage A of each (source, verb): does
-  the critic rate `open` above `examine`?
-- the first mistake (the first step not labelled ok, or the habit's `examine`) of each episode, and
-  how many episodes with a mistake still succeed (recover).
-
-For shop (the episodes' "env"): does the policy copy what it must - a product click on a results
-page names an id that page shows, a search is a span of the instruction (the expert's request) -
-and how many of its purchases are hasty (no option clicked since the product was opened: the
-demonstrator's imperfection, which the graded reward penalises)?
+"""Where a policy's episodes go wrong, one line per episode JSONL file (02 or 04 output). Household: the habit rate
+(the share of arrivals at a closed receptacle where the policy examines it, the demonstrator's step-wasting habit,
+instead of opening it; on a 04 buffer also the mean A of each (source, verb)), the first mistake of each episode and
+how many episodes with one still succeed. Shop: do product clicks name an id the results page shows, are searches a
+span of the instruction, how many purchases are hasty (no option clicked since the product was opened)?
 
     python bench/mistakes.py runs/default/eval/world0/policy_0_dev.jsonl runs/default/eval/world0/policy_2_dev.jsonl
     python bench/mistakes.py runs/default/iter_1/adv.jsonl
     python bench/mistakes.py runs/shop_default/eval/world0/policy_0_dev.jsonl
 """
-import argparse
 import collections
 import os
 import re
@@ -26,7 +15,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plumbing import Parser, die, loads  # noqa: E402
+from bench.runner import parser  # noqa: E402
+from plumbing import die, loads  # noqa: E402
 
 
 def closed_arrivals(episode):
@@ -116,7 +106,7 @@ def shop_summary(episodes):
 
 
 def main(argv=None):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("files", nargs="+", help="episode JSONL files (02_collect.py or 04_gae.py output)")
     for path in p.parse_args(argv).files:
         try:

@@ -1,15 +1,9 @@
-"""The pictures of the runs (each needs matplotlib, requirements-plot.txt), one command each; every value is greedy
-success in %, the mean over seeds with +- one standard deviation over them (each seed's value: its mean over the worlds
-its run was evaluated in), one line or point per method of runner.METHODS that the runs have.
-
-learning: success per iteration from the runs of bench/seeds.py, one panel per split.
-sweep: success of each method at iteration --iteration against kitchen's decisions per task - one (the outcome names
-  its one decision: outcome credit should do) to several (a failure's cause is one step of many: step credit has a
-  job); one run prefix per number of decisions (bench/seeds.py's runs); a table beside the PNG.
-efficiency: success against the online environment steps of each method's own self-collections (the paper's axis: it
-  reaches QLASS's success with about 1/30 of its online samples); runs of several N_SELF, a line style each; a table
-  beside the PNG: the points, the steps each method needs to reach 90% of the optimum's success (the good item
-  always: it loses only the outages), and Q-Evolve's paired gap to each method.
+"""The pictures of the runs (matplotlib: requirements-plot.txt): greedy success in %, the mean over seeds +- one std
+(each seed's value: its mean over its run's worlds), one line per method of runner.METHODS the runs have. learning:
+per iteration (bench/seeds.py's runs), one panel per split. sweep: at --iteration against kitchen's decisions per
+task (one run prefix per number of decisions; a table beside the PNG). efficiency: against the online environment
+steps of each method's own self-collections, runs of several N_SELF; a table beside the PNG with the steps to 90% of
+the optimum (the good item always) and Q-Evolve's paired gap to each method.
 
     python bench/plots.py learning                          # runs/seed0..2 -> docs/img/learning_curve.png
     python bench/plots.py learning --seeds 0 1 --prefix runs/s --out /tmp/curve.png --splits dev
@@ -20,7 +14,6 @@ efficiency: success against the online environment steps of each method's own se
     for S in 0 1 2 3 4; do RUN=runs/e$S SEED=$S ALGOS="qevolve rft outcome" bash run_all.sh; done
     python bench/plots.py efficiency --runs 'runs/n50-s{seed}' 'runs/e{seed}' --seeds 0 1 2 3 4
 """
-import argparse
 import os
 import statistics
 import sys
@@ -28,8 +21,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import envs  # noqa: E402
-from bench.runner import ALGOS, METHODS, command, curve, eval_worlds, measured, pyplot, save_png, sd  # noqa: E402
-from plumbing import Parser, check_out, die, parse_env_kwargs, read_json, save_text  # noqa: E402
+from bench.runner import (ALGOS, METHODS, command, curve, distinct, eval_worlds, measured, parser, pm, pyplot,  # noqa
+                          save_png, sd)
+from plumbing import check_out, die, parse_env_kwargs, read_json, save_text  # noqa: E402
 
 WRITER = "bench/plots.py"
 mean = statistics.mean
@@ -98,9 +92,7 @@ def learning(args, plt):
 
 
 def sweep(args, plt, table):
-    for flag, xs, least in (("--seeds", args.seeds, 0), ("--decisions", args.decisions, 1)):
-        if min(xs) < least or len(set(xs)) < len(xs):
-            die(f"{flag} must be distinct integers of at least {least}, got {' '.join(map(str, xs))}")
+    distinct("--decisions", args.decisions, 1)
     if "{D}" not in args.prefix:
         die(f"--prefix must name the decisions as {{D}} (one run folder per number of decisions), got {args.prefix!r}")
     if args.iteration < 1:
@@ -197,7 +189,7 @@ def efficiency(args, plt, table):
     for key, _, _, name, _ in METHODS:
         for pattern in args.runs[:1] if key == "bc" else args.runs:
             for k, (steps, _) in list(enumerate(points[args.splits[0]][name, pattern]))[key != "bc":]:  # k = 0: BC
-                cells = [f"{mean(ok):.1f} +- {sd(ok):.1f}" for split in args.splits
+                cells = [pm(ok) for split in args.splits
                          for ok in [points[split][name, pattern][k][1]]]
                 lines.append(f"| {name} | {pattern} | {k} | {mean(steps):.0f} | " + " | ".join(cells) + " |")
     lines += ["", "The online steps to reach 90% of the optimum: per seed, the fewest steps of a point at or above it "
@@ -233,7 +225,7 @@ def efficiency(args, plt, table):
 
 
 def main(argv=None):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     sub = p.add_subparsers(dest="plot", required=True, metavar="{learning,sweep,efficiency}")
     plots = {name: sub.add_parser(name, help=help_) for name, help_ in (
         ("learning", "success per iteration"), ("sweep", "success against kitchen's decisions per task"),
@@ -254,8 +246,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.out.endswith(".png"):
         die(f"--out must end in .png, got {args.out!r}")
-    if len(set(args.seeds)) < len(args.seeds):
-        die(f"--seeds must be distinct integers of at least 0, got {' '.join(map(str, args.seeds))}")
+    distinct("--seeds", args.seeds)
     table = args.out[:-4] + ".md"
     check_out(args.out, "png")  # new, or a PNG this project wrote (its stamp): never a user's picture
     if args.plot != "learning":

@@ -1,8 +1,5 @@
-"""Does a base model read? 00_pretrain.py teaches reading with questions about the page just read
-(env.reading_question); this asks the same kinds of question on `dev` tasks, whose goals no corpus
-transcript holds, answers them greedily and scores exact matches per kind. A model that copies from
-its context answers 'what is the id of <title>?' right; one that only learned the corpus's
-statistics writes a plausible id of its own. A measurement, not a test.
+"""Does a base model read? 00_pretrain.py's reading questions (env.reading_question) on `dev` tasks, answered greedily,
+exact matches per kind: a model that copies from its context gets ids right. A measurement, not a test.
 
     python bench/reading.py --model runs/base/household-<key> --env-kwargs '{"step_slack": 1, ...}'
     python bench/reading.py --model runs/base/shop-<key> --env shop --env-kwargs '{"page_size": 3, ...}'

@@ -1,12 +1,11 @@
-"""What every script of bench/ (and bench/speed/) shares, so that each does a thing one way: a stage file as a module
-(load_stage: its name starts with a digit), ONE table of the methods (METHODS), a run of run_all.sh launched with
-settings (check, launch), its evaluations read (evaluations, curve), a child process measured (measure: wall, CPU, peak
-memory, and the RESULT line it printed), expert demonstrations made (expert_demos), and a table's or picture's
-first line and plotting setup (measured, pyplot, save_png).
+"""What every script of bench/ and bench/speed/ shares, so that each does a thing one way: the methods (METHODS), a
+stage file as a module, run_all.sh launched and checked, a run's evaluations, a measured child, expert demos, the
+checks of seeds and tables, mean +- std, and a table's or picture's first line and plotting setup.
 
     sys.path.insert(0, ROOT)  # in a script of bench/: the repo root
     from bench.runner import load_stage, METHODS, evaluations
 """
+import argparse
 import datetime
 import importlib.util
 import json
@@ -23,7 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # the stages import envs
-from plumbing import STAMP, die, write_atomic  # noqa: E402
+from plumbing import STAMP, Parser, check_out, die, write_atomic  # noqa: E402
 
 # The methods, once: key (run_all.sh's ALGOS word; bc: policy_0), the prefix of its policies' evaluations
 # (eval/world<w>/<prefix>policy_<k>_<split>.json) and folder in a run, its name in every table, its colour in a plot
@@ -44,6 +43,34 @@ def load_stage(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def parser(doc):
+    """plumbing's Parser whose --help is the script's docstring as written."""
+    return Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def distinct(flag, xs, least=0):
+    """A list flag of distinct integers of at least `least` (two runs of one seed share a folder), else one error."""
+    if min(xs) < least or len(set(xs)) < len(xs):
+        die(f"{flag} must be distinct integers of at least {least}, got {' '.join(map(str, xs))}")
+
+
+def markdown_out(out):
+    """--out of a table: its name ends in .md and it is new or a table a bench script wrote, else one error line."""
+    if not out.endswith(".md"):
+        die(f"--out {out}: the table is markdown, its name must end in .md")
+    check_out(os.path.join(ROOT, out), "table")
+
+
+def pm(xs, spec=".1f"):
+    """mean +- std (n - 1; one value: 0) of xs, as the tables of seeds.py, ablation.py and plots.py print it."""
+    return f"{statistics.mean(xs):{spec}} +- {sd(xs):{spec}}"
+
+
+def row(*cells):
+    """One markdown table row."""
+    return "| " + " | ".join(map(str, cells)) + " |"
 
 
 def spread(xs, fmt):

@@ -1,18 +1,13 @@
-"""Run the default chain (run_all.sh) for several seeds and write the tables the README shows: for BC
-and every iteration of each algorithm of ALGOS (Q-Evolve and the baselines), greedy success on each
-split of EVAL_SPLITS, per seed (the mean over the worlds of EVAL_WORLDS) and as mean +- std over all
-(seed, world) evaluations; then per world (the mean over seeds) with Q-Evolve's gain over BC; plus
-wall time and peak memory of each run. A measurement, not a test.
+"""Run the default chain (run_all.sh) for several seeds and write the README's tables: greedy success of BC and each
+iteration of each algorithm of ALGOS on each split of EVAL_SPLITS, per seed and as mean +- std over every (seed, world)
+evaluation; per world with Q-Evolve's gain over BC; each run's time. run_all.sh's settings come from the environment
+(those set are named in the table's header). A measurement, not a test.
 
     python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/<ENV>_seeds.md
     EVAL_SPLITS='dev seen unseen' python bench/seeds.py --parallel   # the README's table (also dev)
     CRITIC_ARGS="--epochs 6" python bench/seeds.py --parallel --prefix runs/c6_s --out /tmp/seeds_c6.md
     ALGOS="qevolve rft outcome" python bench/seeds.py --parallel --table-only   # the table of runs as they stand
-
-run_all.sh's settings (K, ENV_KWARGS, BC_ARGS, COLLECT_ARGS, BPPO_ARGS, N_EXPERT, N_SELF, ...)
-are read from the environment as usual; the ones that are set are named in the table's header.
 """
-import argparse
 import json
 import os
 import re
@@ -27,7 +22,7 @@ from bench import runner  # noqa: E402
 from bench.mistakes import closed_arrivals  # noqa: E402
 from critic_report import report_of  # noqa: E402
 from envs import judge  # noqa: E402
-from plumbing import Parser, check_out, die, read_json, save_text  # noqa: E402
+from plumbing import check_out, die, read_json, save_text  # noqa: E402
 from run_support import open_log, read_settings  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
@@ -38,7 +33,7 @@ RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N
 
 
 def main():
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = runner.parser(__doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run")
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix (seed number appended)")
     p.add_argument("--out", default=f"bench/results/{os.environ.get('ENV', 'kitchen')}_seeds.md",
@@ -47,12 +42,9 @@ def main():
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: write the table from the runs as they are (a policy not evaluated: 'not run')")
     args = p.parse_args()
-    if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):  # two runs of one seed share a directory
-        die(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, args.seeds))}")
+    runner.distinct("--seeds", args.seeds)
     runner.check_runs(args.prefix, args.seeds, made=args.table_only)
-    if not args.out.endswith(".md"):
-        die(f"--out {args.out}: the table is markdown, its name must end in .md")
-    check_out(os.path.join(ROOT, args.out), "table")  # before any run: a table a bench script wrote, or new
+    runner.markdown_out(args.out)  # before any run
     for seed in [] if args.table_only else args.seeds:  # each run's log: new, or one this script wrote (stamped)
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
     for seed in [] if args.table_only else args.seeds:  # every setting and RUN, as run_all.sh checks them
@@ -61,8 +53,7 @@ def main():
     if not re.fullmatch(r"0|[1-9][0-9]{0,8}", K) or int(K) > 999:
         die(f"K must be a non-negative integer (decimal, no leading zero, at most 999), got {K!r}")
     K = int(K)
-    runs = []
-    procs = []
+    runs, procs = [], []
     for seed in [] if args.table_only else args.seeds:
         run = f"{args.prefix}{seed}"
         env = {"SEED": str(seed), "PYTHON": sys.executable, **({"THREADS": "1"} if args.parallel else {})}
@@ -150,7 +141,7 @@ def main():
             continue
         cells = [" / ".join(f"{mean(rate(r['run'], policy, s, w) for w in worlds):.1f}" for s in splits) for r in runs]
         every = [[rate(r["run"], policy, s, w) for r in runs for w in worlds] for s in splits]
-        spread = [f"{mean(xs):.1f} +- {runner.sd(xs):.1f}" for xs in every]
+        spread = [runner.pm(xs) for xs in every]
         lines.append(f"| {name} | " + " | ".join(cells + spread + [habit(policy)]) + " |")
     if K:  # K = 0: BC only, no gain to show
         lines += ["", f"Per world (the mean over the seeds), and Q-Evolve iter {K}'s gain over BC:", "",

@@ -1,9 +1,5 @@
-"""How fast 02_collect.py collects, with the same policy on the same tasks: one episode at a time,
-then --batch environments in lockstep with the plain generation loop (--plain-generate: every
-prompt re-read each turn) and with the default KV cache kept across turns. A measurement, not a
-test. Use more episodes than --batch so that refilling slots (a finished slot starts the next
-task) is part of what is measured. On a shared CPU the wall time depends on the other load, so
-the CPU seconds of each collection (02's summary) are compared too.
+"""How fast 02_collect.py collects, the same policy on the same tasks: one episode at a time, then --batch environments
+in lockstep with the plain generation loop (--plain-generate) and with the KV cache kept across turns; wall and CPU s.
 
     python bench/speed/collect_speed.py --policy runs/default/policy_0 [--episodes 96] [--batch 32] [--threads 1]
 """

@@ -1,13 +1,7 @@
-"""How long one decode step of a model takes, alone: no 02, no chat template, no environments. Against 02's own
-seconds per step (bench/results/collect_profile.md) it says how much of collection is the model's forward.
-
-A model with random weights of a directory's config (--random: SmolLM2's shape with no weights at hand), a
-prompt of --context random tokens for each of --batch rows, then --steps greedy decode steps with a static KV cache
-(02's), each ending in one device-to-host copy of the new tokens (as 02's decode loop does), after 5 of warm-up
-(their time printed too). --cuda-graph also times the step replayed from a CUDA graph, as 02 --cuda-graph does
-(kv_cache.GraphStep; its warm-up records the graph).
-Device, precision and loading as 02's (machine.pick_device / autocast, plumbing.load_model): on a GPU that has bf16,
-bf16 weights and so a bf16 KV cache.
+"""One decode step of a model alone (no 02, no environments), against 02's seconds per step: --batch rows of --context
+random tokens, --steps greedy steps with 02's static KV cache and one host copy each, after 5 of warm-up; --random:
+random weights of the config; --cuda-graph: also the step replayed from a CUDA graph (kv_cache.GraphStep); device
+and precision as 02's.
 
     python bench/speed/decode_step.py --model models/smollm2-135m --random --batch 16 128 --cuda-graph
 """

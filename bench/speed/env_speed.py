@@ -1,8 +1,6 @@
-"""Measure an embedded environment (household, kitchen or shop): raw steps per second, and expert /
-random-command success on every split; for shop, whose reward is graded, also the average
-reward; for kitchen also the two policies that bound what a run can reach: item 1 at every station
-(the demonstrator's most common reply, what greedy BC copies) and the good item always (the optimum).
-A measurement, not a test.
+"""Measure an embedded environment: raw steps per second, and expert / random-command success (shop: also the average
+reward) on every split; kitchen also item 1 at every station (what greedy BC copies) and the good item always (the
+optimum). A measurement, not a test.
 
     python bench/speed/env_speed.py [--seed 0] [--env-kwargs '{"habit": 0.6}']
     python bench/speed/env_speed.py --env kitchen [--env-kwargs '{"decisions": 2}']

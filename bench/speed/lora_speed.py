@@ -1,10 +1,6 @@
-"""Does LoRA (01 / 05 --lora R) pay on a CPU? One training step of SmolLM2-135M-Instruct
-(models/smollm2.py) with every weight trained vs rank-R peft adapters on every linear layer:
-seconds per step and tokens/s (median of 3 timed steps after a warm-up), trainable parameters
-and the process's peak resident set. The step is 01's: a batch of 4 x 512 tokens, logits only
-at the last 64 positions of each row (as reply_logits keeps only reply positions), a
-log-sum-exp loss standing in for the NLL, backward, AdamW. Each setting runs in its own
-process (a fresh resident set). A measurement, not a test.
+"""Does LoRA (01 / 05 --lora R) pay on a CPU? One 01-like training step of SmolLM2-135M (4 x 512 tokens, logits at
+the last 64 of each row, AdamW) with every weight trained vs rank-R adapters on every linear layer: s / step, tokens/s
+(median of 3 after a warm-up), trainable parameters, peak RSS; each rank in its own process.
 
     python bench/speed/lora_speed.py --model models/smollm2-135m --threads 2 --ranks 0 16
 """

@@ -1,16 +1,7 @@
-"""Per-stage throughput of a policy model on this machine: tokens/s and peak memory of the work each
-stage repeats - a BC optimizer step (01), collection (02: generated tokens/s, prefill included),
-a critic step (03), the critic's forward pass (04) and a BPPO step (05: the pi_old and pi_ref
-forward passes and the policy's forward + backward) - for the default tiny model and for
-SmolLM2-135M-Instruct (models/smollm2.py). A measurement, not a test.
-
-Each (model, stage) runs in its own process with the stage file's own functions on the same
-expert demonstrations (and, after collection, the model's own episodes), a warm-up step first,
-then --steps timed ones. Tokens are the real (unpadded) tokens of a batch. Peak memory is the
-process's largest resident set (model, optimizer state and activations). Wall time depends on
-the other load of a shared CPU; CPU seconds less so, and both are reported. At the end, an
-estimate of a whole chain at a given budget from the measured rates and the measured tokens
-per episode.
+"""Per-stage throughput on this machine of the default tiny model and SmolLM2-135M-Instruct: tokens/s and peak memory
+of 01's BC step, 02's collection (generated tokens/s, prefill included), 03's critic step, 04's critic forward and 05's
+BPPO step, each (model, stage) in its own process with the stage file's functions (a warm-up step, then --steps timed);
+wall and CPU seconds both (a shared CPU), and an estimate of a whole chain at a budget from the rates. A measurement.
 
     python -m models.smollm2 --out models/smollm2-135m        # once
     python bench/speed/model_throughput.py --smollm2 models/smollm2-135m --threads 1

@@ -1,8 +1,7 @@
-"""Time the real environments through the TextEnv API: reset, step and expert calls.
-
-Plays the env's expert on the first --episodes train tasks of each env and prints one
-markdown table (medians over all calls). Games are generated into a fresh temp cache, so
-the TextWorld / ALFWorld "generate" column is the one-off cost of a new game.
+"""Time the real environments through the TextEnv API: the expert on the first --episodes train tasks of each env,
+one markdown table of medians (reset, step, expert call; TextWorld / ALFWorld games generated into a fresh cache: the
+one-off cost of a new game). Also ScienceWorld's own ScienceWorldEnv.step on the same commands, and ALFWorld's step
+without the parse cache (fast_text=False).
 
     python bench/speed/real_env_speed.py                       # all three, ~2-3 min on 2 cores
     python bench/speed/real_env_speed.py --envs textworld --episodes 20
@@ -11,7 +10,6 @@ For ScienceWorld it also times the package's own ScienceWorldEnv.step on the sam
 commands (it builds an info dict with the valid-action list on every step), and for
 ALFWorld the step without the grammar parse cache (fast_text=False).
 """
-import argparse
 import os
 import statistics
 import sys
@@ -21,34 +19,32 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
 
 import envs  # noqa: E402
-from plumbing import Parser  # noqa: E402
+from bench.runner import parser, row  # noqa: E402
 
 
 def ms(xs):
     return f"{1000 * statistics.median(xs):.1f}" if xs else "-"
 
 
+def timed(t, key, fn, *args):
+    """fn(*args), its seconds appended to t[key]."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    t[key].append(time.perf_counter() - t0)
+    return out
+
+
 def play(env, task_ids, generate=None):
-    """Expert episodes; returns dict of timing lists plus the commands played."""
-    t = {"generate": [], "reset": [], "step": [], "expert": []}
-    wins, commands = 0, []
+    """Expert episodes -> ({call: seconds of each}, wins, [(task, its commands)])."""
+    t, wins, commands = {"generate": [], "reset": [], "step": [], "expert": []}, 0, []
     for tid in task_ids:
         if generate is not None:
-            t0 = time.perf_counter()
-            generate(tid)
-            t["generate"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        env.reset(tid)
-        t["reset"].append(time.perf_counter() - t0)
+            timed(t, "generate", generate, tid)
+        timed(t, "reset", env.reset, tid)
         done, cmds = False, []
         while not done:
-            t0 = time.perf_counter()
-            action = env.expert_action()
-            t["expert"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            _, reward, terminated, truncated, _ = env.step(action)
-            t["step"].append(time.perf_counter() - t0)
-            cmds.append(action)
+            cmds.append(timed(t, "expert", env.expert_action))
+            _, reward, terminated, truncated, _ = timed(t, "step", env.step, cmds[-1])
             done = terminated or truncated
         wins += terminated and reward > 0
         commands.append((tid, cmds))
@@ -64,31 +60,25 @@ def bench_sciworld(n):
     _, wins, commands = play(env, tids)
     t = {"reset": [], "step": []}
     for tid, cmds in commands:
-        t0 = time.perf_counter()
-        env.reset(tid)
-        t["reset"].append(time.perf_counter() - t0)
+        timed(t, "reset", env.reset, tid)
         for c in cmds:
             if env.done:  # power-component may finish a step early (simulator nondeterminism)
                 break
-            t0 = time.perf_counter()
-            env.step(c)
-            t["step"].append(time.perf_counter() - t0)
+            timed(t, "step", env.step, c)
     variations = {tid: env.task_of(tid) for tid, _ in commands}
     env.close()
     rows = [("sciworld", len(tids), wins, "-", ms(t["reset"]), ms(t["step"]), "gold path (reload, 0.1-1 s once)")]
     try:  # the package's own step, for comparison
         from scienceworld import ScienceWorldEnv
         pkg = ScienceWorldEnv("", envStepLimit=1000)
-        steps = []
+        t = {"step": []}
         for tid, cmds in commands:
             pkg.load(*variations[tid], "")
             pkg.reset()
             for c in cmds:
-                t0 = time.perf_counter()
-                pkg.step(c)
-                steps.append(time.perf_counter() - t0)
+                timed(t, "step", pkg.step, c)
         pkg.close()
-        rows.append(("scienceworld.ScienceWorldEnv.step (package)", len(commands), "-", "-", "-", ms(steps), "-"))
+        rows.append(("scienceworld.ScienceWorldEnv.step (package)", len(commands), "-", "-", "-", ms(t["step"]), "-"))
     except Exception as err:  # comparison only
         print(f"(package comparison skipped: {err!r})")
     return rows
@@ -118,27 +108,22 @@ def bench_alfworld(n, cache):
 
 
 def main():
-    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--envs", nargs="+", default=["sciworld", "textworld", "alfworld"],
                     choices=["sciworld", "textworld", "alfworld"], help="which environments to time")
     ap.add_argument("--episodes", type=int, default=10, help="expert episodes per environment")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ALFWORLD_DATA", os.path.join(tmp, "alfworld-data"))
-        rows = []
+        rows, bench = [], {"sciworld": lambda: bench_sciworld(args.episodes),
+                           "textworld": lambda: bench_textworld(args.episodes, tmp),
+                           "alfworld": lambda: bench_alfworld(args.episodes, tmp)}
         for name in args.envs:
             t0 = time.time()
-            if name == "sciworld":
-                rows += bench_sciworld(args.episodes)
-            elif name == "textworld":
-                rows += bench_textworld(args.episodes, tmp)
-            else:
-                rows += bench_alfworld(args.episodes, tmp)
+            rows += bench[name]()
             print(f"{name}: {time.time() - t0:.0f}s", file=sys.stderr)
-    print("| env | episodes | expert wins | generate game (ms) | reset (ms) | step (ms) | expert_action (ms) |")
-    print("|---|---|---|---|---|---|---|")
-    for row in rows:
-        print("| " + " | ".join(str(x) for x in row) + " |")
+    print("| env | episodes | expert wins | generate game (ms) | reset (ms) | step (ms) | expert_action (ms) |\n"
+          + "|---" * 7 + "|\n" + "\n".join(row(*r) for r in rows))
 
 
 if __name__ == "__main__":

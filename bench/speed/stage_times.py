@@ -1,12 +1,9 @@
-"""Where a run of run_all.sh spends its time. Each launch is timed by GNU time (wall, CPU = user + sys);
-the stage's own loop comes from the run's metrics.jsonl (01 / 03 / 05: the training loop, 02: the
-episodes); the rest of a launch is start-up and wrap-up (imports, model load, tokenizing, saving).
-Training stages also get their model FLOP/s (runner.FLOPS_PER_N) against this machine's matmul peak, measured here.
+"""Where a run of run_all.sh spends its time: each launch timed by GNU time (wall, CPU), the stage's own loop from
+metrics.jsonl, the rest start-up and wrap-up; training stages' model FLOP/s (runner.FLOPS_PER_N) against this machine's
+matmul peak. run_all.sh's other settings come from the environment.
 
     python bench/speed/stage_times.py --run runs/timed              # run_all.sh with RUN=runs/timed, each launch timed
     python bench/speed/stage_times.py --run runs/timed --table-only  # the table from that run's launches.log again
-
-run_all.sh's other settings come from the environment as usual. Writes --out (bench/results/stage_times.md).
 """
 import argparse
 import os

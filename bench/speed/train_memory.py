@@ -1,15 +1,11 @@
-"""Peak memory of one SmolLM2 training step on a CPU, as the stages take it: 01_bc.py and 05_bppo.py each run
-in a process of its own on --env's expert demos (run_all.sh's miniature of it), with --batch-size B trajectories
-and exactly one optimizer step (01: B + 1 demos, one held out for validation; 05: B demos with an advantage
-of +1 / -1 on alternate steps, pi_ref = pi_old = the model). Reported: the process's peak resident set
-(model, pi_ref, AdamW's state, activations, logits) and its seconds. --stages DIR measures the stage files of
-another checkout (e.g. `git archive HEAD~3 | tar -x -C /tmp/before`), so a change shows before and after
-on one machine; --flags adds stage flags (e.g. "--grad-checkpointing off").
+"""Peak memory and seconds of one SmolLM2 training step on a CPU as 01_bc.py and 05_bppo.py take it, each in its own
+process on --env's expert demos (B + 1 for 01, one held out; 05: B demos with advantages +1 / -1). --stages DIR runs
+another checkout's stage files (before / after a change, on one machine); --flags adds stage flags. Each call adds its
+rows to --out.
 
     python bench/speed/train_memory.py --model models/smollm2-135m --label after
     python bench/speed/train_memory.py --model models/smollm2-135m --stages /tmp/before --label before
     python bench/speed/train_memory.py --env shop
-Each call adds its rows to --out (bench/results/train_memory.md).
 """
 import argparse
 import json
