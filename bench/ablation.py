@@ -21,7 +21,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.runner import (check_runs, command, distinct, eval_worlds, evaluations, launch, markdown_out, measured,  # noqa
-                          parser, pm, row, wait)
+                          pm, row, runs_parser, wait)
 from plumbing import check_flags, check_out, die, save_text  # noqa: E402
 from run_support import open_log, read_settings  # noqa: E402
 
@@ -147,24 +147,17 @@ def run_all_variants(args, runs):
 
 
 def main():
-    p = parser(__doc__)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories --prefix<seed>)")
-    p.add_argument("--prefix", default="runs/seed", help="run directory prefix, as bench/seeds.py writes them")
+    p = runs_parser(__doc__, "ablation")
     p.add_argument("--candidates", type=int, default=4, help="w/o PI: candidate replies per step for the rerank")
-    p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     p.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS], choices=[v[0] for v in VARIANTS],
                    metavar="NAME", help="run only these variants (default: all): " + ", ".join(v[0] for v in VARIANTS))
-    p.add_argument("--out", default=f"bench/results/{os.environ.get('ENV', 'kitchen')}_ablation.md",
-                   help="markdown table to write (named by the world: run_all.sh's ENV)")
-    p.add_argument("--table-only", action="store_true",
-                   help="run nothing: write the table from the variants finished so far (others: 'not run')")
     args = p.parse_args()
     check_flags(args, candidates="at least 1")
     distinct("--seeds", args.seeds)
     if len(set(args.variants)) < len(args.variants):
         die(f"--variants must be distinct, got {' '.join(args.variants)}")
     check_runs(args.prefix, args.seeds, made=args.table_only)
-    markdown_out(args.out)
+    check_out(markdown_out(args.out), "table")
     t0 = time.time()
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     if not args.table_only:

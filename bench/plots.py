@@ -20,7 +20,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import envs  # noqa: E402
+import envs  # noqa: E402, I001
 from bench.runner import (ALGOS, METHODS, command, curve, distinct, eval_worlds, measured, parser, pm, pyplot,  # noqa
                           save_png, sd)
 from plumbing import check_out, die, parse_env_kwargs, read_json, save_text  # noqa: E402

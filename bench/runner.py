@@ -22,7 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # the stages import envs
-from plumbing import STAMP, Parser, check_out, die, write_atomic  # noqa: E402
+from plumbing import STAMP, Parser, die, write_atomic  # noqa: E402
 
 # The methods, once: key (run_all.sh's ALGOS word; bc: policy_0), the prefix of its policies' evaluations
 # (eval/world<w>/<prefix>policy_<k>_<split>.json) and folder in a run, its name in every table, its colour in a plot
@@ -50,6 +50,20 @@ def parser(doc):
     return Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def runs_parser(doc, table):
+    """seeds.py's and ablation.py's flags: the runs (--seeds, --prefix), how (--parallel, --table-only) and the table
+    (--out, bench/results/<ENV>_<table>.md); -> the parser, for a script's own flags."""
+    p = parser(doc)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories --prefix<seed>)")
+    p.add_argument("--prefix", default="runs/seed", help="run directory prefix (seed number appended)")
+    p.add_argument("--out", default=f"bench/results/{os.environ.get('ENV', 'kitchen')}_{table}.md",
+                   help="markdown table to write (named by the world: run_all.sh's ENV)")
+    p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
+    p.add_argument("--table-only", action="store_true",
+                   help="run nothing: write the table from the runs as they are (what is not done: 'not run')")
+    return p
+
+
 def distinct(flag, xs, least=0):
     """A list flag of distinct integers of at least `least` (two runs of one seed share a folder), else one error."""
     if min(xs) < least or len(set(xs)) < len(xs):
@@ -57,10 +71,10 @@ def distinct(flag, xs, least=0):
 
 
 def markdown_out(out):
-    """--out of a table: its name ends in .md and it is new or a table a bench script wrote, else one error line."""
+    """--out of a table: its name ends in .md, else one error line; -> its path (for the writer's check_out)."""
     if not out.endswith(".md"):
         die(f"--out {out}: the table is markdown, its name must end in .md")
-    check_out(os.path.join(ROOT, out), "table")
+    return os.path.join(ROOT, out)
 
 
 def pm(xs, spec=".1f"):

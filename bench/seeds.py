@@ -33,18 +33,10 @@ RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N
 
 
 def main():
-    p = runner.parser(__doc__)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run")
-    p.add_argument("--prefix", default="runs/seed", help="run directory prefix (seed number appended)")
-    p.add_argument("--out", default=f"bench/results/{os.environ.get('ENV', 'kitchen')}_seeds.md",
-                   help="markdown table to write (named by the world: run_all.sh's ENV)")
-    p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
-    p.add_argument("--table-only", action="store_true",
-                   help="run nothing: write the table from the runs as they are (a policy not evaluated: 'not run')")
-    args = p.parse_args()
+    args = runner.runs_parser(__doc__, "seeds").parse_args()
     runner.distinct("--seeds", args.seeds)
     runner.check_runs(args.prefix, args.seeds, made=args.table_only)
-    runner.markdown_out(args.out)  # before any run
+    check_out(runner.markdown_out(args.out), "table")  # before any run
     for seed in [] if args.table_only else args.seeds:  # each run's log: new, or one this script wrote (stamped)
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
     for seed in [] if args.table_only else args.seeds:  # every setting and RUN, as run_all.sh checks them

@@ -37,6 +37,13 @@ def timed_steps(n_warm, n_steps, batches, step_fn):
     return tokens, wall, cpu
 
 
+def descend(opt, loss):
+    """One optimizer step on loss."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def worker(a):
     """One stage with one model, in this process; prints one JSON line."""
     import torch
@@ -80,13 +87,7 @@ def worker(a):
             def step(b):
                 logits = bc.reply_logits(model, b)  # (N, V) at the reply tokens, as 01 computes them
                 loss, _ = bc.bc_loss(bc.token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            out["tokens"], out["wall_s"], out["cpu_s"] = timed_steps(1, a.steps, batches, step)
-            if a.save:
-                model.save_pretrained(a.save)
-                tokenizer.save_pretrained(a.save)
+                descend(opt, loss)
         elif a.stage in ("critic", "gae"):
             critic = cr.Critic(AutoModel.from_pretrained(a.model, local_files_only=True, dtype=torch.float32))
             target = copy.deepcopy(critic.q_head).requires_grad_(False)
@@ -101,10 +102,7 @@ def worker(a):
                     return
                 loss, _ = cr.iql_losses(critic, target, b, cr.trajectory_tensors(e, "cpu"),
                                         cr.batch_weights(e, False, "cpu"), 0.7, 0.95, True)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            out["tokens"], out["wall_s"], out["cpu_s"] = timed_steps(1, a.steps, batches, step)
+                descend(opt, loss)
         elif a.stage == "bppo":
             ref = AutoModelForCausalLM.from_pretrained(a.model, local_files_only=True, dtype=torch.float32).eval()
             ref.requires_grad_(False)
@@ -121,11 +119,11 @@ def worker(a):
                 loss = pp.bppo_loss(pp.token_logprobs(logits, targets), old, adv, mask, 0.4, 0.2)
                 with torch.no_grad():
                     logr = torch.log_softmax(pp.reply_logits(ref, b).float(), -1)
-                loss = loss + 0.05 * pp.kl_to_ref(logits, logr)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            out["tokens"], out["wall_s"], out["cpu_s"] = timed_steps(1, a.steps, batches, step)
+                descend(opt, loss + 0.05 * pp.kl_to_ref(logits, logr))
+        out["tokens"], out["wall_s"], out["cpu_s"] = timed_steps(1, a.steps, batches, step)
+        if a.save:  # BC's policy, for the other stages
+            model.save_pretrained(a.save)
+            tokenizer.save_pretrained(a.save)
         out["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
         out["tokens_per_episode"] = sum(len(x["input_ids"]) for x in data) / len(data)
         out["reply_tokens_per_episode"] = sum(sum(t >= 0 for t in x["action_step"]) for x in data) / len(data)
