@@ -46,8 +46,9 @@ def optimum(run, split):
     return 100 * mean(wins)
 
 
-def panels(plt, splits, width, height=3.4):
-    fig, axes = plt.subplots(1, len(splits), figsize=(width * len(splits), height), sharey=True, squeeze=False)
+def panels(splits, width, height=3.4):
+    """matplotlib is imported here, after every check of the flags and runs."""
+    fig, axes = pyplot().subplots(1, len(splits), figsize=(width * len(splits), height), sharey=True, squeeze=False)
     return fig, axes[0]
 
 
@@ -59,12 +60,12 @@ def finish(fig, axes, out, legend, label="greedy success (%)", fontsize=7):
     save_png(fig, out, WRITER)
 
 
-def learning(args, plt):
+def learning(args):
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     for run in runs:
         if not os.path.isdir(os.path.join(ROOT, run, "eval")):
             die(f"{run}/eval not found; run python bench/seeds.py first")
-    fig, axes = panels(plt, args.splits, 4.2)
+    fig, axes = panels(args.splits, 4.2)
     for ax, split in zip(axes, args.splits):
         n_worlds, top = curve(runs[0], split)[1], 1
         for i, (_, tag, _, name, colour) in enumerate(ALGOS):
@@ -91,7 +92,7 @@ def learning(args, plt):
     print(f"plot_learning: wrote {args.out}")
 
 
-def sweep(args, plt, table):
+def sweep(args, table):
     distinct("--decisions", args.decisions, 1)
     if "{D}" not in args.prefix:
         die(f"--prefix must name the decisions as {{D}} (one run folder per number of decisions), got {args.prefix!r}")
@@ -111,7 +112,7 @@ def sweep(args, plt, table):
                 if any(len(x) <= k for x in xs):
                     die(f"{name} iteration {k} is not evaluated on {split!r} in every run of {prefix(d)}*")
                 points[split].setdefault(name, []).append((mean(x[k] for x in xs), sd([x[k] for x in xs])))
-    fig, axes = panels(plt, args.splits, 4.4)
+    fig, axes = panels(args.splits, 4.4)
     for ax, split in zip(axes, args.splits):
         for i, (_, name, _, colour) in enumerate(methods):
             row, shift = points[split][name], (i - 1.5) * 0.06  # side by side, so the bars do not hide each other
@@ -134,7 +135,7 @@ def sweep(args, plt, table):
     return lines
 
 
-def efficiency(args, plt, table):
+def efficiency(args, table):
     if any("{seed}" not in r for r in args.runs) or len(set(args.runs)) < len(args.runs):
         die("each of --runs must hold {seed}, and --runs and --seeds be distinct")
     for pattern in args.runs:  # {seed} is the one field: another ({split}) was a KeyError after the checks
@@ -159,7 +160,7 @@ def efficiency(args, plt, table):
                 points[split][name, pattern] = [([0 if k == 0 else online_steps(r, key, k) for r in runs],
                                                  [c[k] for c in curves]) for k in range(top + 1)]
     best = {split: mean(optimum(pattern.format(seed=s), split) for s in args.seeds) for split in args.splits}
-    fig, axes = panels(plt, args.splits, 4.8, 3.6)
+    fig, axes = panels(args.splits, 4.8, 3.6)
     n_self = {pattern: (read_json(os.path.join(ROOT, pattern.format(seed=args.seeds[0]), "settings.json")) or {}).get(
         "N_SELF", "?") for pattern in args.runs}  # each family's episodes per iteration
     for ax, split in zip(axes, args.splits):
@@ -252,8 +253,8 @@ def main(argv=None):
     if args.plot != "learning":
         check_out(table, "table")
     if args.plot == "learning":
-        return learning(args, pyplot())
-    lines = globals()[args.plot](args, pyplot(), table)
+        return learning(args)
+    lines = globals()[args.plot](args, table)
     save_text(table, "\n".join(lines) + "\n")
     print("\n".join(lines) + f"\n{args.plot}: wrote {args.out} and {table}")
 
