@@ -190,7 +190,7 @@ done
 # runs in the background and is waited for: Ctrl-C reaches this script alone (a background command ignores it),
 # which stops the command (SIGTERM: what it was writing stays as it was, docs/design.md) and says one line.
 child=
-trap 'if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; wait "$child" || true; fi
+trap 'if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; wait "$child" || true; echo >&2; fi  # ends a bar
       echo "interrupted: rerun the same command to resume" >&2; exit 130' INT
 quiet() { "$@" & child=$!; wait "$child"; }
 run() {
