@@ -55,9 +55,8 @@ import glob
 import json
 import os
 import random
-import zlib
 
-from envs._common import build_dir_atomically, cache_root, normalize_command, parse_task_id
+from envs._common import build_dir_atomically, cache_root, fill_room, normalize_command, parse_task_id, split_pairings
 from envs.base import TextEnv
 
 NOTHING = "Nothing happens."
@@ -83,13 +82,6 @@ APPLIANCE = {"pick_clean_then_place_in_recep": ("Cleanable", "SinkBasin"),
 PROPERTIES = {"Heatable": "heatable", "Coolable": "coolable", "Cleanable": "cleanable", "Toggleable": "toggleable",
               "Sliceable": "sliceable"}
 TINY_VERSION = 1  # bump when the generator changes: cached games live under alfworld-tiny-v<N>
-
-
-def is_unseen_pairing(obj, goal):
-    """The tiny-game split rule: (object type, goal type) is held out for unseen iff
-    crc32("Obj>Goal") % 4 == 0."""
-    return zlib.crc32(f"{obj}>{goal}".encode()) % 4 == 0
-
 
 def all_pairings():
     """Every (task_type, object type, goal type) a tiny game can have."""
@@ -125,21 +117,10 @@ def make_tiny_game(rng, task_type, obj, goal, n_receptacles=10, n_distractors=6)
     from alfworld.info import ALFRED_PDDL_PATH, ALFRED_TWL2_PATH
     can = C.VAL_RECEPTACLE_OBJECTS
     look = task_type == "look_at_obj_in_light"
-    counts = {k: 0 for k in list(OPTIONAL) + list(ALWAYS)}
-    for k in ALWAYS:
-        counts[k] = 1
     needed = [rng.choice(LAMP_HOLDERS)] if look else [goal]
-    if not any(k != goal and counts[k] and obj in can.get(k, ()) for k in counts):  # somewhere to find obj
+    if not any(k != goal and obj in can.get(k, ()) for k in ALWAYS):  # somewhere to find obj
         needed.append(rng.choice([k for k in OPTIONAL if k != goal and obj in can.get(k, ())]))
-    for k in needed:
-        counts[k] = max(counts[k], 1)
-    optional = [k for k, m in OPTIONAL.items() for _ in range(m)]
-    rng.shuffle(optional)
-    for k in optional:
-        if sum(counts.values()) >= n_receptacles:
-            break
-        if counts[k] < OPTIONAL.get(k, 1):
-            counts[k] += 1
+    counts = fill_room(rng, ALWAYS, OPTIONAL, needed, n_receptacles)
     receptacles = [(k, i) for k in sorted(counts) for i in range(1, counts[k] + 1)]
     contents = {r: [] for r in receptacles}
 
@@ -295,10 +276,7 @@ class ALFWorldEnv(TextEnv):
         else:
             self.n_tasks = {"train": n_train, "seen": n_seen, "unseen": n_unseen}
             self.cache_dir = os.path.join(cache_root(cache_dir), f"alfworld-tiny-v{TINY_VERSION}")
-            pairings = [p for p in all_pairings() if p[0] in self.task_types]
-            self.pairings = {"train": [p for p in pairings if not is_unseen_pairing(p[1], p[2])],
-                             "unseen": [p for p in pairings if is_unseen_pairing(p[1], p[2])]}
-            self.pairings["seen"] = self.pairings["train"]
+            self.pairings = split_pairings([p for p in all_pairings() if p[0] in self.task_types], "seen")
         self.instruction = (
             "You are a household agent in ALFWorld. Reach the goal with text commands. Each turn, write an "
             "optional line 'Thought: ...' and then one line 'Action: <command>'. Commands: go to X, open X, "
@@ -339,9 +317,10 @@ class ALFWorldEnv(TextEnv):
         return self.n_tasks
 
     def task_ids(self, split):
+        if self.games == "tiny":
+            return super().task_ids(split)
         self._check_split(split)
-        n = len(self._data_files(split)) if self.games == "data" else self.n_tasks[split]
-        return [f"{split}/{i:05d}" for i in range(n)]
+        return [f"{split}/{i:05d}" for i in range(len(self._data_files(split)))]
 
     def tiny_spec(self, task_id):
         """(task_type, object type, goal type, folder) of a tiny game."""

@@ -12,8 +12,9 @@ class TextEnv:
     splits = ("train", "seen", "unseen")
 
     def task_ids(self, split):
-        """All task ids of `split` (a list of strings like "train/00042")."""
-        raise NotImplementedError
+        """All task ids of `split` (a list of strings like "train/00042"). Default: `n_tasks[split]` of them."""
+        self._check_split(split)
+        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
 
     def reset(self, task_id):
         """Start task `task_id`; returns (obs, info) with info["task"] the goal sentence."""

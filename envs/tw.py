@@ -177,10 +177,6 @@ class TextWorldEnv(TextEnv):
         self.done = True
 
     # ------------------------------------------------------------------ tasks
-    def task_ids(self, split):
-        self._check_split(split)
-        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
-
     def spec(self, task_id):
         """The generation settings of `task_id`: dict with game_seed, nb_rooms, nb_objects,
         quest_length, and dir (its cache folder)."""
