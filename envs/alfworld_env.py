@@ -283,12 +283,9 @@ class ALFWorldEnv(TextEnv):
             "close X, take O from X, move O to X, clean O with X, heat O with X, cool O with X, use X, "
             f"examine X, inventory, look. A command that does nothing returns '{NOTHING}'"
         )
-        self._env = None      # the engine (TextWorld PddlEnv + ALFWorld wrappers)
-        self._loaded = None
-        self._state = None
-        self._task = None
-        self.t = 0
-        self.done = True
+        self._env = None  # the engine (TextWorld PddlEnv + ALFWorld wrappers)
+        self._loaded = self._state = self._task = None
+        self.t, self.done = 0, True
 
     # ------------------------------------------------------------------ tasks
     def _data_files(self, split):
@@ -311,11 +308,6 @@ class ALFWorldEnv(TextEnv):
             self._files[split] = files
         return self._files[split]
 
-    def _sizes(self):
-        if self.games == "data":
-            return {s: len(self._data_files(s)) for s in self.splits}
-        return self.n_tasks
-
     def task_ids(self, split):
         if self.games == "tiny":
             return super().task_ids(split)
@@ -335,7 +327,7 @@ class ALFWorldEnv(TextEnv):
     def game_file(self, task_id):
         """Path of the game.tw-pddl of `task_id` (a tiny game is generated on first use)."""
         if self.games == "data":
-            split, index = parse_task_id(self, task_id, self._sizes())
+            split, index = parse_task_id(self, task_id, {s: len(self._data_files(s)) for s in self.splits})
             return self._data_files(split)[index]
         task_type, obj, goal, folder, rng = self.tiny_spec(task_id)
 
@@ -390,8 +382,7 @@ class ALFWorldEnv(TextEnv):
 
     def close(self):
         """Drop the engines (in-process; nothing to kill). Safe to call twice."""
-        self._env = self._loaded = None
-        self._state = None
+        self._env = self._loaded = self._state = None
         self.done = True
 
     # ------------------------------------------------------------------ episode
@@ -419,10 +410,6 @@ class ALFWorldEnv(TextEnv):
         self.done = False
         return body, {"task": self._task, "task_id": task_id, "game_file": path}
 
-    def _crashed(self, err):
-        self.close()
-        return self._crash_result(self._task, err)
-
     def step(self, action):
         self._check_step(self._state is not None)
         cmd = normalize_command(action)
@@ -430,7 +417,7 @@ class ALFWorldEnv(TextEnv):
         try:
             gs, _, _ = self._env.step(cmd)
         except Exception as err:  # the engine failed; keep collecting
-            return self._crashed(err)
+            return self._crash_result(self._task, err)
         self._state = gs
         won = bool(gs["won"])
         if self._handcoded is not None:

@@ -39,9 +39,12 @@ class TextEnv:
     def close(self):
         """Release resources (subprocesses); safe to call twice."""
 
-    def _crash_result(self, task, err):
-        """The step result of an engine that failed: the episode ends as failed (truncated,
-        info["crashed"]) so that collection goes on; the caller drops the broken engine."""
+    def _crash_result(self, task, err, drop=True):
+        """The step result of an engine that failed: with `drop` the broken engine is dropped (close(); a
+        fresh one starts on next use), and the episode ends as failed (truncated, info["crashed"]) so that
+        collection goes on."""
+        if drop:
+            self.close()
         self.done = True
         return "", 0.0, False, True, {"task": task, "crashed": True, "error": repr(err)[:500],
                                       "won": False, "steps": self.t}

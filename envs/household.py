@@ -246,10 +246,8 @@ class HouseholdEnv(TextEnv):
         return obs, {"task": g["task"], "task_type": g["task_type"], "task_id": task_id}
 
     def _here(self, rec):
-        return sorted((o for o, r in self.where.items() if r == rec), key=self._obj_key)
-
-    def _obj_key(self, o):
-        return (_kind(o), int(o.rsplit(" ", 1)[1]))
+        """The objects in `rec`, by type and number (mug 2 before mug 10)."""
+        return sorted((o for o, r in self.where.items() if r == rec), key=lambda o: (_kind(o), int(o.split()[-1])))
 
     def _describe(self, rec):
         """Contents sentence; records what the agent now knows."""

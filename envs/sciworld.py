@@ -165,8 +165,7 @@ class ScienceWorldEnv(TextEnv):
         self._index = None      # split -> list of (task, variation)
         self._episode = None    # (task, variation) of the running episode
         self._task = None
-        self.t = 0
-        self.done = True
+        self.t, self.done = 0, True
 
     # ------------------------------------------------------------------ JVM
     def _start(self):
@@ -192,13 +191,6 @@ class ScienceWorldEnv(TextEnv):
             self._finalizer()  # runs _shutdown once; later calls are no-ops
         self._gateway = self._proc = self._server = self._finalizer = None
         self.done = True
-
-    def _crashed(self, err):
-        """Drop a broken JVM (a fresh one starts on next use); report the episode as failed."""
-        import py4j.protocol
-        if not isinstance(err, py4j.protocol.Py4JJavaError):  # a Java exception leaves the JVM usable
-            self.close()
-        return self._crash_result(self._task, err)
 
     # ------------------------------------------------------------------ tasks
     def _build_index(self):
@@ -268,7 +260,8 @@ class ScienceWorldEnv(TextEnv):
             raw = int(round(100 * self.server.getScore()))
             completed = bool(self.server.getCompleted())
         except py4j.protocol.Py4JError as err:
-            return self._crashed(err)
+            # A Java exception leaves the JVM usable; anything else drops it.
+            return self._crash_result(self._task, err, drop=not isinstance(err, py4j.protocol.Py4JJavaError))
         self._actions.append(cmd)
         if self._gold is not None and self._cursor < len(self._gold) and cmd == self._gold[self._cursor]:
             self._cursor += 1

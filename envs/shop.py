@@ -93,7 +93,7 @@ import re
 import zlib
 from collections import Counter
 
-from envs._common import parse_task_id
+from envs._common import check_ranges, normalize_command, parse_task_id
 from envs.base import TextEnv
 
 INVALID = "Invalid action."
@@ -406,8 +406,8 @@ def build_catalogue(seed=0, n_per_type=16):
         for cat, (head, brands, pool, types) in CATEGORIES.items():
             for spec in types:
                 for _ in range(n_per_type):
-                    asin = "B0" + "".join(rng.choice("0123456789ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(8))
-                    while asin in asins:
+                    asin = None
+                    while asin is None or asin in asins:  # a fresh ASIN-like id
                         asin = "B0" + "".join(rng.choice("0123456789ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(8))
                     asins.add(asin)
                     products.append(_make_product(rng, cat, head, brands, pool, spec, asin))
@@ -444,17 +444,13 @@ class ShopEnv(TextEnv):
 
     def __init__(self, seed=0, n_per_type=16, page_size=PAGE_SIZE, max_steps=15, n_train=1000, n_seen=100,
                  n_unseen=100, n_dev=100, hasty=0.0):
-        for key, value, low, high in [("n_per_type", n_per_type, 1, 1000), ("page_size", page_size, 1, 100),
-                                      ("max_steps", max_steps, 1, 1000), ("n_train", n_train, 1, 10**6),
-                                      ("n_seen", n_seen, 1, 10**6), ("n_unseen", n_unseen, 1, 10**6),
-                                      ("n_dev", n_dev, 1, 10**6)]:
-            if not low <= value <= high:  # a ceiling too: a size keyword allocates and loops
-                raise ValueError(f"shop: {key} must be in [{low}, {high}], got {value!r}")
-        if not 0 <= hasty <= 1:
-            raise ValueError(f"shop: hasty must be in [0, 1], got {hasty!r}")
-        self.seed, self.page_size, self.hasty = seed, page_size, hasty
-        self.max_steps = max_steps
         self.n_tasks = {"train": n_train, "seen": n_seen, "unseen": n_unseen, "dev": n_dev}
+        # A ceiling on each size too: a size keyword allocates and loops.
+        check_ranges("shop", [("n_per_type", n_per_type, 1, 1000), ("page_size", page_size, 1, 100),
+                              ("max_steps", max_steps, 1, 1000),
+                              *[(f"n_{split}", n, 1, 10**6) for split, n in self.n_tasks.items()],
+                              ("hasty", hasty, 0, 1)])
+        self.seed, self.page_size, self.hasty, self.max_steps = seed, page_size, hasty, max_steps
         self.products, self.index = build_catalogue(seed, n_per_type)
         self.by_asin = {p["asin"]: p for p in self.products}
         self.pools = {s: [p for p in self.products if split_of_product(p) == s] for s in self.splits}
@@ -468,10 +464,6 @@ class ShopEnv(TextEnv):
         self._task = None
 
     # ------------------------------------------------------------------ tasks
-    def task_ids(self, split):
-        self._check_split(split)
-        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
-
     def generate(self, task_id):
         """The goal of `task_id`, deterministically. Returns a dict (no side effects)."""
         split, index = parse_task_id(self, task_id, self.n_tasks)
@@ -598,7 +590,7 @@ class ShopEnv(TextEnv):
     def step(self, action):
         self._check_step(self._task is not None)
         self._last_phase = self._plan()[0]
-        obs = self._execute(" ".join(str(action).strip().split()))
+        obs = self._execute(normalize_command(action))
         self.t += 1
         terminated = self.page == "done"
         truncated = not terminated and self.t >= self.max_steps

@@ -170,11 +170,9 @@ class TextWorldEnv(TextEnv):
             "A command that does nothing gets a refusal such as \"That's not a verb I recognise.\" or "
             "\"You can't see any such thing.\""
         )
-        self._env = None          # the textworld environment (one per instance)
-        self._loaded = None       # path of the game it has loaded
-        self._state = None
-        self.t = 0
-        self.done = True
+        self._env = None  # the textworld environment (one per instance)
+        self._loaded = self._state = None  # the path of the game it has loaded, the game state
+        self.t, self.done = 0, True
 
     # ------------------------------------------------------------------ tasks
     def spec(self, task_id):
@@ -236,14 +234,8 @@ class TextWorldEnv(TextEnv):
         self._cursor = 0
         self.t = 0
         self.done = False
-        self._task_id = task_id
         obs = clean(gs["feedback"], self._objective)
         return obs, {"task": self._objective, "task_id": task_id, "game_file": path}
-
-    def _crashed(self, err):
-        """Drop the engine (rebuilt on next reset) and report the episode as failed."""
-        self.close()
-        return self._crash_result(self._objective, err)
 
     def step(self, action):
         self._check_step(self._state is not None)
@@ -252,7 +244,7 @@ class TextWorldEnv(TextEnv):
         try:
             gs, score, _ = self._env.step(cmd)
         except Exception as err:  # the engine died; keep collecting
-            return self._crashed(err)
+            return self._crash_result(self._objective, err)
         self._state = gs
         if self._cursor < len(self._walkthrough) and cmd == self._walkthrough[self._cursor]:
             self._cursor += 1
