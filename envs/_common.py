@@ -17,10 +17,9 @@ def cache_root(cache_dir=None):
 
 
 def build_dir_atomically(final_dir, build):
-    """Create `final_dir` by calling build(tmp_dir) on a fresh sibling temp dir, then
-    renaming it into place. A crash leaves no half-built `final_dir`; when several
-    processes build the same dir at once, the first rename wins and the others drop their
-    copy. Returns `final_dir`."""
+    """Create `final_dir` by calling build(tmp_dir) on a fresh sibling temp dir, then renaming it into place. A crash
+    leaves no half-built `final_dir`; when several processes build the same dir at once, the first rename wins and
+    the others drop their copy. Returns `final_dir`."""
     if os.path.isdir(final_dir):
         return final_dir
     parent = os.path.dirname(final_dir)

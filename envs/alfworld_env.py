@@ -1,53 +1,43 @@
 """alfworld: ALFWorld's text engine (Shridhar et al., 2021) behind the TextEnv API.
 
-Needs `pip install alfworld` (base package: TextWorld's PDDL engine + fast-downward;
-no THOR, no vision). Importing alfworld creates the folder $ALFWORLD_DATA (default
-~/.cache/alfworld).
+Needs `pip install alfworld` (base package: TextWorld's PDDL engine + fast-downward; no THOR, no vision). Importing
+alfworld creates the folder $ALFWORLD_DATA (default ~/.cache/alfworld).
 
-Engine. Each game is an ALFWorld game file (game.tw-pddl: the ALFRED PDDL domain, the
-text grammar and a PDDL problem) with its traj_data.json beside it, played by
-TextWorld's PddlEnv wrapped with ALFWorld's AlfredDemangler (object ids -> "mug 1") and
-AlfredInfos, exactly as alfworld's AlfredTWEnv does. A command that matches no
-applicable action returns "Nothing happens." (that is is_invalid()).
+Engine. Each game is an ALFWorld game file (game.tw-pddl: the ALFRED PDDL domain, the text grammar and a PDDL
+problem) with its traj_data.json beside it, played by TextWorld's PddlEnv wrapped with ALFWorld's AlfredDemangler
+(object ids -> "mug 1") and AlfredInfos, exactly as alfworld's AlfredTWEnv does. A command that matches no applicable
+action returns "Nothing happens." (that is is_invalid()).
 
 Games (`games=`):
-    "data" (default) - the official games under $ALFWORLD_DATA/json_2.1.1 (or
-        `data_dir`), fetched with `alfworld-download`; the same filter as AlfredTWEnv
-        (solvable games of the chosen task types, no movable/sliced trials).
-        train = train/, seen = valid_seen/, unseen = valid_unseen/; task ids index the
-        sorted game paths of a split.
-    "tiny" - small games in the same format, written locally by `make_tiny_game` from
-        (seed, split, index) and cached under cache_dir (default ~/.cache/qevolve or
-        $QEVOLVE_CACHE): one room of `n_receptacles` receptacles (fridge, microwave,
-        sinkbasin, countertop, cabinet, drawer, shelf, desk, ...) holding target and
-        distractor objects, and one of the six ALFWorld task types with a goal from
-        ALFWorld's own goal library (PDDL goal + sentence templates). Each game is
-        checked solvable by the planner when written (its plan is stored as the
-        walkthrough). Split rule, as in `household`: a goal pairing (object type, goal
-        receptacle type; "DeskLamp" for look_at_obj_in_light) is held out for unseen iff
-        crc32("Object>Goal") % 4 == 0; train and seen draw instances of the other
-        pairings from separate random streams.
+    "data" (default) - the official games under $ALFWORLD_DATA/json_2.1.1 (or `data_dir`), fetched with
+        `alfworld-download`; the same filter as AlfredTWEnv (solvable games of the chosen task types, no
+        movable/sliced trials). train = train/, seen = valid_seen/, unseen = valid_unseen/; task ids index the sorted
+        game paths of a split.
+    "tiny" - small games in the same format, written locally by `make_tiny_game` from (seed, split, index) and cached
+        under cache_dir (default ~/.cache/qevolve or $QEVOLVE_CACHE): one room of `n_receptacles` receptacles
+        (fridge, microwave, sinkbasin, countertop, cabinet, drawer, shelf, desk, ...) holding target and distractor
+        objects, and one of the six ALFWorld task types with a goal from ALFWorld's own goal library (PDDL goal +
+        sentence templates). Each game is checked solvable by the planner when written (its plan is stored as the
+        walkthrough). Split rule, as in `household`: a goal pairing (object type, goal receptacle type; "DeskLamp"
+        for look_at_obj_in_light) is held out for unseen iff crc32("Object>Goal") % 4 == 0; train and seen draw
+        instances of the other pairings from separate random streams.
 
-Observations. reset() returns the room description without the "-= Welcome to
-TextWorld, ALFRED! =-" banner and the "Your task is to: ..." line; that sentence is
-info["task"].
+Observations. reset() returns the room description without the "-= Welcome to TextWorld, ALFRED! =-" banner and the
+"Your task is to: ..." line; that sentence is info["task"].
 
-Reward. 1.0 on the step that reaches the goal (terminated), else 0.0, as in ALFWorld;
-`max_steps` commands (default 50, ALFWorld's usual budget) end the episode (truncated).
+Reward. 1.0 on the step that reaches the goal (terminated), else 0.0, as in ALFWorld; `max_steps` commands (default
+50, ALFWorld's usual budget) end the episode (truncated).
 
 Expert (`expert=`):
-    "planner" (default) - ALFWorld's PLANNER expert: fast-downward replans from the
-        current state each time expert_action() is called (what AlfredExpert computes
-        every step as `policy_commands`; here only on demand), so it recovers from any
-        detour.
-    "handcoded" - ALFWorld's HandCodedTWAgent, which explores from observations and
-        facts like the expert used for ALFWorld's DAgger training; it observes every
-        step, so it must be chosen at construction.
+    "planner" (default) - ALFWorld's PLANNER expert: fast-downward replans from the current state each time
+        expert_action() is called (what AlfredExpert computes every step as `policy_commands`; here only on demand),
+        so it recovers from any detour.
+    "handcoded" - ALFWorld's HandCodedTWAgent, which explores from observations and facts like the expert used for
+        ALFWorld's DAgger training; it observes every step, so it must be chosen at construction.
 
-Speed. TextWorld's PDDL engine re-parses its text-grammar snippets for every applicable
-action on every step (~50 ms a step on a tiny game). With `fast_text=True` (default) the
-parses are memoized (`enable_parse_cache`); observations are unchanged (a test compares
-them) and a step takes ~20 ms.
+Speed. TextWorld's PDDL engine re-parses its text-grammar snippets for every applicable action on every step (~50 ms
+a step on a tiny game). With `fast_text=True` (default) the parses are memoized (`enable_parse_cache`); observations
+are unchanged (a test compares them) and a step takes ~20 ms.
 """
 import copy
 import functools
@@ -192,11 +182,10 @@ _PARSE_CACHE = {"on": False, "installed": False}
 def enable_parse_cache(on=True):
     """Memoize the text-grammar parses of TextWorld's PDDL engine (process-wide).
 
-    PddlEnv derives the command text of every applicable action on every step, and each
-    derivation re-parses the same few grammar snippets with tatsu. The parses are pure
-    functions of the snippet, so we cache them (handing out deep copies, since the
-    engine attaches a context to the parsed symbols). `on=False` turns the cache off
-    again (the original functions are still called underneath)."""
+    PddlEnv derives the command text of every applicable action on every step, and each derivation re-parses the same
+    few grammar snippets with tatsu. The parses are pure functions of the snippet, so we cache them (handing out deep
+    copies, since the engine attaches a context to the parsed symbols). `on=False` turns the cache off again (the
+    original functions are still called underneath)."""
     import textworld.envs.pddl.textgen as textgen
     from textworld.logic import Rule
     if not _PARSE_CACHE["installed"]:
@@ -371,9 +360,9 @@ class ALFWorldEnv(TextEnv):
 
     # ------------------------------------------------------------------ engine
     def _make_engine(self):
-        """PddlEnv + ALFWorld's wrappers. Each PddlEnv loads its own copy of fast-downward's
-        shared library (so instances do not share planner state); the copy stays loaded
-        until the process exits (unloading it with dlclose crashes a later load)."""
+        """PddlEnv + ALFWorld's wrappers. Each PddlEnv loads its own copy of fast-downward's shared library (so
+        instances do not share planner state); the copy stays loaded until the process exits (unloading it with
+        dlclose crashes a later load)."""
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
         from textworld.envs import PddlEnv
         handcoded = self.expert == "handcoded"

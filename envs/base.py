@@ -2,9 +2,9 @@
 
 
 class TextEnv:
-    """Text in, text out. Subclasses set `name`, `instruction`, `max_steps` (the current task's
-    step limit; reset may set it per task) and implement task_ids / reset / step / expert_action /
-    is_invalid."""
+    """Text in, text out. Subclasses set `name`, `instruction`, `max_steps` (the current task's step limit; reset
+    may set it per task) and `n_tasks` (split -> its number of tasks) or their own task_ids, and implement reset /
+    step / expert_action / is_invalid."""
 
     name = "base"
     instruction = ""

@@ -1,9 +1,8 @@
 """household: a small ALFWorld-like text world in pure Python (the project's default env).
 
-A task is generated deterministically from (seed, split, index): a room of numbered
-receptacles (cabinet 1, countertop 2, fridge 1, ...) holding numbered objects (mug 1,
-apple 2, ...). Closed receptacles (cabinet, drawer, fridge, microwave) hide their
-contents until opened. The six ALFWorld task types are:
+A task is generated deterministically from (seed, split, index): a room of numbered receptacles (cabinet 1,
+countertop 2, fridge 1, ...) holding numbered objects (mug 1, apple 2, ...). Closed receptacles (cabinet, drawer,
+fridge, microwave) hide their contents until opened. The six ALFWorld task types are:
 
     pick_and_place          put a mug in shelf 1.
     pick_clean_then_place   put a clean mug in coffeemachine 1.   (clean O with sinkbasin 1)
@@ -12,39 +11,35 @@ contents until opened. The six ALFWorld task types are:
     look_at_obj_in_light    look at book under the desklamp.      (use desklamp 1 holding it)
     pick_two_obj_and_place  put two spoon in drawer 1.
 
-Commands: go to X, open X, close X, take O from X, put O in/on X, clean O with X,
-heat O with X, cool O with X, use X, examine X, inventory, look. Any command that does
-nothing returns exactly "Nothing happens.". Reward is 1.0 on the step that reaches the
-goal (terminated), else 0.0; `max_steps` commands end the episode (truncated). With
-`step_slack=[s]` the limit is set per task instead: the length of the demonstrator's own solution
-without its habit (`solution_length`) plus s, at most `max_steps`. With several, `step_slack=[0, 1, 2]`,
-each task draws its slack from the list by a hash of its id: fixed for the task, never shown to the
-agent - like ALFWorld's one limit over tasks of many lengths, a wasted step loses some episodes and
-not others, and only the outcome tells which. `env.max_steps` is then the current task's limit.
+Commands: go to X, open X, close X, take O from X, put O in/on X, clean O with X, heat O with X, cool O with X,
+use X, examine X, inventory, look. Any command that does nothing returns exactly "Nothing happens.". Reward is
+1.0 on the step that reaches the goal (terminated), else 0.0; `max_steps` commands end the episode (truncated).
+With `step_slack=[s]` the limit is set per task instead: the length of the demonstrator's own solution without
+its habit (`solution_length`) plus s, at most `max_steps`. With several, `step_slack=[0, 1, 2]`, each task
+draws its slack from the list by a hash of its id: fixed for the task, never shown to the agent - like
+ALFWorld's one limit over tasks of many lengths, a wasted step loses some episodes and not others, and only the
+outcome tells which. `env.max_steps` is then the current task's limit.
 
-Splits. Every task has a *goal pairing* (object type, goal receptacle type), where the
-goal of a look_at_obj_in_light task is "desklamp". A fixed rule holds out about a quarter of all
-pairings, those with crc32("obj>goal") % 4 == 0 (`is_unseen_pairing`, envs/_common.py):
+Splits. Every task has a *goal pairing* (object type, goal receptacle type), where the goal of a look_at_obj_in_light
+task is "desklamp". A fixed rule holds out about a quarter of all pairings, those with crc32("obj>goal") % 4 == 0
+(`is_unseen_pairing`, envs/_common.py):
     train  - tasks whose pairing is not held out           (instances "train/i")
     dev    - new instances of the train pairings, for tuning (instances "dev/i")
     seen   - new instances of the same pairings, to report (instances "seen/i")
     unseen - tasks whose pairing is held out, never in train, dev or seen.
-Every task type has both kinds of pairing. Instances come from separate random
-streams, so train, dev and seen share no task (tests check this on the whole default splits).
-Tune on `dev`; `seen` and `unseen` are for reporting only.
+Every task type has both kinds of pairing. Instances come from separate random streams, so train, dev and seen share
+no task (tests check this on the whole default splits). Tune on `dev`; `seen` and `unseen` are for reporting only.
 
-The expert acts only on what it has observed: it searches receptacles in the order in which
-the object type is likely to be found (OBJECT_LOCATIONS, then the rest), opens closed ones,
-then carries out the task. It writes ReAct text: a short `Thought:` line where its plan
-changes and a bare `Action:` elsewhere. With `habit=p` (default 0) it has a bad habit (see
-`_habit`): on arriving at a closed receptacle, with probability p it first does `examine X`
-("The X is closed.": a valid step that tells nothing new, so no rule labels it) and then opens
-X - a wasted step whose only cost is the step limit, paid at the end if at all.
-`room_questions=p` (default 0) is the share of 00_pretrain.py's reading questions
-(`reading_question`) that ask about the room and where the agent stands.
+The expert acts only on what it has observed: it searches receptacles in the order in which the object type is likely
+to be found (OBJECT_LOCATIONS, then the rest), opens closed ones, then carries out the task. It writes ReAct text: a
+short `Thought:` line where its plan changes and a bare `Action:` elsewhere. With `habit=p` (default 0) it has a bad
+habit (see `_habit`): on arriving at a closed receptacle, with probability p it first does `examine X` ("The X is
+closed.": a valid step that tells nothing new, so no rule labels it) and then opens X - a wasted step whose only cost
+is the step limit, paid at the end if at all. `room_questions=p` (default 0) is the share of 00_pretrain.py's reading
+questions (`reading_question`) that ask about the room and where the agent stands.
 
-A keyword value out of range (a step limit or split size below 1, a probability outside
-[0, 1], ...) is a ValueError naming the key.
+A keyword value out of range (a step limit or split size below 1, a probability outside [0, 1], ...) is a ValueError
+naming the key.
 """
 import random
 import zlib
@@ -389,10 +384,9 @@ class HouseholdEnv(TextEnv):
         return cmds
 
     def reading_question(self, rng):
-        """A question about what the agent has read so far and its answer, for 00_pretrain.py's
-        reading comprehension. The most common one joins two things read far apart - the task's
-        object (in the first turn) and the latest listing - which is the decision a household
-        agent makes most."""
+        """A question about what the agent has read so far and its answer, for 00_pretrain.py's reading
+        comprehension. The most common one joins two things read far apart - the task's object (in the first turn)
+        and the latest listing - which is the decision a household agent makes most."""
         if self.room_questions and rng.random() < self.room_questions:
             return self._room_question(rng)
         task_obj, seen = self._task["object"], self.seen
