@@ -119,10 +119,9 @@ def make_tiny_game(rng, task_type, obj, goal, n_receptacles=10, n_distractors=6)
         if spots:
             contents[rng.choice(spots)].append(kind)
 
-    if look or any(counts[k] for k in LAMP_HOLDERS):
-        holders = [r for r in receptacles if r[0] in LAMP_HOLDERS]
-        if holders:
-            contents[rng.choice(holders)].append("DeskLamp")
+    holders = [r for r in receptacles if r[0] in LAMP_HOLDERS]
+    if holders:  # a desklamp wherever a desk or side table stands (a look task's room always has one)
+        contents[rng.choice(holders)].append("DeskLamp")
     n_target = 2 if task_type == "pick_two_obj_and_place" else rng.choice([1, 1, 2])
     for _ in range(n_target):
         place(obj, forbid=() if look else (goal,))
@@ -131,10 +130,9 @@ def make_tiny_game(rng, task_type, obj, goal, n_receptacles=10, n_distractors=6)
         place(rng.choice(others))
 
     # PDDL problem in ALFWorld's format.
-    objects, init, number = ["agent1 - agent"], ["(= (total-cost) 0)"], 0
-    start = "loc_bar_0_bar_0_bar_0_bar_0"
-    objects.append(f"{start} - location")
-    init.append(f"(atLocation agent1 {start})")
+    start, number = "loc_bar_0_bar_0_bar_0_bar_0", 0
+    objects = ["agent1 - agent", f"{start} - location"]
+    init = ["(= (total-cost) 0)", f"(atLocation agent1 {start})"]
     otypes, rtypes = set(), set()
     for j, (kind, i) in enumerate(receptacles, start=1):
         number += 1

@@ -50,10 +50,8 @@ SPLIT_CODE = {"train": 0, "seen": 1, "unseen": 2}
 DEFAULT_TRAIN_SETTINGS = {"nb_rooms": (2, 3, 4), "nb_objects": (4, 6, 8), "quest_length": (1, 2, 3)}
 DEFAULT_UNSEEN_SETTINGS = {"nb_rooms": (5, 6), "nb_objects": (8, 10), "quest_length": (4, 5)}
 
-# Inform 7 answers to a command that changed nothing (regexes matched at the start of the
-# observation, after any "(the key)"-style clarification line). Collected by running
-# random commands on generated games and keeping the answers of commands that left the
-# game state unchanged (look / examine / inventory excluded).
+# Inform 7 answers to a command that changed nothing (regexes matched at the start of the observation, after any
+# "(the key)"-style clarification line), collected as the module docstring says (look / examine / inventory excluded).
 REFUSALS = [re.compile(p) for p in (
     r"That's not a verb I recognise\.",
     r"You can't see any such thing\.",
