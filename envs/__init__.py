@@ -5,8 +5,7 @@
     obs, reward, terminated, truncated, info = env.step("go to countertop 1")
 
 `household`, `kitchen` and `shop` (WebShop-like) are pure Python and always available. The real environments
-(ScienceWorld, TextWorld, ALFWorld) import their packages only when made, so
-this package imports without them.
+(ScienceWorld, TextWorld, ALFWorld) import their packages only when made, so this package imports without them.
 """
 import importlib
 import inspect

@@ -1,10 +1,11 @@
-"""Small helpers shared by the real-environment adapters (sciworld, textworld, alfworld).
+"""Small helpers shared by the environments (the generated worlds and the real-environment adapters).
 
 Pure standard library, so `import envs` never needs the optional packages.
 """
 import os
 import shutil
 import tempfile
+import zlib
 
 
 def cache_root(cache_dir=None):
@@ -16,10 +17,9 @@ def cache_root(cache_dir=None):
 
 
 def build_dir_atomically(final_dir, build):
-    """Create `final_dir` by calling build(tmp_dir) on a fresh sibling temp dir, then
-    renaming it into place. A crash leaves no half-built `final_dir`; when several
-    processes build the same dir at once, the first rename wins and the others drop their
-    copy. Returns `final_dir`."""
+    """Create `final_dir` by calling build(tmp_dir) on a fresh sibling temp dir, then renaming it into place. A crash
+    leaves no half-built `final_dir`; when several processes build the same dir at once, the first rename wins and
+    the others drop their copy. Returns `final_dir`."""
     if os.path.isdir(final_dir):
         return final_dir
     parent = os.path.dirname(final_dir)
@@ -58,3 +58,42 @@ def parse_task_id(env, task_id, sizes):
 def normalize_command(action):
     """One line, single spaces: the form every adapter sends to its engine."""
     return " ".join(str(action).strip().split())
+
+
+def check_ranges(env_name, bounds):
+    """Raise a ValueError naming the first (key, value, low, high) of `bounds` whose value is not in
+    [low, high] (NaN is not)."""
+    for key, value, low, high in bounds:
+        if not low <= value <= high:
+            raise ValueError(f"{env_name}: {key} must be in [{low}, {high}], got {value!r}")
+
+
+def is_unseen_pairing(a, b):
+    """The split rule of the generated worlds: a pairing (household's object and goal type, kitchen's dish and
+    kind, ...) is held out for the unseen split iff crc32("a>b") % 4 == 0. Stable across Python versions."""
+    return zlib.crc32(f"{a}>{b}".encode()) % 4 == 0
+
+
+def split_pairings(pairings, *like_train):
+    """{split: the (task type, object, goal) pairings its tasks draw from}: `unseen` the held-out ones, `train`
+    and each split of `like_train` the others."""
+    train = [p for p in pairings if not is_unseen_pairing(p[1], p[2])]
+    return {"train": train, "unseen": [p for p in pairings if is_unseen_pairing(p[1], p[2])],
+            **{split: train for split in like_train}}
+
+
+def fill_room(rng, always, optional, needed, n):
+    """Receptacle type -> count in a generated room: one of each type of `always` and of `needed`, then, in an
+    order drawn by `rng`, one more of an optional type (up to its count in `optional`) while the room holds
+    fewer than `n`."""
+    counts = {k: int(k in always) for k in [*optional, *always]}
+    for k in needed:
+        counts[k] = max(counts[k], 1)
+    pool = [k for k, m in optional.items() for _ in range(m)]
+    rng.shuffle(pool)
+    for k in pool:
+        if sum(counts.values()) >= n:
+            break
+        if counts[k] < optional[k]:
+            counts[k] += 1
+    return counts

@@ -1,53 +1,43 @@
 """alfworld: ALFWorld's text engine (Shridhar et al., 2021) behind the TextEnv API.
 
-Needs `pip install alfworld` (base package: TextWorld's PDDL engine + fast-downward;
-no THOR, no vision). Importing alfworld creates the folder $ALFWORLD_DATA (default
-~/.cache/alfworld).
+Needs `pip install alfworld` (base package: TextWorld's PDDL engine + fast-downward; no THOR, no vision). Importing
+alfworld creates the folder $ALFWORLD_DATA (default ~/.cache/alfworld).
 
-Engine. Each game is an ALFWorld game file (game.tw-pddl: the ALFRED PDDL domain, the
-text grammar and a PDDL problem) with its traj_data.json beside it, played by
-TextWorld's PddlEnv wrapped with ALFWorld's AlfredDemangler (object ids -> "mug 1") and
-AlfredInfos, exactly as alfworld's AlfredTWEnv does. A command that matches no
-applicable action returns "Nothing happens." (that is is_invalid()).
+Engine. Each game is an ALFWorld game file (game.tw-pddl: the ALFRED PDDL domain, the text grammar and a PDDL
+problem) with its traj_data.json beside it, played by TextWorld's PddlEnv wrapped with ALFWorld's AlfredDemangler
+(object ids -> "mug 1") and AlfredInfos, exactly as alfworld's AlfredTWEnv does. A command that matches no applicable
+action returns "Nothing happens." (that is is_invalid()).
 
 Games (`games=`):
-    "data" (default) - the official games under $ALFWORLD_DATA/json_2.1.1 (or
-        `data_dir`), fetched with `alfworld-download`; the same filter as AlfredTWEnv
-        (solvable games of the chosen task types, no movable/sliced trials).
-        train = train/, seen = valid_seen/, unseen = valid_unseen/; task ids index the
-        sorted game paths of a split.
-    "tiny" - small games in the same format, written locally by `make_tiny_game` from
-        (seed, split, index) and cached under cache_dir (default ~/.cache/qevolve or
-        $QEVOLVE_CACHE): one room of `n_receptacles` receptacles (fridge, microwave,
-        sinkbasin, countertop, cabinet, drawer, shelf, desk, ...) holding target and
-        distractor objects, and one of the six ALFWorld task types with a goal from
-        ALFWorld's own goal library (PDDL goal + sentence templates). Each game is
-        checked solvable by the planner when written (its plan is stored as the
-        walkthrough). Split rule, as in `household`: a goal pairing (object type, goal
-        receptacle type; "DeskLamp" for look_at_obj_in_light) is held out for unseen iff
-        crc32("Object>Goal") % 4 == 0; train and seen draw instances of the other
-        pairings from separate random streams.
+    "data" (default) - the official games under $ALFWORLD_DATA/json_2.1.1 (or `data_dir`), fetched with
+        `alfworld-download`; the same filter as AlfredTWEnv (solvable games of the chosen task types, no
+        movable/sliced trials). train = train/, seen = valid_seen/, unseen = valid_unseen/; task ids index the sorted
+        game paths of a split.
+    "tiny" - small games in the same format, written locally by `make_tiny_game` from (seed, split, index) and cached
+        under cache_dir (default ~/.cache/qevolve or $QEVOLVE_CACHE): one room of `n_receptacles` receptacles
+        (fridge, microwave, sinkbasin, countertop, cabinet, drawer, shelf, desk, ...) holding target and distractor
+        objects, and one of the six ALFWorld task types with a goal from ALFWorld's own goal library (PDDL goal +
+        sentence templates). Each game is checked solvable by the planner when written (its plan is stored as the
+        walkthrough). Split rule, as in `household`: a goal pairing (object type, goal receptacle type; "DeskLamp"
+        for look_at_obj_in_light) is held out for unseen iff crc32("Object>Goal") % 4 == 0; train and seen draw
+        instances of the other pairings from separate random streams.
 
-Observations. reset() returns the room description without the "-= Welcome to
-TextWorld, ALFRED! =-" banner and the "Your task is to: ..." line; that sentence is
-info["task"].
+Observations. reset() returns the room description without the "-= Welcome to TextWorld, ALFRED! =-" banner and the
+"Your task is to: ..." line; that sentence is info["task"].
 
-Reward. 1.0 on the step that reaches the goal (terminated), else 0.0, as in ALFWorld;
-`max_steps` commands (default 50, ALFWorld's usual budget) end the episode (truncated).
+Reward. 1.0 on the step that reaches the goal (terminated), else 0.0, as in ALFWorld; `max_steps` commands (default
+50, ALFWorld's usual budget) end the episode (truncated).
 
 Expert (`expert=`):
-    "planner" (default) - ALFWorld's PLANNER expert: fast-downward replans from the
-        current state each time expert_action() is called (what AlfredExpert computes
-        every step as `policy_commands`; here only on demand), so it recovers from any
-        detour.
-    "handcoded" - ALFWorld's HandCodedTWAgent, which explores from observations and
-        facts like the expert used for ALFWorld's DAgger training; it observes every
-        step, so it must be chosen at construction.
+    "planner" (default) - ALFWorld's PLANNER expert: fast-downward replans from the current state each time
+        expert_action() is called (what AlfredExpert computes every step as `policy_commands`; here only on demand),
+        so it recovers from any detour.
+    "handcoded" - ALFWorld's HandCodedTWAgent, which explores from observations and facts like the expert used for
+        ALFWorld's DAgger training; it observes every step, so it must be chosen at construction.
 
-Speed. TextWorld's PDDL engine re-parses its text-grammar snippets for every applicable
-action on every step (~50 ms a step on a tiny game). With `fast_text=True` (default) the
-parses are memoized (`enable_parse_cache`); observations are unchanged (a test compares
-them) and a step takes ~20 ms.
+Speed. TextWorld's PDDL engine re-parses its text-grammar snippets for every applicable action on every step (~50 ms
+a step on a tiny game). With `fast_text=True` (default) the parses are memoized (`enable_parse_cache`); observations
+are unchanged (a test compares them) and a step takes ~20 ms.
 """
 import copy
 import functools
@@ -55,9 +45,8 @@ import glob
 import json
 import os
 import random
-import zlib
 
-from envs._common import build_dir_atomically, cache_root, normalize_command, parse_task_id
+from envs._common import build_dir_atomically, cache_root, fill_room, normalize_command, parse_task_id, split_pairings
 from envs.base import TextEnv
 
 NOTHING = "Nothing happens."
@@ -83,13 +72,6 @@ APPLIANCE = {"pick_clean_then_place_in_recep": ("Cleanable", "SinkBasin"),
 PROPERTIES = {"Heatable": "heatable", "Coolable": "coolable", "Cleanable": "cleanable", "Toggleable": "toggleable",
               "Sliceable": "sliceable"}
 TINY_VERSION = 1  # bump when the generator changes: cached games live under alfworld-tiny-v<N>
-
-
-def is_unseen_pairing(obj, goal):
-    """The tiny-game split rule: (object type, goal type) is held out for unseen iff
-    crc32("Obj>Goal") % 4 == 0."""
-    return zlib.crc32(f"{obj}>{goal}".encode()) % 4 == 0
-
 
 def all_pairings():
     """Every (task_type, object type, goal type) a tiny game can have."""
@@ -125,21 +107,10 @@ def make_tiny_game(rng, task_type, obj, goal, n_receptacles=10, n_distractors=6)
     from alfworld.info import ALFRED_PDDL_PATH, ALFRED_TWL2_PATH
     can = C.VAL_RECEPTACLE_OBJECTS
     look = task_type == "look_at_obj_in_light"
-    counts = {k: 0 for k in list(OPTIONAL) + list(ALWAYS)}
-    for k in ALWAYS:
-        counts[k] = 1
     needed = [rng.choice(LAMP_HOLDERS)] if look else [goal]
-    if not any(k != goal and counts[k] and obj in can.get(k, ()) for k in counts):  # somewhere to find obj
+    if not any(k != goal and obj in can.get(k, ()) for k in ALWAYS):  # somewhere to find obj
         needed.append(rng.choice([k for k in OPTIONAL if k != goal and obj in can.get(k, ())]))
-    for k in needed:
-        counts[k] = max(counts[k], 1)
-    optional = [k for k, m in OPTIONAL.items() for _ in range(m)]
-    rng.shuffle(optional)
-    for k in optional:
-        if sum(counts.values()) >= n_receptacles:
-            break
-        if counts[k] < OPTIONAL.get(k, 1):
-            counts[k] += 1
+    counts = fill_room(rng, ALWAYS, OPTIONAL, needed, n_receptacles)
     receptacles = [(k, i) for k in sorted(counts) for i in range(1, counts[k] + 1)]
     contents = {r: [] for r in receptacles}
 
@@ -148,10 +119,9 @@ def make_tiny_game(rng, task_type, obj, goal, n_receptacles=10, n_distractors=6)
         if spots:
             contents[rng.choice(spots)].append(kind)
 
-    if look or any(counts[k] for k in LAMP_HOLDERS):
-        holders = [r for r in receptacles if r[0] in LAMP_HOLDERS]
-        if holders:
-            contents[rng.choice(holders)].append("DeskLamp")
+    holders = [r for r in receptacles if r[0] in LAMP_HOLDERS]
+    if holders:  # a desklamp wherever a desk or side table stands (a look task's room always has one)
+        contents[rng.choice(holders)].append("DeskLamp")
     n_target = 2 if task_type == "pick_two_obj_and_place" else rng.choice([1, 1, 2])
     for _ in range(n_target):
         place(obj, forbid=() if look else (goal,))
@@ -160,10 +130,9 @@ def make_tiny_game(rng, task_type, obj, goal, n_receptacles=10, n_distractors=6)
         place(rng.choice(others))
 
     # PDDL problem in ALFWorld's format.
-    objects, init, number = ["agent1 - agent"], ["(= (total-cost) 0)"], 0
-    start = "loc_bar_0_bar_0_bar_0_bar_0"
-    objects.append(f"{start} - location")
-    init.append(f"(atLocation agent1 {start})")
+    start, number = "loc_bar_0_bar_0_bar_0_bar_0", 0
+    objects = ["agent1 - agent", f"{start} - location"]
+    init = ["(= (total-cost) 0)", f"(atLocation agent1 {start})"]
     otypes, rtypes = set(), set()
     for j, (kind, i) in enumerate(receptacles, start=1):
         number += 1
@@ -211,11 +180,10 @@ _PARSE_CACHE = {"on": False, "installed": False}
 def enable_parse_cache(on=True):
     """Memoize the text-grammar parses of TextWorld's PDDL engine (process-wide).
 
-    PddlEnv derives the command text of every applicable action on every step, and each
-    derivation re-parses the same few grammar snippets with tatsu. The parses are pure
-    functions of the snippet, so we cache them (handing out deep copies, since the
-    engine attaches a context to the parsed symbols). `on=False` turns the cache off
-    again (the original functions are still called underneath)."""
+    PddlEnv derives the command text of every applicable action on every step, and each derivation re-parses the same
+    few grammar snippets with tatsu. The parses are pure functions of the snippet, so we cache them (handing out deep
+    copies, since the engine attaches a context to the parsed symbols). `on=False` turns the cache off again (the
+    original functions are still called underneath)."""
     import textworld.envs.pddl.textgen as textgen
     from textworld.logic import Rule
     if not _PARSE_CACHE["installed"]:
@@ -295,22 +263,16 @@ class ALFWorldEnv(TextEnv):
         else:
             self.n_tasks = {"train": n_train, "seen": n_seen, "unseen": n_unseen}
             self.cache_dir = os.path.join(cache_root(cache_dir), f"alfworld-tiny-v{TINY_VERSION}")
-            pairings = [p for p in all_pairings() if p[0] in self.task_types]
-            self.pairings = {"train": [p for p in pairings if not is_unseen_pairing(p[1], p[2])],
-                             "unseen": [p for p in pairings if is_unseen_pairing(p[1], p[2])]}
-            self.pairings["seen"] = self.pairings["train"]
+            self.pairings = split_pairings([p for p in all_pairings() if p[0] in self.task_types], "seen")
         self.instruction = (
             "You are a household agent in ALFWorld. Reach the goal with text commands. Each turn, write an "
             "optional line 'Thought: ...' and then one line 'Action: <command>'. Commands: go to X, open X, "
             "close X, take O from X, move O to X, clean O with X, heat O with X, cool O with X, use X, "
             f"examine X, inventory, look. A command that does nothing returns '{NOTHING}'"
         )
-        self._env = None      # the engine (TextWorld PddlEnv + ALFWorld wrappers)
-        self._loaded = None
-        self._state = None
-        self._task = None
-        self.t = 0
-        self.done = True
+        self._env = None  # the engine (TextWorld PddlEnv + ALFWorld wrappers)
+        self._loaded = self._state = self._task = None
+        self.t, self.done = 0, True
 
     # ------------------------------------------------------------------ tasks
     def _data_files(self, split):
@@ -333,15 +295,11 @@ class ALFWorldEnv(TextEnv):
             self._files[split] = files
         return self._files[split]
 
-    def _sizes(self):
-        if self.games == "data":
-            return {s: len(self._data_files(s)) for s in self.splits}
-        return self.n_tasks
-
     def task_ids(self, split):
+        if self.games == "tiny":
+            return super().task_ids(split)
         self._check_split(split)
-        n = len(self._data_files(split)) if self.games == "data" else self.n_tasks[split]
-        return [f"{split}/{i:05d}" for i in range(n)]
+        return [f"{split}/{i:05d}" for i in range(len(self._data_files(split)))]
 
     def tiny_spec(self, task_id):
         """(task_type, object type, goal type, folder) of a tiny game."""
@@ -356,7 +314,7 @@ class ALFWorldEnv(TextEnv):
     def game_file(self, task_id):
         """Path of the game.tw-pddl of `task_id` (a tiny game is generated on first use)."""
         if self.games == "data":
-            split, index = parse_task_id(self, task_id, self._sizes())
+            split, index = parse_task_id(self, task_id, {s: len(self._data_files(s)) for s in self.splits})
             return self._data_files(split)[index]
         task_type, obj, goal, folder, rng = self.tiny_spec(task_id)
 
@@ -400,9 +358,9 @@ class ALFWorldEnv(TextEnv):
 
     # ------------------------------------------------------------------ engine
     def _make_engine(self):
-        """PddlEnv + ALFWorld's wrappers. Each PddlEnv loads its own copy of fast-downward's
-        shared library (so instances do not share planner state); the copy stays loaded
-        until the process exits (unloading it with dlclose crashes a later load)."""
+        """PddlEnv + ALFWorld's wrappers. Each PddlEnv loads its own copy of fast-downward's shared library (so
+        instances do not share planner state); the copy stays loaded until the process exits (unloading it with
+        dlclose crashes a later load)."""
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
         from textworld.envs import PddlEnv
         handcoded = self.expert == "handcoded"
@@ -411,8 +369,7 @@ class ALFWorldEnv(TextEnv):
 
     def close(self):
         """Drop the engines (in-process; nothing to kill). Safe to call twice."""
-        self._env = self._loaded = None
-        self._state = None
+        self._env = self._loaded = self._state = None
         self.done = True
 
     # ------------------------------------------------------------------ episode
@@ -440,10 +397,6 @@ class ALFWorldEnv(TextEnv):
         self.done = False
         return body, {"task": self._task, "task_id": task_id, "game_file": path}
 
-    def _crashed(self, err):
-        self.close()
-        return self._crash_result(self._task, err)
-
     def step(self, action):
         self._check_step(self._state is not None)
         cmd = normalize_command(action)
@@ -451,7 +404,7 @@ class ALFWorldEnv(TextEnv):
         try:
             gs, _, _ = self._env.step(cmd)
         except Exception as err:  # the engine failed; keep collecting
-            return self._crashed(err)
+            return self._crash_result(self._task, err)
         self._state = gs
         won = bool(gs["won"])
         if self._handcoded is not None:

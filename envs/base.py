@@ -2,9 +2,9 @@
 
 
 class TextEnv:
-    """Text in, text out. Subclasses set `name`, `instruction`, `max_steps` (the current task's
-    step limit; reset may set it per task) and implement task_ids / reset / step / expert_action /
-    is_invalid."""
+    """Text in, text out. Subclasses set `name`, `instruction`, `max_steps` (the current task's step limit; reset
+    may set it per task) and `n_tasks` (split -> its number of tasks) or their own task_ids, and implement reset /
+    step / expert_action / is_invalid."""
 
     name = "base"
     instruction = ""
@@ -12,8 +12,9 @@ class TextEnv:
     splits = ("train", "seen", "unseen")
 
     def task_ids(self, split):
-        """All task ids of `split` (a list of strings like "train/00042")."""
-        raise NotImplementedError
+        """All task ids of `split` (a list of strings like "train/00042"). Default: `n_tasks[split]` of them."""
+        self._check_split(split)
+        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
 
     def reset(self, task_id):
         """Start task `task_id`; returns (obs, info) with info["task"] the goal sentence."""
@@ -38,9 +39,12 @@ class TextEnv:
     def close(self):
         """Release resources (subprocesses); safe to call twice."""
 
-    def _crash_result(self, task, err):
-        """The step result of an engine that failed: the episode ends as failed (truncated,
-        info["crashed"]) so that collection goes on; the caller drops the broken engine."""
+    def _crash_result(self, task, err, drop=True):
+        """The step result of an engine that failed: with `drop` the broken engine is dropped (close(); a
+        fresh one starts on next use), and the episode ends as failed (truncated, info["crashed"]) so that
+        collection goes on."""
+        if drop:
+            self.close()
         self.done = True
         return "", 0.0, False, True, {"task": task, "crashed": True, "error": repr(err)[:500],
                                       "won": False, "steps": self.t}

@@ -1,9 +1,8 @@
 """household: a small ALFWorld-like text world in pure Python (the project's default env).
 
-A task is generated deterministically from (seed, split, index): a room of numbered
-receptacles (cabinet 1, countertop 2, fridge 1, ...) holding numbered objects (mug 1,
-apple 2, ...). Closed receptacles (cabinet, drawer, fridge, microwave) hide their
-contents until opened. The six ALFWorld task types are:
+A task is generated deterministically from (seed, split, index): a room of numbered receptacles (cabinet 1,
+countertop 2, fridge 1, ...) holding numbered objects (mug 1, apple 2, ...). Closed receptacles (cabinet, drawer,
+fridge, microwave) hide their contents until opened. The six ALFWorld task types are:
 
     pick_and_place          put a mug in shelf 1.
     pick_clean_then_place   put a clean mug in coffeemachine 1.   (clean O with sinkbasin 1)
@@ -12,45 +11,40 @@ contents until opened. The six ALFWorld task types are:
     look_at_obj_in_light    look at book under the desklamp.      (use desklamp 1 holding it)
     pick_two_obj_and_place  put two spoon in drawer 1.
 
-Commands: go to X, open X, close X, take O from X, put O in/on X, clean O with X,
-heat O with X, cool O with X, use X, examine X, inventory, look. Any command that does
-nothing returns exactly "Nothing happens.". Reward is 1.0 on the step that reaches the
-goal (terminated), else 0.0; `max_steps` commands end the episode (truncated). With
-`step_slack=[s]` the limit is set per task instead: the length of the demonstrator's own solution
-without its habit (`solution_length`) plus s, at most `max_steps`. With several, `step_slack=[0, 1, 2]`,
-each task draws its slack from the list by a hash of its id: fixed for the task, never shown to the
-agent - like ALFWorld's one limit over tasks of many lengths, a wasted step loses some episodes and
-not others, and only the outcome tells which. `env.max_steps` is then the current task's limit.
+Commands: go to X, open X, close X, take O from X, put O in/on X, clean O with X, heat O with X, cool O with X,
+use X, examine X, inventory, look. Any command that does nothing returns exactly "Nothing happens.". Reward is
+1.0 on the step that reaches the goal (terminated), else 0.0; `max_steps` commands end the episode (truncated).
+With `step_slack=[s]` the limit is set per task instead: the length of the demonstrator's own solution without
+its habit (`solution_length`) plus s, at most `max_steps`. With several, `step_slack=[0, 1, 2]`, each task
+draws its slack from the list by a hash of its id: fixed for the task, never shown to the agent - like
+ALFWorld's one limit over tasks of many lengths, a wasted step loses some episodes and not others, and only the
+outcome tells which. `env.max_steps` is then the current task's limit.
 
-Splits. Every task has a *goal pairing* (object type, goal receptacle type), where the
-goal of a look_at_obj_in_light task is "desklamp". A fixed rule, `is_unseen_pairing`,
-holds out about a quarter of all pairings:
+Splits. Every task has a *goal pairing* (object type, goal receptacle type), where the goal of a look_at_obj_in_light
+task is "desklamp". A fixed rule holds out about a quarter of all pairings, those with crc32("obj>goal") % 4 == 0
+(`is_unseen_pairing`, envs/_common.py):
     train  - tasks whose pairing is not held out           (instances "train/i")
     dev    - new instances of the train pairings, for tuning (instances "dev/i")
     seen   - new instances of the same pairings, to report (instances "seen/i")
     unseen - tasks whose pairing is held out, never in train, dev or seen.
-Every task type has both kinds of pairing. Instances come from separate random
-streams, so train, dev and seen share no task (tests check this on the whole default splits).
-Tune on `dev`; `seen` and `unseen` are for reporting only.
+Every task type has both kinds of pairing. Instances come from separate random streams, so train, dev and seen share
+no task (tests check this on the whole default splits). Tune on `dev`; `seen` and `unseen` are for reporting only.
 
-The expert acts only on what it has observed: it searches receptacles in the order in which
-the object type is likely to be found (OBJECT_LOCATIONS, then the rest), opens closed ones,
-then carries out the task. It writes ReAct text: a short `Thought:` line where its plan
-changes and a bare `Action:` elsewhere. With `habit=p` (default 0) it has a bad habit (see
-`_habit`): on arriving at a closed receptacle, with probability p it first does `examine X`
-("The X is closed.": a valid step that tells nothing new, so no rule labels it) and then opens
-X - a wasted step whose only cost is the step limit, paid at the end if at all.
-`room_questions=p` (default 0) is the share of 00_pretrain.py's reading questions
-(`reading_question`) that ask about the room and where the agent stands.
+The expert acts only on what it has observed: it searches receptacles in the order in which the object type is likely
+to be found (OBJECT_LOCATIONS, then the rest), opens closed ones, then carries out the task. It writes ReAct text: a
+short `Thought:` line where its plan changes and a bare `Action:` elsewhere. With `habit=p` (default 0) it has a bad
+habit (see `_habit`): on arriving at a closed receptacle, with probability p it first does `examine X` ("The X is
+closed.": a valid step that tells nothing new, so no rule labels it) and then opens X - a wasted step whose only cost
+is the step limit, paid at the end if at all. `room_questions=p` (default 0) is the share of 00_pretrain.py's reading
+questions (`reading_question`) that ask about the room and where the agent stands.
 
-A keyword value out of range (a step limit or split size below 1, a probability outside
-[0, 1], ...) is a ValueError naming the key.
+A keyword value out of range (a step limit or split size below 1, a probability outside [0, 1], ...) is a ValueError
+naming the key.
 """
-import math
 import random
 import zlib
 
-from envs._common import parse_task_id
+from envs._common import check_ranges, fill_room, normalize_command, parse_task_id, split_pairings
 from envs.base import TextEnv
 
 NOTHING = "Nothing happens."
@@ -90,18 +84,15 @@ UTENSILS = ["knife", "spoon", "fork"]
 DESK_ITEMS = ["book", "cd", "cellphone", "pen", "keychain", "alarmclock", "creditcard"]
 
 # Receptacle types an object may be put in (the goal of the place tasks).
-PLACE_TARGETS = {}
-for _o in KITCHENWARE:
-    PLACE_TARGETS[_o] = ["countertop", "diningtable", "cabinet", "shelf", "microwave", "fridge"]
-for _o in ["mug", "cup"]:
-    PLACE_TARGETS[_o] = PLACE_TARGETS[_o] + ["coffeemachine"]
-for _o in FOOD:
-    PLACE_TARGETS[_o] = ["countertop", "diningtable", "fridge", "garbagecan", "microwave"]
-for _o in UTENSILS:
-    PLACE_TARGETS[_o] = ["countertop", "diningtable", "drawer"]
-for _o in DESK_ITEMS:
-    PLACE_TARGETS[_o] = ["desk", "sidetable", "shelf", "drawer", "garbagecan"]
-PLACE_TARGETS["cloth"] = ["countertop", "cabinet", "drawer", "garbagecan"]
+PLACE_TARGETS = {
+    **{o: ["countertop", "diningtable", "cabinet", "shelf", "microwave", "fridge", "coffeemachine"]
+       for o in ["mug", "cup"]},
+    **{o: ["countertop", "diningtable", "cabinet", "shelf", "microwave", "fridge"] for o in ["plate", "bowl"]},
+    **{o: ["countertop", "diningtable", "fridge", "garbagecan", "microwave"] for o in FOOD},
+    **{o: ["countertop", "diningtable", "drawer"] for o in UTENSILS},
+    **{o: ["desk", "sidetable", "shelf", "drawer", "garbagecan"] for o in DESK_ITEMS},
+    "cloth": ["countertop", "cabinet", "drawer", "garbagecan"],
+}
 
 TASK_TYPES = {
     # type: (objects allowed, object state required, appliance, verb)
@@ -115,21 +106,14 @@ TASK_TYPES = {
     "pick_two_obj_and_place": (sorted(PLACE_TARGETS), None, None, None),
 }
 
+# verb -> (the appliance it needs, the state it gives): `heat O with microwave 1` makes O hot.
+TREATMENTS = {"clean": ("sinkbasin", "clean"), "heat": ("microwave", "hot"), "cool": ("fridge", "cool")}
+
 # Receptacle types in a room: always-present ones, then optional ones with their max count.
 ALWAYS = ["fridge", "microwave", "sinkbasin", "countertop", "cabinet", "drawer"]
 OPTIONAL = {"cabinet": 4, "drawer": 3, "countertop": 2, "shelf": 2, "diningtable": 1,
             "coffeemachine": 1, "garbagecan": 1, "desk": 1, "sidetable": 2}
 MAX_RECEPTACLES = sum(OPTIONAL.get(k, 1) for k in set(ALWAYS) | set(OPTIONAL))  # the fullest room: 20
-
-
-def is_unseen_pairing(obj, goal):
-    """The split rule: an (object type, goal receptacle type) pairing is held out for
-    the unseen split iff crc32("obj>goal") % 4 == 0. Stable across Python versions."""
-    return zlib.crc32(f"{obj}>{goal}".encode()) % 4 == 0
-
-
-def goal_of(task_type, obj, target):
-    return "desklamp" if task_type == "look_at_obj_in_light" else target
 
 
 def all_pairings():
@@ -169,40 +153,23 @@ class HouseholdEnv(TextEnv):
 
     def __init__(self, seed=0, n_receptacles=8, n_distractors=4, max_steps=20, step_slack=(),
                  n_train=1000, n_dev=100, n_seen=100, n_unseen=100, habit=0.0, room_questions=0.0):
-        inf = math.inf
         if not all(type(x) is int and 0 <= x <= 100 for x in step_slack):
             raise ValueError(f"household: step_slack must be a list of integers in [0, 100], got {step_slack!r}")
-        for key, value, low, high in [("n_receptacles", n_receptacles, len(ALWAYS) + 2, MAX_RECEPTACLES),
-                                      ("n_distractors", n_distractors, 0, 100), ("max_steps", max_steps, 1, 1000),
-                                      ("n_train", n_train, 1, 10**6), ("n_dev", n_dev, 1, 10**6),
-                                      ("n_seen", n_seen, 1, 10**6), ("n_unseen", n_unseen, 1, 10**6),
-                                      ("habit", habit, 0, 1), ("room_questions", room_questions, 0, 1)]:
-            if not low <= value <= high:  # NaN fails too
-                bound = f"at least {low}" if high == inf else f"in [{low}, {high}]"
-                raise ValueError(f"household: {key} must be {bound}, got {value!r}")
-        self.seed = seed
-        self.n_receptacles = n_receptacles
-        self.n_distractors = n_distractors
-        self.habit = habit
-        self.room_questions = room_questions
+        self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
+        check_ranges("household", [("n_receptacles", n_receptacles, len(ALWAYS) + 2, MAX_RECEPTACLES),
+                                   ("n_distractors", n_distractors, 0, 100), ("max_steps", max_steps, 1, 1000),
+                                   *[(f"n_{split}", n, 1, 10**6) for split, n in self.n_tasks.items()],
+                                   ("habit", habit, 0, 1), ("room_questions", room_questions, 0, 1)])
+        self.seed, self.n_receptacles, self.n_distractors = seed, n_receptacles, n_distractors
+        self.habit, self.room_questions = habit, room_questions
         self.step_cap = self.max_steps = max_steps
         self.step_slack = list(step_slack)
         self._solution_lengths = {}
-        self.n_tasks = {"train": n_train, "dev": n_dev, "seen": n_seen, "unseen": n_unseen}
-        pairings = all_pairings()
-        self.pairings = {
-            "train": [p for p in pairings if not is_unseen_pairing(p[1], p[2])],
-            "unseen": [p for p in pairings if is_unseen_pairing(p[1], p[2])],
-        }
-        self.pairings["seen"] = self.pairings["dev"] = self.pairings["train"]
+        self.pairings = split_pairings(all_pairings(), "dev", "seen")
         self.instruction = "Household agent. Reply with an optional 'Thought: ...' line, then 'Action: <command>'."
         self._task = None
 
     # ------------------------------------------------------------------ tasks
-    def task_ids(self, split):
-        self._check_split(split)
-        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
-
     def generate(self, task_id):
         """Build the world of `task_id` deterministically. Returns a dict (no side effects)."""
         split, index = parse_task_id(self, task_id, self.n_tasks)
@@ -210,20 +177,9 @@ class HouseholdEnv(TextEnv):
         task_type = rng.choice(sorted(TASK_TYPES))  # type first, so the six types are equally common
         task_type, obj, target = rng.choice([p for p in self.pairings[split] if p[0] == task_type])
 
-        # Receptacles: the always-present ones, the target and the object's likely spots, then random fill.
-        counts = {k: 0 for k in list(OPTIONAL) + ALWAYS}
-        for k in ALWAYS:
-            counts[k] = 1
+        # Receptacles: the always-present ones, the target (or a lamp's place), then random fill.
         needed = [rng.choice(LAMP_LOCATIONS)] if task_type == "look_at_obj_in_light" else [target]
-        for k in needed:
-            counts[k] = max(counts[k], 1)
-        optional = [k for k, m in OPTIONAL.items() for _ in range(m)]
-        rng.shuffle(optional)
-        for k in optional:
-            if sum(counts.values()) >= self.n_receptacles:
-                break
-            if counts[k] < OPTIONAL.get(k, 1):
-                counts[k] += 1
+        counts = fill_room(rng, ALWAYS, OPTIONAL, needed, self.n_receptacles)
         receptacles = sorted(f"{k} {i}" for k, n in counts.items() for i in range(1, n + 1))
         contents = {r: [] for r in receptacles}
 
@@ -256,14 +212,13 @@ class HouseholdEnv(TextEnv):
                 seen_count[o] = seen_count.get(o, 0) + 1
                 numbered[rec].append(f"{o} {seen_count[o]}")
 
+        need = TASK_TYPES[task_type][1]  # the state the object must be in: clean, hot, cool or None
         if task_type == "look_at_obj_in_light":
             sentence = f"look at {obj} under the desklamp."
+        elif task_type == "pick_two_obj_and_place":
+            sentence = f"put two {obj} in {target} 1."
         else:
-            adjective = {"pick_clean_then_place": "clean ", "pick_heat_then_place": "hot ",
-                         "pick_cool_then_place": "cool "}.get(task_type, "")
-            tgt = f"{target} 1"
-            sentence = (f"put two {obj} in {tgt}." if task_type == "pick_two_obj_and_place"
-                        else f"put a {adjective}{obj} in {tgt}.")
+            sentence = f"put a {need + ' ' if need else ''}{obj} in {target} 1."
         return {"task_id": task_id, "task_type": task_type, "object": obj, "target": target,
                 "task": sentence, "receptacles": receptacles, "contents": numbered}
 
@@ -277,26 +232,17 @@ class HouseholdEnv(TextEnv):
         self.where = {o: r for r, objs in g["contents"].items() for o in objs}  # object -> receptacle
         self.is_open = {r: False for r in g["receptacles"] if _kind(r) in OPENABLE}
         self.state = {o: set() for o in self.where}  # object -> {"clean", "hot", "cool"}
-        self.location = None
-        self.holding = None
-        self.t = 0
-        self.done = False
-        self.lamp_on = False
-        # What the agent has observed: receptacle -> the objects it saw there.
-        self.known = {}
-        # What a reader of the transcript has seen: object -> where it was last seen (None: in hand).
-        self.seen = {}
-        self._last_phase = None
-        obs = "You are in the middle of a room. Looking quickly around you, you see " + \
-              _listing(g["receptacles"]) + "."
+        self.location = self.holding = self._last_phase = None
+        self.t, self.done, self.lamp_on = 0, False, False
+        self.known = {}  # what the agent has observed: receptacle -> the objects it saw there
+        self.seen = {}  # what a reader of the transcript has seen: object -> where it was last seen (None: in hand)
+        obs = f"You are in the middle of a room. Looking quickly around you, you see {_listing(g['receptacles'])}."
         self.last_obs = obs
         return obs, {"task": g["task"], "task_type": g["task_type"], "task_id": task_id}
 
     def _here(self, rec):
-        return sorted((o for o, r in self.where.items() if r == rec), key=self._obj_key)
-
-    def _obj_key(self, o):
-        return (_kind(o), int(o.rsplit(" ", 1)[1]))
+        """The objects in `rec`, by type and number (mug 2 before mug 10)."""
+        return sorted((o for o, r in self.where.items() if r == rec), key=lambda o: (_kind(o), int(o.split()[-1])))
 
     def _describe(self, rec):
         """Contents sentence; records what the agent now knows."""
@@ -356,8 +302,7 @@ class HouseholdEnv(TextEnv):
             self.holding = None
             self.known[rec] = self._here(rec)
             return f"You put the {o} in/on the {rec}."
-        for verb, appliance, effect in (("clean", "sinkbasin", "clean"), ("heat", "microwave", "hot"),
-                                        ("cool", "fridge", "cool")):
+        for verb, (appliance, effect) in TREATMENTS.items():
             if words[0] == verb and " with " in cmd[len(verb) + 1:]:
                 o, rec = cmd[len(verb) + 1:].split(" with ", 1)
                 if o != self.holding or rec != self.location or _kind(rec) != appliance:
@@ -385,8 +330,7 @@ class HouseholdEnv(TextEnv):
         obj, task_type = g["object"], g["task_type"]
         if task_type == "look_at_obj_in_light":
             return self.lamp_on and self.holding is not None and _kind(self.holding) == obj
-        need = {"pick_clean_then_place": "clean", "pick_heat_then_place": "hot",
-                "pick_cool_then_place": "cool"}.get(task_type)
+        need = TASK_TYPES[task_type][1]
         tgt = f"{g['target']} 1"
         placed = [o for o, r in self.where.items() if r == tgt and _kind(o) == obj
                   and (need is None or need in self.state[o])]
@@ -395,7 +339,7 @@ class HouseholdEnv(TextEnv):
     def step(self, action):
         self._check_step(self._task is not None)
         self._last_phase = self._phase()
-        cmd = " ".join(str(action).strip().split())
+        cmd = normalize_command(action)
         obs = self._execute(cmd)
         if cmd == "use desklamp 1" and obs != NOTHING and not self._success():
             self.lamp_on = False  # the lamp only counts while the object is in hand
@@ -431,7 +375,7 @@ class HouseholdEnv(TextEnv):
                 else:
                     cmds.append(f"put {held} in/on {loc}")
             if held is not None:
-                for verb, appliance in (("clean", "sinkbasin"), ("heat", "microwave"), ("cool", "fridge")):
+                for verb, (appliance, _) in TREATMENTS.items():
                     if _kind(loc) == appliance:
                         cmds.append(f"{verb} {held} with {loc}")
             cmds += [f"use {o}" for o in self._here(loc) if _kind(o) == "desklamp"]
@@ -440,10 +384,9 @@ class HouseholdEnv(TextEnv):
         return cmds
 
     def reading_question(self, rng):
-        """A question about what the agent has read so far and its answer, for 00_pretrain.py's
-        reading comprehension. The most common one joins two things read far apart - the task's
-        object (in the first turn) and the latest listing - which is the decision a household
-        agent makes most."""
+        """A question about what the agent has read so far and its answer, for 00_pretrain.py's reading
+        comprehension. The most common one joins two things read far apart - the task's object (in the first turn)
+        and the latest listing - which is the decision a household agent makes most."""
         if self.room_questions and rng.random() < self.room_questions:
             return self._room_question(rng)
         task_obj, seen = self._task["object"], self.seen
@@ -576,14 +519,11 @@ class HouseholdEnv(TextEnv):
         phase, cmd = self._plan()
         if phase == self._last_phase:
             return f"Action: {cmd}"
-        g = self._task
-        obj = g["object"]
+        g, obj = self._task, self._task["object"]
         thoughts = {
             "search": f"I need to find a {obj}.",
             "take": f"I found a {obj}. Next, I take it.",
-            "clean": f"Now I clean the {obj} with sinkbasin 1.",
-            "heat": f"Now I heat the {obj} with microwave 1.",
-            "cool": f"Now I cool the {obj} with fridge 1.",
+            **{verb: f"Now I {verb} the {obj} with {appliance} 1." for verb, (appliance, _) in TREATMENTS.items()},
             "place": f"Now I put the {obj} in/on {g['target']} 1.",
             "find lamp": "Now I need to find the desklamp.",
             "use lamp": "Now I use the desklamp.",

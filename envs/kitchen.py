@@ -40,9 +40,8 @@ naming the key.
 """
 import math
 import random
-import zlib
 
-from envs._common import parse_task_id
+from envs._common import is_unseen_pairing, normalize_command, parse_task_id
 from envs.base import TextEnv
 
 NOTHING = "Nothing happens."
@@ -52,12 +51,6 @@ INGREDIENTS = {"egg": "rotten", "milk": "sour", "apple": "moldy", "bread": "stal
 TOOLS = {"bowl": "dirty", "knife": "blunt", "pan": "cracked", "spoon": "bent", "cup": "chipped",
          "whisk": "broken"}      # kind -> its flaw: put back, a step lost
 FLAWS = {**INGREDIENTS, **TOOLS}
-
-
-def is_unseen_pairing(dish, kind):
-    """The split rule: a (dish, kind) pairing is held out iff crc32("dish>kind") % 4 == 0."""
-    return zlib.crc32(f"{dish}>{kind}".encode()) % 4 == 0
-
 
 # The most decisions for which every split has tasks: the largest count of kinds one dish has without a held-out
 # pairing (train, dev and seen tasks hold none). Above it the generator could never draw a train task.
@@ -94,10 +87,6 @@ class KitchenEnv(TextEnv):
         self._task = None
 
     # ------------------------------------------------------------------ tasks
-    def task_ids(self, split):
-        self._check_split(split)
-        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
-
     def generate(self, task_id):
         """The task of `task_id`, deterministically: the dish, each station's kind, which item (1 or 2) is
         flawed, whether a flawed ingredient there would spoil the dish, and the step after which the power
@@ -158,7 +147,7 @@ class KitchenEnv(TextEnv):
     def step(self, action):
         self._check_step(self._task is not None)
         self.t, self.tries = self.t + 1, self.tries + 1
-        obs, finished = self._execute(" ".join(str(action).strip().split()))
+        obs, finished = self._execute(normalize_command(action))
         dish, won = self._task["dish"], False
         if self._task["outage_at"] == self.t:  # the noise: whatever the agent did
             obs, finished = f"{obs} The power goes out. The {dish} is ruined.", True

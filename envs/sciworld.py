@@ -1,55 +1,47 @@
 """sciworld: ScienceWorld (Wang et al., 2022) behind the project's TextEnv API.
 
-Needs `pip install scienceworld` (it bundles the simulator jar) and Java 17+ on PATH.
-The simulator is a JVM subprocess reached through py4j; this adapter starts it itself
-(`py4j.launch_gateway`, heap capped with -Xmx) and talks to the simulator's
-PythonInterface directly. The package's own `ScienceWorldEnv.step` also builds an info
-dict on every step (valid-action list, look, inventory: ~135 ms); the bare server step
-is 1-12 ms, so we call only what we need (step, score, completion).
+Needs `pip install scienceworld` (it bundles the simulator jar) and Java 17+ on PATH. The simulator is a JVM
+subprocess reached through py4j; this adapter starts it itself (`py4j.launch_gateway`, heap capped with -Xmx) and
+talks to the simulator's PythonInterface directly. The package's own `ScienceWorldEnv.step` also builds an info dict
+on every step (valid-action list, look, inventory: ~135 ms); the bare server step is 1-12 ms, so we call only what we
+need (step, score, completion).
 
-Tasks and splits. ScienceWorld has 30 task types, each with numbered *variations* that
-the simulator itself divides into train / dev / test (test variations hold out objects
-and settings). Here
+Tasks and splits. ScienceWorld has 30 task types, each with numbered *variations* that the simulator itself divides
+into train / dev / test (test variations hold out objects and settings). Here
     train  - the train variations of the chosen task types
     seen   - their dev variations
     unseen - their test variations
-of the task types in `tasks` (default DEFAULT_TASKS: the eight with the shortest gold
-paths, 1-16 commands, measured over every variation). Task ids enumerate (task type,
-variation) pairs round-robin over the task types, so any prefix of a split mixes all
-types: "train/00000" is the first train variation of tasks[0], "train/00001" that of
-tasks[1], and so on.
+of the task types in `tasks` (default DEFAULT_TASKS: the eight with the shortest gold paths, 1-16 commands, measured
+over every variation). Task ids enumerate (task type, variation) pairs round-robin over the task types, so any prefix
+of a split mixes all types: "train/00000" is the first train variation of tasks[0], "train/00001" that of tasks[1],
+and so on.
 
-Observations. reset() returns the text of "look around" (what ScienceWorld's reset
-does); info["task"] is the task description. An ambiguous command returns a numbered
-menu ("Ambiguous request: Please enter the number ...") and the next command should be
-that number; gold paths use this too.
+Observations. reset() returns the text of "look around" (what ScienceWorld's reset does); info["task"] is the task
+description. An ambiguous command returns a numbered menu ("Ambiguous request: Please enter the number ...") and the
+next command should be that number; gold paths use this too.
 
-Reward. ScienceWorld scores an episode 0..100 (partial credit per subgoal) and sets the
-score to -100 when the agent fails for good (e.g. focuses on the wrong object), after
-which we end the episode. The per-step reward is the change of max(score, 0) / 100, so
-the rewards of an episode sum to its final score / 100 in [0, 1], with a failure
-(score < 0) counted as 0: the step that fails carries minus the progress made so far.
-Success = the simulator reports the task completed (score 100): that step has
-terminated=True and a positive reward. `max_steps` commands end the episode
-(truncated).
+Reward. ScienceWorld scores an episode 0..100 (partial credit per subgoal) and sets the score to -100 when the agent
+fails for good (e.g. focuses on the wrong object), after which we end the episode. The per-step reward is the change
+of max(score, 0) / 100, so the rewards of an episode sum to its final score / 100 in [0, 1], with a failure
+(score < 0) counted as 0: the step that fails carries minus the progress made so far. Success = the simulator reports
+the task completed (score 100): that step has terminated=True and a positive reward. `max_steps` commands end the
+episode (truncated).
 
-Invalid rule. ScienceWorld's parser answers "No known action matches that input." to a
-command it cannot parse, and "Unknown action. ..." to a non-number after an ambiguity
-menu. is_invalid() fires on exactly these two answers. Commands that parse but fail in
-the world (e.g. "The door is not open.") are ordinary observations.
+Invalid rule. ScienceWorld's parser answers "No known action matches that input." to a command it cannot parse, and
+"Unknown action. ..." to a non-number after an ambiguity menu. is_invalid() fires on exactly these two answers.
+Commands that parse but fail in the world (e.g. "The door is not open.") are ordinary observations.
 
-Expert. The simulator's gold action sequence for the variation (generated on the first
-expert_action() call of an episode, which reloads the variation; cost 0.1-1 s). The gold
-path is fixed: it cannot be replanned from an arbitrary state, so expert_action() returns
-the next gold command not yet executed in order (a cursor that advances when the
+Expert. The simulator's gold action sequence for the variation (generated on the first expert_action() call of an
+episode, which reloads the variation; cost 0.1-1 s). The gold path is fixed: it cannot be replanned from an arbitrary
+state, so expert_action() returns the next gold command not yet executed in order (a cursor that advances when the
 executed command equals it). Off the gold path this is a best guess, not a guarantee.
 
-Processes. One JVM per env instance (~256 MB heap by default). close() ends it; it is
-also ended when the env is garbage-collected and at interpreter exit, and py4j's
-die_on_exit makes the JVM quit if this Python process dies. If the JVM crashes or a
-call times out, the running episode is reported as failed (truncated=True,
-info["crashed"]=True, reward 0) and the next reset() starts a fresh JVM.
+Processes. One JVM per env instance (~256 MB heap by default). close() ends it; it is also ended when the env is
+garbage-collected and at interpreter exit, and py4j's die_on_exit makes the JVM quit if this Python process dies. If
+the JVM crashes or a call times out, the running episode is reported as failed (truncated=True, info["crashed"]=True,
+reward 0) and the next reset() starts a fresh JVM.
 """
+import contextlib
 import weakref
 
 from envs._common import normalize_command, parse_task_id
@@ -86,27 +78,21 @@ ACTIONS = [
 def _shutdown(gateway, proc):
     """End one JVM (safe to call twice; used by close() and the finalizer). We own the
     process, so we kill it rather than ask it to shut down (which fails on a dead JVM)."""
-    try:
+    with contextlib.suppress(Exception):
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
-    except Exception:
-        pass
     client = getattr(gateway, "_gateway_client", None)
     if client is not None:
         # Mark the client disconnected, so py4j's finalizers of leftover Java objects do not
         # try (and log failing) to reach the dead JVM; then close its sockets.
         client.is_connected = False
-        try:
+        with contextlib.suppress(Exception):
             client.close()
-        except Exception:
-            pass
     for stream in (proc.stdin, proc.stdout, proc.stderr):
-        try:
+        with contextlib.suppress(Exception):
             if stream is not None:
                 stream.close()
-        except Exception:
-            pass
 
 
 class ScienceWorldEnv(TextEnv):
@@ -114,17 +100,15 @@ class ScienceWorldEnv(TextEnv):
 
     Args:
         seed: accepted for API uniformity; ScienceWorld variations are deterministic.
-        tasks: ScienceWorld task names (see `scienceworld.constants.ID2TASK`); default
-            DEFAULT_TASKS, the eight shortest.
-        max_steps: commands per episode before truncation (default 30; the default
-            tasks need at most 16).
+        tasks: ScienceWorld task names (see `scienceworld.constants.ID2TASK`); default DEFAULT_TASKS, the eight
+            shortest.
+        max_steps: commands per episode before truncation (default 30; the default tasks need at most 16).
         max_per_task: if set, use at most this many variations of each task per split.
-        simplifications: ScienceWorld simplification string, e.g. "easy" or
-            "openDoors,selfWateringFlowerPots" ("" = the full game).
-        java_heap: JVM -Xmx value (default "256m"; long tasks such as
-            mendelian-genetics may need more).
-        call_timeout: seconds before a simulator call counts as a crash (default 120;
-            generating a long gold path takes up to ~15 s).
+        simplifications: ScienceWorld simplification string, e.g. "easy" or "openDoors,selfWateringFlowerPots"
+            ("" = the full game).
+        java_heap: JVM -Xmx value (default "256m"; long tasks such as mendelian-genetics may need more).
+        call_timeout: seconds before a simulator call counts as a crash (default 120; generating a long gold path
+            takes up to ~15 s).
         jar_path: simulator jar (default: the one bundled with the package).
     """
 
@@ -165,8 +149,7 @@ class ScienceWorldEnv(TextEnv):
         self._index = None      # split -> list of (task, variation)
         self._episode = None    # (task, variation) of the running episode
         self._task = None
-        self.t = 0
-        self.done = True
+        self.t, self.done = 0, True
 
     # ------------------------------------------------------------------ JVM
     def _start(self):
@@ -192,13 +175,6 @@ class ScienceWorldEnv(TextEnv):
             self._finalizer()  # runs _shutdown once; later calls are no-ops
         self._gateway = self._proc = self._server = self._finalizer = None
         self.done = True
-
-    def _crashed(self, err):
-        """Drop a broken JVM (a fresh one starts on next use); report the episode as failed."""
-        import py4j.protocol
-        if not isinstance(err, py4j.protocol.Py4JJavaError):  # a Java exception leaves the JVM usable
-            self.close()
-        return self._crash_result(self._task, err)
 
     # ------------------------------------------------------------------ tasks
     def _build_index(self):
@@ -268,7 +244,8 @@ class ScienceWorldEnv(TextEnv):
             raw = int(round(100 * self.server.getScore()))
             completed = bool(self.server.getCompleted())
         except py4j.protocol.Py4JError as err:
-            return self._crashed(err)
+            # A Java exception leaves the JVM usable; anything else drops it.
+            return self._crash_result(self._task, err, drop=not isinstance(err, py4j.protocol.Py4JJavaError))
         self._actions.append(cmd)
         if self._gold is not None and self._cursor < len(self._gold) and cmd == self._gold[self._cursor]:
             self._cursor += 1

@@ -1,19 +1,16 @@
 """shop: a small WebShop-like web shop in pure Python (the paper's third benchmark, offline).
 
-WebShop (Yao et al. 2022) is a web shop of 1.18M scraped Amazon products: the agent reads an
-instruction ("i need a long lasting shampoo ... with scent: lavender, and price lower than
-30.00 dollars"), searches, opens products, picks options and buys; the reward grades how well
-the bought product fits. The original needs a product dump, a Java (Lucene) index and spaCy.
-This module rebuilds the same game on a generated catalogue, with no downloads.
+WebShop (Yao et al. 2022) is a web shop of 1.18M scraped Amazon products: the agent reads an instruction ("i need a
+long lasting shampoo ... with scent: lavender, and price lower than 30.00 dollars"), searches, opens products, picks
+options and buys; the reward grades how well the bought product fits. The original needs a product dump, a Java
+(Lucene) index and spaCy. This module rebuilds the same game on a generated catalogue, with no downloads.
 
-Catalogue. Generated deterministically from `seed`: 5 categories (beauty, food, fashion,
-furniture, electronics) x 10 product types x `n_per_type` products (default 16: 800 products).
-A product has an ASIN-like id (B0 + 8 characters), a brand, a title holding its type noun
-("Lumora Shampoo - Sulfate Free, Argan Oil"), 3-8 attributes from its category's pool, 1-3
-option axes (color, size, scent, flavor, style, capacity) with 2-5 values each, one price,
-bullet points and a description. Titles, bullets and descriptions mention some attributes
-(not all), and some products mention an attribute in their text that their attribute list
-lacks: as in WebShop, matching by text counts.
+Catalogue. Generated deterministically from `seed`: 5 categories (beauty, food, fashion, furniture, electronics) x 10
+product types x `n_per_type` products (default 16: 800 products). A product has an ASIN-like id (B0 + 8 characters),
+a brand, a title holding its type noun ("Lumora Shampoo - Sulfate Free, Argan Oil"), 3-8 attributes from its
+category's pool, 1-3 option axes (color, size, scent, flavor, style, capacity) with 2-5 values each, one price,
+bullet points and a description. Titles, bullets and descriptions mention some attributes (not all), and some
+products mention an attribute in their text that their attribute list lacks: as in WebShop, matching by text counts.
 
 Pages and actions (WebShop's text mode: a page's visible text joined by " [SEP] "):
     search   WebShop [SEP] Instruction: [SEP] <instruction> [SEP] Search
@@ -21,69 +18,64 @@ Pages and actions (WebShop's text mode: a page's visible text joined by " [SEP] 
     item     Back to Search [SEP] < Prev [SEP] color [SEP] black [SEP] white ... [SEP] <title> [SEP] Price: $12.99
              [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Attributes [SEP] Buy Now
     sub-page Back to Search [SEP] < Prev [SEP] <description | bullet points | attributes and categories>
-Actions are `search[keywords]` (only on the search page, which has the search bar) and
-`click[value]` with value one of the page's clickables, compared lower-cased as WebShop's
-are: "back to search", "next >", "< prev", a product id, an option value, "description",
-"features", "attributes", "buy now". Search is BM25 over each product's title, description,
-first bullet and options (WebShop's index fields) and shows the top 50 results, 10 per page
+Actions are `search[keywords]` (only on the search page, which has the search bar) and `click[value]` with value one
+of the page's clickables, compared lower-cased as WebShop's are: "back to search", "next >", "< prev", a product id,
+an option value, "description", "features", "attributes", "buy now". Search is BM25 over each product's title,
+description, first bullet and options (WebShop's index fields) and shows the top 50 results, 10 per page
 (`page_size`). `click[buy now]` ends the episode (terminated) with the graded reward; `max_steps` actions end it
-without a purchase (truncated, reward 0). Anything else - an unknown clickable, a search
-without a search bar, a malformed action - changes nothing, gets reward 0 and the
-observation INVALID ("Invalid action."), which `is_invalid` recognises.
+without a purchase (truncated, reward 0). Anything else - an unknown clickable, a search without a search bar, a
+malformed action - changes nothing, gets reward 0 and the observation INVALID ("Invalid action."), which `is_invalid`
+recognises.
 
-Instructions, as WebShop's synthetic goals: "i need a {type} that is {a1} and {a2} with
-{option}: {value}, and {option}: {value}, and price lower than {X} dollars", from a few
-templates, with 1-3 of the target product's attributes, a value for each of its option axes,
-and X by WebShop's rule: among the multiples of 10 above the price, take the first four, draw
-two and keep the larger.
+Instructions, as WebShop's synthetic goals: "i need a {type} that is {a1} and {a2} with {option}: {value}, and
+{option}: {value}, and price lower than {X} dollars", from a few templates, with 1-3 of the target product's
+attributes, a value for each of its option axes, and X by WebShop's rule: among the multiples of 10 above the price,
+take the first four, draw two and keep the larger.
 
 Reward, as WebShop's get_reward (web_agent_site/engine/goal.py):
     R = r_type * (n_att + n_opt + 1[price <= X]) / (|goal attributes| + |goal options| + 1)
-    n_att   goal attributes matched by a product attribute with token-set similarity > 0.85,
-            or found as a substring of the lower-cased title, bullet points or description
-    n_opt   goal options matched by a chosen option: exactly for the size axis, else after
-            WebShop's colour normalisation by token-set similarity > 0.85
-    r_type  1.0 if the bought product has the target's search query (its type) or shares at
-            least 2 levels of its category path or title_score > 0.2, else 0.5; then 0.1 if
-            title_score < 0.1 and 0.0 if title_score == 0, where title_score = |nouns(bought
-            title) & nouns(target title)| / |nouns(target title)|
+    n_att   goal attributes matched by a product attribute with token-set similarity > 0.85, or found as a substring
+            of the lower-cased title, bullet points or description
+    n_opt   goal options matched by a chosen option: exactly for the size axis, else after WebShop's colour
+            normalisation by token-set similarity > 0.85
+    r_type  1.0 if the bought product has the target's search query (its type) or shares at least 2 levels of its
+            category path or title_score > 0.2, else 0.5; then 0.1 if title_score < 0.1 and 0.0 if title_score == 0,
+            where title_score = |nouns(bought title) & nouns(target title)| / |nouns(target title)|
 Success = reward 1.0 (info["won"]); episodes keep the graded reward.
 
 Simplifications against WebShop, all deterministic:
-  - nouns of a title are its words found in a fixed noun list (type nouns, brands, a few common
-    nouns) instead of spaCy's part-of-speech tags;
-  - token-set similarity is thefuzz's token_set_ratio rebuilt on difflib.SequenceMatcher (the
-    standard library) instead of Levenshtein distance, as a fraction, not rounded to an integer;
-  - size options match exactly (WebShop's fuzzy match lets "x-large" count as "large"); the
-    generator keeps the values of every other axis pairwise distinct under the fuzzy match;
-  - BM25 (k1 0.9, b 0.4, Lucene's idf, as pyserini's defaults) over lower-cased word tokens with
-    a short stop-word list, no stemming; only products sharing a word with the query are shown;
+  - nouns of a title are its words found in a fixed noun list (type nouns, brands, a few common nouns) instead of
+    spaCy's part-of-speech tags;
+  - token-set similarity is thefuzz's token_set_ratio rebuilt on difflib.SequenceMatcher (the standard library)
+    instead of Levenshtein distance, as a fraction, not rounded to an integer;
+  - size options match exactly (WebShop's fuzzy match lets "x-large" count as "large"); the generator keeps the
+    values of every other axis pairwise distinct under the fuzzy match;
+  - BM25 (k1 0.9, b 0.4, Lucene's idf, as pyserini's defaults) over lower-cased word tokens with a short stop-word
+    list, no stemming; only products sharing a word with the query are shown;
   - one price per product (no price ranges), no reviews ("Rating: N.A."), no images;
-  - the instruction appears on the search page only (ReAct's and ETO's prompts drop it from the
-    other pages; the agent has it in its task line);
-  - chosen options are shown as "You have clicked <value>." before the item page, as WebShop's
-    text_rich mode does, so that an option click changes the observation;
+  - the instruction appears on the search page only (ReAct's and ETO's prompts drop it from the other pages; the
+    agent has it in its task line);
+  - chosen options are shown as "You have clicked <value>." before the item page, as WebShop's text_rich mode does,
+    so that an option click changes the observation;
   - "Next >" is shown only while more results exist, "< Prev" on results pages after the first;
   - search works only where the search bar is shown (WebShop's env accepts it anywhere).
 
 Splits. Two product types per category are held out (`UNSEEN_TYPES`, 10 of 50):
     unseen - targets of held-out types (never the target of any other split's task)
-    train / seen / dev - targets of the other types, split by product (crc32 of the id: 70% /
-             15% / 15%), so no two splits share a target product; seen and dev are the train
-             distribution on new products, dev for model selection.
+    train / seen / dev - targets of the other types, split by product (crc32 of the id: 70% / 15% / 15%), so no two
+             splits share a target product; seen and dev are the train distribution on new products, dev for model
+             selection.
 The catalogue is the same for every split: any product can be found and bought.
 
-The expert searches the instruction's request (without its opening words and the price), opens the
-first result that would score 1.0 with the goal's options (the target or an equivalent
-product; next page if needed, the target's title if none of the 50 fits), clicks each goal
-option and buys. It clicks a product by its id as the page shows it (`click[B0GBQYYBTV]`; the
-env lower-cases every click, so this is the same action as WebShop's `click[b0gbqyybtv]`, and a
-model copies it from the page token for token). It writes ReAct text: a short `Thought:` where
-its plan changes, a bare `Action:` elsewhere. With `hasty=p` (default 0) it is imperfect as
-WebShop's human demonstrators are: on a share p of the tasks (`is_hasty`) it buys the product
-it opened without clicking the requested options, a purchase the graded reward scores
-(n_att + 1[price]) / total, never 1.0. `admissible_actions()` lists the valid actions of the
-page; `random_action(rng)` draws one of them (a baseline).
+The expert searches the instruction's request (without its opening words and the price), opens the first result that
+would score 1.0 with the goal's options (the target or an equivalent product; next page if needed, the target's title
+if none of the 50 fits), clicks each goal option and buys. It clicks a product by its id as the page shows it
+(`click[B0GBQYYBTV]`; the env lower-cases every click, so this is the same action as WebShop's `click[b0gbqyybtv]`,
+and a model copies it from the page token for token). It writes ReAct text: a short `Thought:` where its plan
+changes, a bare `Action:` elsewhere. With `hasty=p` (default 0) it is imperfect as WebShop's human demonstrators are:
+on a share p of the tasks (`is_hasty`) it buys the product it opened without clicking the requested options, a
+purchase the graded reward scores (n_att + 1[price]) / total, never 1.0. `admissible_actions()` lists the valid
+actions of the page; `random_action(rng)` draws one of them (a baseline).
 """
 import difflib
 import functools
@@ -93,7 +85,7 @@ import re
 import zlib
 from collections import Counter
 
-from envs._common import parse_task_id
+from envs._common import check_ranges, normalize_command, parse_task_id
 from envs.base import TextEnv
 
 INVALID = "Invalid action."
@@ -406,8 +398,8 @@ def build_catalogue(seed=0, n_per_type=16):
         for cat, (head, brands, pool, types) in CATEGORIES.items():
             for spec in types:
                 for _ in range(n_per_type):
-                    asin = "B0" + "".join(rng.choice("0123456789ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(8))
-                    while asin in asins:
+                    asin = None
+                    while asin is None or asin in asins:  # a fresh ASIN-like id
                         asin = "B0" + "".join(rng.choice("0123456789ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(8))
                     asins.add(asin)
                     products.append(_make_product(rng, cat, head, brands, pool, spec, asin))
@@ -444,17 +436,13 @@ class ShopEnv(TextEnv):
 
     def __init__(self, seed=0, n_per_type=16, page_size=PAGE_SIZE, max_steps=15, n_train=1000, n_seen=100,
                  n_unseen=100, n_dev=100, hasty=0.0):
-        for key, value, low, high in [("n_per_type", n_per_type, 1, 1000), ("page_size", page_size, 1, 100),
-                                      ("max_steps", max_steps, 1, 1000), ("n_train", n_train, 1, 10**6),
-                                      ("n_seen", n_seen, 1, 10**6), ("n_unseen", n_unseen, 1, 10**6),
-                                      ("n_dev", n_dev, 1, 10**6)]:
-            if not low <= value <= high:  # a ceiling too: a size keyword allocates and loops
-                raise ValueError(f"shop: {key} must be in [{low}, {high}], got {value!r}")
-        if not 0 <= hasty <= 1:
-            raise ValueError(f"shop: hasty must be in [0, 1], got {hasty!r}")
-        self.seed, self.page_size, self.hasty = seed, page_size, hasty
-        self.max_steps = max_steps
         self.n_tasks = {"train": n_train, "seen": n_seen, "unseen": n_unseen, "dev": n_dev}
+        # A ceiling on each size too: a size keyword allocates and loops.
+        check_ranges("shop", [("n_per_type", n_per_type, 1, 1000), ("page_size", page_size, 1, 100),
+                              ("max_steps", max_steps, 1, 1000),
+                              *[(f"n_{split}", n, 1, 10**6) for split, n in self.n_tasks.items()],
+                              ("hasty", hasty, 0, 1)])
+        self.seed, self.page_size, self.hasty, self.max_steps = seed, page_size, hasty, max_steps
         self.products, self.index = build_catalogue(seed, n_per_type)
         self.by_asin = {p["asin"]: p for p in self.products}
         self.pools = {s: [p for p in self.products if split_of_product(p) == s] for s in self.splits}
@@ -468,10 +456,6 @@ class ShopEnv(TextEnv):
         self._task = None
 
     # ------------------------------------------------------------------ tasks
-    def task_ids(self, split):
-        self._check_split(split)
-        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
-
     def generate(self, task_id):
         """The goal of `task_id`, deterministically. Returns a dict (no side effects)."""
         split, index = parse_task_id(self, task_id, self.n_tasks)
@@ -598,7 +582,7 @@ class ShopEnv(TextEnv):
     def step(self, action):
         self._check_step(self._task is not None)
         self._last_phase = self._plan()[0]
-        obs = self._execute(" ".join(str(action).strip().split()))
+        obs = self._execute(normalize_command(action))
         self.t += 1
         terminated = self.page == "done"
         truncated = not terminated and self.t >= self.max_steps
@@ -613,11 +597,10 @@ class ShopEnv(TextEnv):
         return obs.strip() == INVALID
 
     def reading_question(self, rng):
-        """A question about the page just read and its answer, for 00_pretrain.py's reading
-        comprehension: what the instruction asks for; on a results page, a product's id (to copy)
-        or which results are of the asked type (the choice a shopping agent makes there); on an
-        item page, which of its options the instruction asks for, its price against the budget,
-        or its type."""
+        """A question about the page just read and its answer, for 00_pretrain.py's reading comprehension: what the
+        instruction asks for; on a results page, a product's id (to copy) or which results are of the asked type (the
+        choice a shopping agent makes there); on an item page, which of its options the instruction asks for, its
+        price against the budget, or its type."""
         g = self._task
         if self.page == "results":
             shown = [self.products[i] for i in self._shown()]

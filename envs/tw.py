@@ -1,46 +1,42 @@
 """textworld: procedurally generated TextWorld games (Cote et al., 2018) behind the TextEnv API.
 
-Needs `pip install textworld` (it builds jericho from source; Linux or macOS). Named
-`tw.py` so that it does not shadow the `textworld` package.
+Needs `pip install textworld` (it builds jericho from source; Linux or macOS). Named `tw.py` so that it does not
+shadow the `textworld` package.
 
-Games. Each task is one TextWorld "custom" game: a map of `nb_rooms` rooms, at least
-`nb_objects` objects, and one quest of `quest_length` actions (take / put / open / unlock
-/ go ...), generated with `textworld.generator.make_game` and compiled to a Z-machine
-file. Generation takes 1-3 s per game, so games are built on first use and kept in a
+Games. Each task is one TextWorld "custom" game: a map of `nb_rooms` rooms, at least `nb_objects` objects, and one
+quest of `quest_length` actions (take / put / open / unlock / go ...), generated with `textworld.generator.make_game`
+and compiled to a Z-machine file. Generation takes 1-3 s per game, so games are built on first use and kept in a
 cache directory (`cache_dir`, default ~/.cache/qevolve or $QEVOLVE_CACHE) as
-`textworld-<version>/<split>-<index>-s<game seed>-r<rooms>-o<objects>-q<quest length>/`
-holding game.z8 and game.json (the json must stay beside the z8: TextWorld reads the
-quest from it). `prepare(split)` builds a whole split ahead of time.
+`textworld-<version>/<split>-<index>-s<game seed>-r<rooms>-o<objects>-q<quest length>/` holding game.z8 and game.json
+(the json must stay beside the z8: TextWorld reads the quest from it). `prepare(split)` builds a whole split ahead of
+time.
 
-Splits. A task's settings (rooms, objects, quest length) are drawn from its split's
-setting lists by a generator seeded with (seed, split, index); its game seed is
+Splits. A task's settings (rooms, objects, quest length) are drawn from its split's setting lists by a generator
+seeded with (seed, split, index); its game seed is
     (3 * seed + {train: 0, seen: 1, unseen: 2}) * 1_000_000 + index,
 so no two tasks of any splits share a game seed.
     train  - settings from `train_settings` (default: 2-4 rooms, quests of 1-3 actions)
     seen   - new games (other seeds) with the same settings as train
     unseen - settings not in train: `unseen_settings` (default 5-6 rooms, quests of 4-5)
 
-Observations. The ASCII banner, the objective (given separately as info["task"]) and the
-Z-machine prompt/status line (">  -= Room =-0/3") are stripped from the game text.
+Observations. The ASCII banner, the objective (given separately as info["task"]) and the Z-machine prompt/status line
+(">  -= Room =-0/3") are stripped from the game text.
 
-Reward. TextWorld reports a cumulative score (custom games: 1 point for the quest). The
-per-step reward is the score change / max_score, so an episode's rewards sum to its
-final score / max_score in [0, 1]. The episode terminates when the game is won or lost;
-success = won, and the winning step carries the positive reward. `max_steps` commands
-end the episode (truncated).
+Reward. TextWorld reports a cumulative score (custom games: 1 point for the quest). The per-step reward is the score
+change / max_score, so an episode's rewards sum to its final score / max_score in [0, 1]. The episode terminates when
+the game is won or lost; success = won, and the winning step carries the positive reward. `max_steps` commands end
+the episode (truncated).
 
-Invalid rule. TextWorld's Inform 7 parser answers a command that did nothing with one of
-its library refusals ("That's not a verb I recognise.", "You can't see any such
-thing.", "You can't go that way.", "What do you want to take?", ...). is_invalid()
-fires when the observation starts with one of the REFUSALS patterns (collected by
-running random commands on generated games and keeping the answers of commands that left
-the game state unchanged).
+Invalid rule. TextWorld's Inform 7 parser answers a command that did nothing with one of its library refusals
+("That's not a verb I recognise.", "You can't see any such thing.", "You can't go that way.", "What do you want to
+take?", ...). is_invalid() fires when the observation starts with one of the REFUSALS patterns (collected by running
+random commands on generated games and keeping the answers of commands that left the game state unchanged).
 
-Expert. expert="policy" (default): TextWorld's winning policy recomputed from the
-current state after every command (extra `policy_commands`), so it recovers from any
-detour. expert="walkthrough": the game's fixed walkthrough, followed with a cursor like
-ScienceWorld's gold path.
+Expert. expert="policy" (default): TextWorld's winning policy recomputed from the current state after every command
+(extra `policy_commands`), so it recovers from any detour. expert="walkthrough": the game's fixed walkthrough,
+followed with a cursor like ScienceWorld's gold path.
 """
+import contextlib
 import os
 import random
 import re
@@ -54,10 +50,8 @@ SPLIT_CODE = {"train": 0, "seen": 1, "unseen": 2}
 DEFAULT_TRAIN_SETTINGS = {"nb_rooms": (2, 3, 4), "nb_objects": (4, 6, 8), "quest_length": (1, 2, 3)}
 DEFAULT_UNSEEN_SETTINGS = {"nb_rooms": (5, 6), "nb_objects": (8, 10), "quest_length": (4, 5)}
 
-# Inform 7 answers to a command that changed nothing (regexes matched at the start of the
-# observation, after any "(the key)"-style clarification line). Collected by running
-# random commands on generated games and keeping the answers of commands that left the
-# game state unchanged (look / examine / inventory excluded).
+# Inform 7 answers to a command that changed nothing (regexes matched at the start of the observation, after any
+# "(the key)"-style clarification line), collected as the module docstring says (look / examine / inventory excluded).
 REFUSALS = [re.compile(p) for p in (
     r"That's not a verb I recognise\.",
     r"You can't see any such thing\.",
@@ -128,8 +122,8 @@ class TextWorldEnv(TextEnv):
     Args:
         seed: picks the games (with split and index); same seed, same games.
         n_train, n_seen, n_unseen: tasks per split (games are generated lazily).
-        train_settings, unseen_settings: dicts of nb_rooms / nb_objects / quest_length
-            value lists to draw from (seen uses train_settings). The two must differ.
+        train_settings, unseen_settings: dicts of nb_rooms / nb_objects / quest_length value lists to draw from (seen
+            uses train_settings). The two must differ.
         max_steps: commands per episode before truncation (default 30).
         expert: "policy" (replanned every step, default) or "walkthrough" (fixed).
         cache_dir: where games are kept (default $QEVOLVE_CACHE or ~/.cache/qevolve).
@@ -170,17 +164,11 @@ class TextWorldEnv(TextEnv):
             "A command that does nothing gets a refusal such as \"That's not a verb I recognise.\" or "
             "\"You can't see any such thing.\""
         )
-        self._env = None          # the textworld environment (one per instance)
-        self._loaded = None       # path of the game it has loaded
-        self._state = None
-        self.t = 0
-        self.done = True
+        self._env = None  # the textworld environment (one per instance)
+        self._loaded = self._state = None  # the path of the game it has loaded, the game state
+        self.t, self.done = 0, True
 
     # ------------------------------------------------------------------ tasks
-    def task_ids(self, split):
-        self._check_split(split)
-        return [f"{split}/{i:05d}" for i in range(self.n_tasks[split])]
-
     def spec(self, task_id):
         """The generation settings of `task_id`: dict with game_seed, nb_rooms, nb_objects,
         quest_length, and dir (its cache folder)."""
@@ -240,14 +228,8 @@ class TextWorldEnv(TextEnv):
         self._cursor = 0
         self.t = 0
         self.done = False
-        self._task_id = task_id
         obs = clean(gs["feedback"], self._objective)
         return obs, {"task": self._objective, "task_id": task_id, "game_file": path}
-
-    def _crashed(self, err):
-        """Drop the engine (rebuilt on next reset) and report the episode as failed."""
-        self.close()
-        return self._crash_result(self._objective, err)
 
     def step(self, action):
         self._check_step(self._state is not None)
@@ -256,7 +238,7 @@ class TextWorldEnv(TextEnv):
         try:
             gs, score, _ = self._env.step(cmd)
         except Exception as err:  # the engine died; keep collecting
-            return self._crashed(err)
+            return self._crash_result(self._objective, err)
         self._state = gs
         if self._cursor < len(self._walkthrough) and cmd == self._walkthrough[self._cursor]:
             self._cursor += 1
@@ -285,9 +267,7 @@ class TextWorldEnv(TextEnv):
 
     def close(self):
         if self._env is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._env.close()
-            except Exception:
-                pass
         self._env = self._loaded = None
         self.done = True

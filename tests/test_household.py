@@ -6,7 +6,8 @@ import re
 import pytest
 
 import envs
-from envs.household import MAX_RECEPTACLES, NOTHING, TASK_TYPES, HouseholdEnv, all_pairings, is_unseen_pairing
+from envs._common import is_unseen_pairing
+from envs.household import MAX_RECEPTACLES, NOTHING, TASK_TYPES, HouseholdEnv, all_pairings
 
 
 @pytest.fixture(scope="module")

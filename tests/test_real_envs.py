@@ -235,7 +235,7 @@ def test_alfworld_tiny_games_run_on_the_real_engine(alf):
 
 
 def test_alfworld_tiny_splits_hold_out_pairings(alf):
-    from envs.alfworld_env import is_unseen_pairing
+    from envs._common import is_unseen_pairing
     for split in alf.splits:
         for tid in alf.task_ids(split):
             _, obj, goal, _, _ = alf.tiny_spec(tid)
