@@ -224,10 +224,9 @@ evaluate() {
   [ "$EVAL" = 1 ] || return 0
   for world in $EVAL_WORLDS; do
     for split in $EVAL_SPLITS; do
-      if [ ! -e "$RUN/eval/world$world/$2_$split.json" ]; then
-        [[ " ${worlds[*]} " == *" $world "* ]] || worlds+=("$world")
-        [[ " ${splits[*]} " == *" $split "* ]] || splits+=("$split")
-      fi
+      [ -e "$RUN/eval/world$world/$2_$split.json" ] && continue
+      [[ " ${worlds[*]} " == *" $world "* ]] || worlds+=("$world")
+      [[ " ${splits[*]} " == *" $split "* ]] || splits+=("$split")
     done
   done
   if [ ${#worlds[@]} -eq 0 ]; then
@@ -262,10 +261,8 @@ stage "$RUN/policy_0" "${RUNS[@]}" 01_bc.py --data "$RUN/data/expert.jsonl" --ou
   "${COMMON[@]}" $BC_ARGS
 evaluate "$RUN/policy_0" policy_0
 
-# ---- K in-distribution evolution cycles: ALGO's update of pi_{k-1} into pi_k (qevolve: 03 -> 04 -> 05; the baselines
-# rft: 01 on expert + the successful own episodes, fine-tuning pi_{k-1}; outcome: 04 --advantage outcome -> 05, no critic).
-# Every algorithm of ALGOS starts from the same policy_0 and the same iteration-1 episodes of policy_0; qevolve writes
-# $RUN/iter_k and $RUN/policy_k, a baseline $RUN/<algo>/iter_k and $RUN/<algo>/policy_k.
+# ---- K in-distribution evolution cycles of each of ALGOS (the header), pi_{k-1} into pi_k from the same policy_0 and
+# iteration-1 episodes: qevolve writes $RUN/iter_k and $RUN/policy_k, a baseline $RUN/<algo>/iter_k and .../policy_k.
 evolve() {
   local algo=$1 dir=$RUN tag=""
   if [ "$algo" != qevolve ]; then dir=$RUN/$algo tag=${algo}_; fi

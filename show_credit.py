@@ -26,6 +26,7 @@ from critic_report import verdicts
 from plumbing import STAMP, STEP_KEYS, Parser, check_out, die, field_error, read_episodes, write_atomic
 
 MARKED = {"invalid": "tab:red", "format": "tab:orange", "repeat": "tab:purple"}  # labels other than "ok"
+FLAW_COLOUR = {"harmful": "tab:red", "recoverable": "tab:orange"}  # envs.judge's verdicts of a mistake
 
 
 def parse_args(argv=None):
@@ -99,9 +100,6 @@ FLAW_NOTE = ("harmful: a flawed ingredient used (kitchen), a valid step no rule 
              "recoverable: a flawed tool, put back - it costs one discounted step, about (1 - gamma) V, so its A_t "
              "is small. GAE spreads blame backwards (A_t = delta_t + gamma lambda A_{t+1}): a good step just "
              "before a harmful one can get a negative A_t too.")
-
-
-FLAW_COLOUR = {"harmful": "tab:red", "recoverable": "tab:orange"}
 
 
 def outcome(ep):
