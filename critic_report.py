@@ -50,15 +50,19 @@ def auc(scores, labels):
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def verdicts(ep):
+    """envs.judge of each step of an episode, on the observation before it: a verdict or None (nothing to tell)."""
+    prev = [ep["obs0"]] + [s["obs"] for s in ep["steps"]]
+    return [envs.judge(ep["env"], prev[t], s["action"]) for t, s in enumerate(ep["steps"])]
+
+
 def mistake_view(episodes, values=None):
-    """Where the world can tell a mistake (envs.judge): per verdict, V just after the step (values: each episode's V
+    """Where the world can tell a mistake (verdicts): per verdict, V just after the step (values: each episode's V
     list, else the critic's "v"), the mean A_t there and its spread, how many steps."""
     after, adv = defaultdict(list), defaultdict(list)
     for i, ep in enumerate(episodes):
         v = values[i] if values is not None else [s["v"] for s in ep["steps"]]
-        prev = [ep["obs0"]] + [s["obs"] for s in ep["steps"]]
-        for t, s in enumerate(ep["steps"]):
-            verdict = envs.judge(ep["env"], prev[t], s["action"])
+        for t, (s, verdict) in enumerate(zip(ep["steps"], verdicts(ep))):
             if verdict:
                 adv[verdict].append(s.get("adv", float("nan")))
                 if t + 1 < len(ep["steps"]):  # V(s_{t+1}); the last step's next state is terminal

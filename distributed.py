@@ -60,18 +60,6 @@ def full_state(model, fsdp):
     return {k: v for k, v in state.items() if k in own}
 
 
-def shard(idx, rank, world):
-    """This rank's part of a global batch -> (indices, weight); a rank left with none re-reads the
-    first trajectory with weight 0 (DDP needs every rank in every step)."""
-    mine = idx[rank::world]
-    return (mine, 1.0) if mine else (idx[:1], 0.0)
-
-
-def micro_batches(idx, n):
-    """--grad-accum n: always n micro-batches (indices, weight); an empty one re-reads one trajectory with weight 0."""
-    return [(idx[i::n], 1.0) if idx[i::n] else (idx[:1], 0.0) for i in range(n)]
-
-
 def parts(idx, n_loss, model, args):
     """The parts of one optimizer step's batch `idx` (trajectory indices) that this process computes ->
     yields (ids, share); alone without --grad-accum (00 has neither): one part, (idx, 1.0). n_loss[j] is what
@@ -82,8 +70,12 @@ def parts(idx, n_loss, model, args):
     batch. Every process knows idx (the same seed), so the batch's count needs no communication.
     Gradients are reduced across processes in the last part's backward only."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    mine, keep = shard(idx, rank, world)
-    groups, total = micro_batches(mine, getattr(args, "grad_accum", 1)), sum(n_loss[j] for j in idx)
+    n = getattr(args, "grad_accum", 1)
+    # This rank's part, then --grad-accum's n micro-batches of it (always n), each (indices, weight): one left empty
+    # re-reads a trajectory with weight 0 (DDP needs every rank in every step).
+    mine, keep = (idx[rank::world], 1.0) if idx[rank::world] else (idx[:1], 0.0)
+    groups = [(mine[i::n], 1.0) if mine[i::n] else (mine[:1], 0.0) for i in range(n)]
+    total = sum(n_loss[j] for j in idx)
     for i, (ids, w) in enumerate(groups):
         grad_sync(model, world, getattr(args, "fsdp", False), on=i == len(groups) - 1)
         yield ids, keep * w * world * sum(n_loss[j] for j in ids) / max(total, 1e-8)

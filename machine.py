@@ -33,9 +33,7 @@ def start(args, kind, inputs):
 
 
 def add_machine_flags(p, training=False, lora=False):
-    """The flags that say how to run, not what to compute, declared once: every stage's --threads and
-    --precision; a training stage's --grad-accum, --grad-checkpointing and --fsdp (training), and --lora
-    (lora: 01, 05)."""
+    """The flags that say how to run, not what to compute: every stage's; a training stage's; --lora (01, 05)."""
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="auto: bf16 autocast on a GPU that has bf16, else fp32; bf16: autocast on any device "
@@ -77,8 +75,7 @@ def autocast(device, amp):
 
 
 def add_lora(model, rank):
-    """--lora R: train rank-R LoRA adapters (peft) on every linear layer instead of every weight;
-    merged into the weights before saving (save_policy), so the output is a plain model."""
+    """--lora R: rank-R LoRA adapters (peft) on every linear layer; save_policy merges them into the weights."""
     if not rank:
         return model
     try:
@@ -89,9 +86,8 @@ def add_lora(model, rank):
 
 
 def grad_checkpointing(model, args):
-    """--grad-checkpointing (auto: on for a model of more than 20 M parameters, a real one; the tiny model
-    and 00's base train without): transformers' gradient checkpointing keeps each decoder layer's input
-    only and recomputes the layer in the backward - activation memory ~1/layers, ~30% more compute."""
+    """--grad-checkpointing (auto: a real model, not the tiny one): each decoder layer's input kept, the layer
+    recomputed in the backward - activation memory ~1/layers, ~30% more compute."""
     on = args.grad_checkpointing == "on" or (
         args.grad_checkpointing == "auto" and sum(p.numel() for p in model.parameters()) > 20e6)
     if on:
@@ -104,11 +100,6 @@ def peak_mem_gb(device):
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
-
-
-def cost(n_tokens, seconds, device):
-    """Tokens through the model per second (padding excluded) and peak memory in GB."""
-    return {"tokens_per_s": n_tokens / max(seconds, 1e-9), "peak_mem_gb": peak_mem_gb(device)}
 
 
 class Progress:
@@ -135,7 +126,8 @@ class Progress:
         return time.time() - self.t0
 
     def cost(self):
-        return cost(self.n_tok, self.elapsed(), self.device)
+        """Tokens through the model per second (padding excluded) and peak memory in GB."""
+        return {"tokens_per_s": self.n_tok / max(self.elapsed(), 1e-9), "peak_mem_gb": peak_mem_gb(self.device)}
 
 
 def save_trained(model, args, what, save, records, whole=False):

@@ -1,10 +1,8 @@
 """Plumbing every stage imports; nothing of the algorithm is here, so a first reading can skip it.
 
-Its promises (docs/design.md, 'Conventions'): bad input is one `error:` line and exit 2 before any
-work (die, check_flags, read_episodes, load_tokenizer, load_model); a stage replaces only an output
-of its own kind (check_out, owned), atomically (write_atomic, save_text, log_metrics), and never
-saves a diverged update (check_finite). How a stage runs (device, precision, its start) is machine.py's, training
-under torchrun distributed.py's (a no-op for a plain `python` run), run_all.sh's support run_support.py's.
+Its promises (docs/design.md, 'Conventions'): bad input is one `error:` line and exit 2 before any work (die,
+check_flags, read_episodes, load_tokenizer, load_model); a stage replaces only an output of its own kind (check_out,
+owned), atomically (write_atomic, save_text, log_metrics), and never saves a diverged update (check_finite).
 """
 import argparse
 import contextlib
@@ -155,19 +153,17 @@ ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py
              "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
              "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
              "log": ("a metrics JSONL written by the stages", STAGE_NAMES),
-             "png": ("a PNG written by this project (its Software text chunk)", ("show_credit.py", "bench/plots.py",
-                                                                                  "bench/plot_learning.py",
-                                                                                  "bench/plot_sweep.py",
-                                                                                  "bench/efficiency.py")),
+             "png": ("a PNG written by this project (its Software text chunk)",
+                     ("show_credit.py", "bench/plots.py", "bench/plot_learning.py", "bench/plot_sweep.py",
+                      "bench/efficiency.py")),
              # bench/plot_sweep.py, efficiency.py and bench/*.py now in speed/: the names that wrote earlier tables
-             "table": ("a results table written by bench/", ("bench/ablation.py", "bench/seeds.py", "bench/plots.py",
-                                                             "bench/gpu_report.py", "bench/speed/stage_times.py",
-                                                             "bench/speed/model_throughput.py",
-                                                             "bench/speed/train_memory.py", "bench/plot_sweep.py",
-                                                             "bench/stage_times.py", "bench/model_throughput.py",
-                                                             "bench/train_memory.py", "bench/efficiency.py")),
-             "bench_json": ("a measurement JSON written by bench/ (its 'stage')", ("bench/speed/model_throughput.py",
-                                                                                  "bench/model_throughput.py")),
+             "table": ("a results table written by bench/",
+                       ("bench/ablation.py", "bench/seeds.py", "bench/plots.py", "bench/gpu_report.py",
+                        "bench/speed/stage_times.py", "bench/speed/model_throughput.py", "bench/speed/train_memory.py",
+                        "bench/plot_sweep.py", "bench/stage_times.py", "bench/model_throughput.py",
+                        "bench/train_memory.py", "bench/efficiency.py")),
+             "bench_json": ("a measurement JSON written by bench/ (its 'stage')",
+                            ("bench/speed/model_throughput.py", "bench/model_throughput.py")),
              "run_log": ("a run log written by bench/ (seeds.py, ablation.py, gpu_lab.sh)",
                          ("bench/seeds.py", "bench/ablation.py", "bench/gpu_lab.sh")),
              "results": ("a results table written by run_all.sh", ("run_all.sh",)),
@@ -328,11 +324,7 @@ def write_atomic(path, write_fn):
     """write_fn(tmp) writes the new artifact inside a fresh temporary directory beside path
     ('.NAME.qevolve-tmp-XXXXXXXX', tempfile.mkdtemp: an unpredictable name), then it takes path's place:
     a file in one rename; a directory in two (the old one into the temporary directory as 'old', then
-    the new one in). A killed stage leaves the old artifact or the new one, or - killed between a
-    directory's two renames - the old one in the temporary directory, which the next check_out of the
-    same path puts back (recover). For 02/04's pair (JSONL + .json summary, which run_all.sh takes as
-    'done') the stages remove the old summary first and write the new one last, so a kill leaves a
-    complete pair or a JSONL without summary (redone)."""
+    the new one in; killed between them, the next check_out puts the old one back: recover)."""
     check_path(path)
     path = os.path.abspath(path)
     try:
@@ -533,12 +525,10 @@ CHUNK_ROWS = 512  # rows of (N, V) logits whose fp32 softmax arithmetic exists a
 
 
 def by_rows(fn, *tensors, mean=False):
-    """fn(*tensors) over chunks of CHUNK_ROWS rows (the first dimension) -> the chunks' outputs concatenated;
-    mean=True: fn gives a mean over its rows, and the chunks' means are averaged by their row counts. The
-    same numbers as fn on the whole tensors, for a row-wise fn (log_softmax over the vocabulary): what
-    changes is memory. With a gradient, each chunk is checkpointed (torch.utils.checkpoint): only its
-    inputs are kept, and its backward recomputes fn, so fn's fp32 (rows, V) temporaries exist for one
-    chunk at a time, never for every reply token of the batch."""
+    """fn(*tensors) over chunks of CHUNK_ROWS rows -> the chunks' outputs concatenated (mean=True: fn's means
+    averaged by row counts): fn's numbers for a row-wise fn (log_softmax over the vocabulary), in less memory. With a
+    gradient each chunk is checkpointed (its backward recomputes fn), so fn's fp32 (rows, V) temporaries exist for
+    one chunk at a time, never for every reply token of the batch."""
     n = len(tensors[0])
     if n <= CHUNK_ROWS:
         return fn(*tensors)
@@ -580,12 +570,6 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def check_loss(loss, step):
-    """The finite check of a training step, before its backward."""
-    if not torch.isfinite(loss):
-        die(f"loss became {loss.item()} at step {step}; lower --lr")
-
-
 def accumulate(idx, n_loss, model, args, batch_loss, step):
     """One optimizer step's gradient, behind one call: for each part of batch `idx` this process computes (parts;
     alone without --grad-accum: the whole batch), batch_loss(ids) -> (loss, info, tokens) is the forward and the
@@ -594,7 +578,8 @@ def accumulate(idx, n_loss, model, args, batch_loss, step):
     infos, tokens = [], 0
     for ids, share in parts(idx, n_loss, model, args):
         loss, info, n = batch_loss(ids)
-        check_loss(loss, step)
+        if not torch.isfinite(loss):  # before its backward
+            die(f"loss became {loss.item()} at step {step}; lower --lr")
         (loss * share).backward()  # share: this part's count / the batch's (times world)
         infos.append((info, share))
         tokens += n

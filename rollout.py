@@ -71,14 +71,12 @@ def plan_runs(args):
 
 
 def run_lockstep(make_env, runs, policy, new_episode, take_step, end_episode, reranker=None):
-    """Every task of every run once, on --num-envs slots shared by the runs -> per run, its finished episodes
-    and its counts (generated tokens, replies cut at --max-new-tokens, episodes cut by the context). One batch
-    for all of a launch's (world, split) runs: a slot that ends an episode takes the next task of any run, so
-    the batch stays full until the last queue is empty. runs: [(args, task_ids)] (plan_runs). The stage's own
-    functions do the rest: make_env(args) -> an environment of args' world; new_episode(env, task_id, args)
-    resets it on a task -> the episode so far; take_step(env, text, prev_obs) -> (the step's record, the
-    episode is over, it was won); end_episode(episode, won) -> the episode completed, or None (not even its
-    first prompt fit). Slot i owns rows i*m .. i*m+m-1 of the generation batch (m candidates with --rerank)."""
+    """Every task of every run once, on --num-envs slots shared by the runs (plan_runs' [(args, task_ids)]) -> per
+    run, its finished episodes and its counts (generated tokens, replies cut at --max-new-tokens, episodes cut by the
+    context). The stage's own functions do the rest: make_env(args) -> an environment of args' world;
+    new_episode(env, task_id, args) -> the episode so far; take_step(env, text, prev_obs) -> (the step's record, the
+    episode is over, it was won); end_episode(episode, won) -> the episode completed, or None (not even its first
+    prompt fit). Slot i owns rows i*m .. i*m+m-1 of the generation batch (m candidates with --rerank)."""
     args, m = runs[0][0], reranker.m if reranker else 1
     queue = [(k, tid) for k, (_, task_ids) in enumerate(runs) for tid in task_ids][::-1]  # pop(): in order
     n_slots, run_of, env_of = min(args.num_envs, len(queue)), {}, {}  # slot -> its run; -> (world, environment)

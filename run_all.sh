@@ -98,9 +98,8 @@ fi
 BASE=${BASE:-pretrained}
 ENV=${ENV:-kitchen}
 need_path BASE
-# A real model on one GPU: BC 3 epochs at lr 5e-5, the critic 2 epochs at 1e-5, BPPO at 2e-6, batches of 16
-# trajectories, 128 episodes in lockstep (docs/real_model.md, 'On a GPU'). Learning rates for the weights of a
-# pretrained model, far below the tiny model's (3e-3 / 1e-3 / 3e-4).
+# A real model on one GPU (docs/real_model.md, 'On a GPU'): learning rates for the weights of a pretrained model,
+# far below the tiny model's (3e-3 / 1e-3 / 3e-4); batches of 16 trajectories, 128 episodes in lockstep.
 if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ]; then
   RUN=${RUN:-runs/$(basename -- "$BASE")-$ENV}
   BC_ARGS=${BC_ARGS:-"--epochs 3 --lr 5e-5 --batch-size 16"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2 --lr 1e-5 --batch-size 16"}
@@ -111,12 +110,9 @@ fi
 RUN=${RUN:-runs/default}
 K=${K:-2}
 SEED=${SEED:-0}
-# household's habit world, the control (docs/design.md, 'The habit world'): a step limit of the task's own
-# solution length + 1, one distractor, a demonstrator with a bad habit the agent can unlearn, and a base
-# that also reads questions about the room
+# household's habit world, the control (docs/design.md, 'The habit world'), and shop's miniature
+# (docs/environments.md, 'The shop miniature')
 HOUSEHOLD_KWARGS='{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'
-# shop's default miniature (docs/environments.md, 'The shop miniature'): 3 results per page, 10 steps, and a
-# demonstrator that on half of the tasks buys before clicking the requested options
 SHOP_KWARGS='{"page_size": 3, "max_steps": 10, "hasty": 0.5}'
 if [ "$ENV" = household ]; then  # from iteration 2 on, half the lr and twice the KL weight (ETO's schedule; on dev)
   ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} LATER_ARGS=${LATER_ARGS-"--lr 1.5e-4 \
@@ -138,7 +134,6 @@ case $ENV in household|kitchen|shop) EVAL_SPLITS=${EVAL_SPLITS:-"dev seen unseen
 EVAL_SPLITS=${EVAL_SPLITS:-"seen unseen"}
 KEEP_OLD=${KEEP_OLD:-0}
 REF=${REF:-bc}
-LATER_ARGS=${LATER_ARGS:-}
 EVAL=${EVAL:-1}
 THREADS=${THREADS:-2}
 PRECISION=${PRECISION:-auto}
@@ -147,12 +142,7 @@ command -v "${PYTHON%% *}" >/dev/null || bad "PYTHON must be a command, got '$PY
 NPROC=${NPROC:-1}
 BASE_CACHE=${BASE_CACHE:-runs/base}
 SMOLLM2_DIR=${SMOLLM2_DIR:-models/smollm2-135m}
-PRETRAIN_ARGS=${PRETRAIN_ARGS:-}
-BC_ARGS=${BC_ARGS:-}
-COLLECT_ARGS=${COLLECT_ARGS:-}
-CRITIC_ARGS=${CRITIC_ARGS:-}
-GAE_ARGS=${GAE_ARGS:-}
-BPPO_ARGS=${BPPO_ARGS:-}
+for v in PRETRAIN_ARGS BC_ARGS COLLECT_ARGS CRITIC_ARGS GAE_ARGS BPPO_ARGS LATER_ARGS; do declare "$v=${!v:-}"; done
 RFT_ARGS=${RFT_ARGS:-"--epochs 2 --lr 1e-3"}
 OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 2"}
 ALGOS=${ALGOS:-qevolve}
@@ -193,17 +183,10 @@ child=
 trap 'if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; wait "$child" || true; echo >&2; fi  # ends a bar
       echo "interrupted: rerun the same command to resume" >&2; exit 130' INT
 quiet() { "$@" & child=$!; wait "$child"; }
-run() {
-  echo "== $*"
-  quiet "$@"
-}
+run() { echo "== $*"; quiet "$@"; }
 stage() {
   local out=$1; shift
-  if [ -e "$out" ]; then
-    echo "== skip (exists): $out"
-  else
-    run "$@"
-  fi
+  if [ -e "$out" ]; then echo "== skip (exists): $out"; else run "$@"; fi
 }
 
 if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ] && [ "$PYTHON" != echo ] && [ "$CPU_OK" != 1 ] &&
@@ -241,10 +224,9 @@ evaluate() {
   [ "$EVAL" = 1 ] || return 0
   for world in $EVAL_WORLDS; do
     for split in $EVAL_SPLITS; do
-      if [ ! -e "$RUN/eval/world$world/$2_$split.json" ]; then
-        [[ " ${worlds[*]} " == *" $world "* ]] || worlds+=("$world")
-        [[ " ${splits[*]} " == *" $split "* ]] || splits+=("$split")
-      fi
+      [ -e "$RUN/eval/world$world/$2_$split.json" ] && continue
+      [[ " ${worlds[*]} " == *" $world "* ]] || worlds+=("$world")
+      [[ " ${splits[*]} " == *" $split "* ]] || splits+=("$split")
     done
   done
   if [ ${#worlds[@]} -eq 0 ]; then
@@ -279,10 +261,8 @@ stage "$RUN/policy_0" "${RUNS[@]}" 01_bc.py --data "$RUN/data/expert.jsonl" --ou
   "${COMMON[@]}" $BC_ARGS
 evaluate "$RUN/policy_0" policy_0
 
-# ---- K in-distribution evolution cycles: ALGO's update of pi_{k-1} into pi_k (qevolve: 03 -> 04 -> 05; the baselines
-# rft: 01 on expert + the successful own episodes, fine-tuning pi_{k-1}; outcome: 04 --advantage outcome -> 05, no critic).
-# Every algorithm of ALGOS starts from the same policy_0 and the same iteration-1 episodes of policy_0; qevolve writes
-# $RUN/iter_k and $RUN/policy_k, a baseline $RUN/<algo>/iter_k and $RUN/<algo>/policy_k.
+# ---- K in-distribution evolution cycles of each of ALGOS (the header), pi_{k-1} into pi_k from the same policy_0 and
+# iteration-1 episodes: qevolve writes $RUN/iter_k and $RUN/policy_k, a baseline $RUN/<algo>/iter_k and .../policy_k.
 evolve() {
   local algo=$1 dir=$RUN tag=""
   if [ "$algo" != qevolve ]; then dir=$RUN/$algo tag=${algo}_; fi
@@ -293,8 +273,7 @@ evolve() {
     local self="$it/self.jsonl"
     [ "$k" = 1 ] && self="$RUN/iter_1/self.jsonl"
     stage "${self%.jsonl}.json" "${RUNS[@]}" 02_collect.py --policy "$prev" "${ENVARGS[@]}" --split train \
-      --episodes "$N_SELF" --out "$self" \
-      --seed $((SEED * 1000 + k)) --threads "$THREADS" --precision "$PRECISION" \
+      --episodes "$N_SELF" --out "$self" --seed $((SEED * 1000 + k)) --threads "$THREADS" --precision "$PRECISION" \
       --metrics "$METRICS" $COLLECT_ARGS
     # D = D_expert U D_self (the latest, or every iteration's with KEEP_OLD=1).
     local buffer=("$RUN/data/expert.jsonl") j

@@ -65,10 +65,10 @@ def results_table(run, k, worlds, algos, splits):
         dev = lambda tag, i: mean([load(f"eval/world{w}/{tag}policy_{i}_dev.json")["success_rate"] for w in worlds])
         for algo in algos:
             tag = "" if algo == "qevolve" else f"{algo}_"
-            steps = [f"iter {i} {dev(tag, i):.1%} ({100 * (dev(tag, i) - dev(tag if i > 1 else '', i - 1)):+.1f}"
-                     f"{': lost ground' if dev(tag, i) < dev(tag if i > 1 else '', i - 1) else ''})"
-                     for i in range(1, k + 1)]
-            table += f"\n{names[algo]} on dev, each iteration against its predecessor (BC {dev('', 0):.1%}): " \
+            rate = [dev("", 0)] + [dev(tag, i) for i in range(1, k + 1)]  # BC, then the algorithm's iterations
+            steps = [f"iter {i} {rate[i]:.1%} ({100 * (rate[i] - rate[i - 1]):+.1f}"
+                     f"{': lost ground' if rate[i] < rate[i - 1] else ''})" for i in range(1, k + 1)]
+            table += f"\n{names[algo]} on dev, each iteration against its predecessor (BC {rate[0]:.1%}): " \
                      f"{', '.join(steps)}\n"
     save_text(out, f"<!-- {STAMP}run_all.sh -->\n# Results: {run}\n\nSuccess and average reward: the mean over "
                    f"worlds {', '.join(worlds)}.\n\n{table}")

@@ -20,27 +20,13 @@ so the bars of A_t are the per-step process rewards that 05_bppo.py trains on.
     python show_credit.py runs/default/iter_1/adv.jsonl --index 0          # the first line (an expert demo)
 """
 import argparse
-import json
-import math
 import os
-import sys
 
-from envs import judge
+from critic_report import verdicts
+from plumbing import STAMP, STEP_KEYS, Parser, check_out, die, field_error, read_episodes, write_atomic
 
-STEP_KEYS = ("action", "text", "obs", "label", "r_env", "r_aux", "v", "adv")
-EPISODE_KEYS = ("task_id", "task", "steps", "success", "source")
 MARKED = {"invalid": "tab:red", "format": "tab:orange", "repeat": "tab:purple"}  # labels other than "ok"
-
-
-def die(msg):
-    """Bad input: one line on stderr, exit code 2, nothing written."""
-    print("error: " + " ".join(str(msg).split())[:500], file=sys.stderr)
-    sys.exit(2)
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's own errors: one line too
-        die(f"{message} (see python show_credit.py --help)")
+FLAW_COLOUR = {"harmful": "tab:red", "recoverable": "tab:orange"}  # envs.judge's verdicts of a mistake
 
 
 def parse_args(argv=None):
@@ -60,49 +46,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def is_number(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def read_buffer(path):
-    """Every episode of a 04 buffer; a line that is not one is a one-line error."""
+    """Every episode of a 04 buffer (plumbing.read_episodes: its steps with "v" and "adv"; "q", where a step has
+    it, a number too); a line that is not one is a one-line error."""
     if not os.path.isfile(path):
         die(f"{path}: no such file; pass the JSONL that 04_gae.py wrote (e.g. runs/default/iter_1/adv.jsonl)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
-    except (OSError, UnicodeDecodeError) as e:  # binary, not UTF-8, unreadable
-        die(f"{path}: not a readable text JSONL ({e.__class__.__name__}); pass the JSONL that 04_gae.py wrote")
-    episodes = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            ep = json.loads(line)
-        except json.JSONDecodeError as e:
-            die(f"{path}:{lineno}: not valid JSON ({e.msg})")
-        except RecursionError:
-            die(f"{path}:{lineno}: not valid JSON (nested too deeply)")
-        where = f"{path}:{lineno}"
-        if not isinstance(ep, dict) or any(k not in ep for k in EPISODE_KEYS) or not isinstance(ep["steps"], list) \
-                or not ep["steps"]:
-            die(f"{where}: not an episode with {', '.join(EPISODE_KEYS)}; pass the JSONL that 04_gae.py wrote")
-        odd = [k for k in ("env", "obs0", "task", "source") if not isinstance(ep.get(k, ""), str)]
-        if odd or not is_number(ep.get("reward", 0.0)):
-            die(f"{where}: {(odd or ['reward'])[0]} is not a {'string' if odd else 'finite number'}; pass the JSONL "
-                "that 04_gae.py wrote")
+    episodes = read_episodes([path], {**STEP_KEYS, "v": float, "adv": float})
+    for i, ep in enumerate(episodes):
         for t, s in enumerate(ep["steps"]):
-            missing = [k for k in STEP_KEYS if not isinstance(s, dict) or k not in s]
-            if missing:
-                hint = " (an episode buffer before 04_gae.py?)" if set(missing) <= {"v", "adv"} else ""
-                die(f"{where}: step {t} lacks {', '.join(missing)}{hint}; pass the JSONL that 04_gae.py wrote")
-            bad = [k for k in ("r_env", "r_aux", "v", "adv") + (("q",) if "q" in s else ()) if not is_number(s[k])]
-            bad += [k for k in ("action", "text", "obs", "label") if not isinstance(s[k], str)]
-            if bad:
-                die(f"{where}: step {t}: {bad[0]} is not a {'string' if bad[0] in STEP_KEYS[:4] else 'finite number'}")
-        episodes.append(ep)
-    if not episodes:
-        die(f"{path}: no episodes")
+            problem = "q" in s and field_error(s, {"q": float}, f" at step {t}")
+            if problem:
+                die(f"{path}: episode {i} {problem}")
     return episodes
 
 
@@ -136,11 +90,9 @@ def reply_of(step):
 
 
 def harmful(ep):
-    """The steps the environment judges a mistake -> {t: verdict} (envs.judge; kitchen: the item the observation
-    before called flawed, a lasting 'harmful' ingredient or a 'recoverable' tool)."""
-    prev = [ep.get("obs0", "")] + [s["obs"] for s in ep["steps"]]
-    verdicts = {t: judge(ep.get("env"), prev[t], s["action"]) for t, s in enumerate(ep["steps"])}
-    return {t: v for t, v in verdicts.items() if v in ("harmful", "recoverable")}
+    """The steps the environment judges a mistake -> {t: verdict} (critic_report.verdicts; kitchen: the item the
+    observation before called flawed, a lasting 'harmful' ingredient or a 'recoverable' tool)."""
+    return {t: v for t, v in enumerate(verdicts(ep)) if v in ("harmful", "recoverable")}
 
 
 # What the marks mean, under the table and the picture: why a flaw's credit can be small or land on a neighbour.
@@ -148,9 +100,6 @@ FLAW_NOTE = ("harmful: a flawed ingredient used (kitchen), a valid step no rule 
              "recoverable: a flawed tool, put back - it costs one discounted step, about (1 - gamma) V, so its A_t "
              "is small. GAE spreads blame backwards (A_t = delta_t + gamma lambda A_{t+1}): a good step just "
              "before a harmful one can get a negative A_t too.")
-
-
-FLAW_COLOUR = {"harmful": "tab:red", "recoverable": "tab:orange"}
 
 
 def outcome(ep):
@@ -191,7 +140,7 @@ def plot(ep, index, args):
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
-    steps = ep["steps"]
+    steps, bad = ep["steps"], harmful(ep)
     t = list(range(len(steps)))
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 4.2), gridspec_kw={"height_ratios": [3, 2]})
     top.plot(t, [s["v"] for s in steps], "-o", color="tab:blue", markersize=4, label="V(s_t)")
@@ -205,7 +154,7 @@ def plot(ep, index, args):
         if s["label"] in MARKED:
             for ax in (top, bottom):
                 ax.axvspan(x - 0.5, x + 0.5, color=MARKED[s["label"]], alpha=0.15, linewidth=0)
-    for x, verdict in harmful(ep).items():  # harmful: red; recoverable: orange
+    for x, verdict in bad.items():  # harmful: red; recoverable: orange
         for ax in (top, bottom):
             ax.axvspan(x - 0.5, x + 0.5, facecolor="none", edgecolor=FLAW_COLOUR[verdict], hatch="//", linewidth=0)
     bottom.bar(t, [s["adv"] for s in steps], color=[MARKED.get(s["label"], "tab:gray") for s in steps])
@@ -219,20 +168,18 @@ def plot(ep, index, args):
     handles, names = top.get_legend_handles_labels()
     handles += [Patch(color=MARKED[lab], alpha=0.5) for lab in here]
     names += [f"{lab} step" for lab in here]
-    for verdict in sorted(set(harmful(ep).values())):
+    for verdict in sorted(set(bad.values())):
         handles.append(Patch(facecolor="none", edgecolor=FLAW_COLOUR[verdict], hatch="//"))
         names.append({"harmful": "harmful: a flawed ingredient (V falls)",
                       "recoverable": "recoverable: a flawed tool (one step lost: small A_t)"}[verdict])
     top.legend(handles, names, fontsize=7, loc="best")
-    if harmful(ep):
+    if bad:
         fig.text(0.01, 0.005, "GAE spreads blame backwards (A_t = delta_t + gamma lambda A_t+1): a step just before a "
                  "harmful one can get a negative A_t too.", fontsize=6.5)
     title = f"{ep['source']} episode {ep['task_id']}: {outcome(ep).upper()} - {shorten(ep['task'], 50)}"
     top.set_title(title, fontsize=10, color="tab:green" if ep["success"] else "tab:red")
     fig.tight_layout()
-    # Written beside FILE, then renamed (plumbing.write_atomic), stamped so that a later --png may replace it.
-    from plumbing import STAMP, write_atomic
-    try:
+    try:  # stamped (its Software text) so that a later --png may replace it
         write_atomic(args.png, lambda tmp: fig.savefig(tmp, dpi=args.dpi, format="png",
                                                        metadata={"Software": STAMP + "show_credit.py"}))
     finally:
@@ -248,7 +195,6 @@ def check_png(path, buffer):
         die("--png needs matplotlib: pip install -r requirements-plot.txt")
     if not path.endswith(".png") or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         die(f"--png {path}: " + ("its directory does not exist" if path.endswith(".png") else "must end in .png"))
-    from plumbing import check_out  # the project's one rule of what a script may replace
     check_out(path, "png", [buffer])
 
 
