@@ -20,8 +20,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench.runner import (check_runs, command, distinct, eval_worlds, evaluations, launch, markdown_out, measured,  # noqa
-                          pm, row, runs_parser, wait)
+from bench.runner import (check_runs, command, distinct, eval_worlds, evaluations, launch, measured, pm, row,  # noqa
+                          runs_parser, table_out, wait, write_table)
 from plumbing import check_flags, check_out, die, save_text  # noqa: E402
 from run_support import open_log, read_settings  # noqa: E402
 
@@ -157,7 +157,7 @@ def main():
     if len(set(args.variants)) < len(args.variants):
         die(f"--variants must be distinct, got {' '.join(args.variants)}")
     check_runs(args.prefix, args.seeds, made=args.table_only)
-    check_out(markdown_out(args.out), "table")
+    table_out(args.out)
     t0 = time.time()
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     if not args.table_only:
@@ -192,9 +192,7 @@ def main():
     lines += [f"| {label} | " + " | ".join(f"{a['success_rate']:.0%} / {b['success_rate']:.0%}"
                                           for (a, _), (b, _) in zip(*res[name].values())) + " |"
               for name, label, _ in VARIANTS if name in res]
-    text = "\n".join(lines) + "\n"
-    save_text(os.path.join(ROOT, args.out), text)
-    print(text)
+    write_table(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -23,19 +23,13 @@ case "$*" in
   *) bad "bench/gpu_lab.sh takes no arguments, got '$*'; its settings are environment variables (--help)" ;;
 esac
 cd "$(dirname "$0")/.."
-LAB=${LAB:-runs/gpu_lab}
-DRY=${DRY:-0}
-ENVS=${ENVS:-household}
-TESTS=${TESTS:-}
-SMOLLM2_DIR=${SMOLLM2_DIR:-models/smollm2-135m}
-PYTHON=${PYTHON:-$(command -v python >/dev/null && echo python || echo python3)}
-DEADLINE=${DEADLINE:-}
+: "${LAB:=runs/gpu_lab}" "${DRY:=0}" "${ENVS:=household}" "${TESTS:=}" "${DEADLINE:=}"
+: "${SMOLLM2_DIR:=models/smollm2-135m}" "${PYTHON:=$(command -v python >/dev/null && echo python || echo python3)}"
 case $LAB in ''|-*|'~'*|*'$'*|*'`'*) bad "LAB must be a plain path (no leading - or ~, no \$ or backquote), got '$LAB'" ;; esac
 [[ $ENVS =~ ^[[:space:]]*[A-Za-z0-9_]+([[:space:]]+[A-Za-z0-9_]+)*[[:space:]]*$ ]] || bad "ENVS must be environment \
 names, got '$ENVS'"
 [[ $DEADLINE =~ ^([1-9][0-9]{0,8})?$ ]] || bad "DEADLINE must be seconds (decimal, no leading zero) or unset, got \
 '$DEADLINE'"
-
 [[ $DRY =~ ^[01]$ ]] || bad "DRY must be 0 or 1, got '$DRY'"
 K=${K:-$((2 - DRY))}  # iterations: 2, a dry run 1
 [[ $K =~ ^[1-9][0-9]{0,2}$ ]] || bad "K must be an iteration count from 1 to 999, got '$K'"
@@ -71,12 +65,11 @@ else
 fi
 
 # Every file it writes: new or one it wrote (plumbing.py's rule), checked first, written atomically (run_support save)
-logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log" "$LAB/machine.log")
-for env in $ENVS; do for seed in $SEEDS; do for k in $(seq 1 "$K"); do
-  logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log)
-done; logs+=("$LAB/$env-s$seed".qevolve.it0{,.eval}.log "$LAB/$env-s$seed.seconds"); done; done
-runs=()
-for env in $ENVS; do for seed in $SEEDS; do runs+=("$LAB/$env-s$seed"); done; done
+logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log" "$LAB/machine.log") runs=()
+for env in $ENVS; do for seed in $SEEDS; do
+  runs+=("$LAB/$env-s$seed") logs+=("$LAB/$env-s$seed".qevolve.it0{,.eval}.log "$LAB/$env-s$seed.seconds")
+  for k in $(seq 1 "$K"); do logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log); done
+done; done
 if [ -z "${QEVOLVE_LOCKED:-}" ]; then  # first: the checks, then this script again holding each run's folder
   [ -z "$TESTS" ] || $PYTHON -m pytest -q --co -p no:cacheprovider $TESTS >/dev/null 2>&1 || bad "TESTS='$TESTS': \
 pytest collects no test from it (python -m pytest --co $TESTS says why)"

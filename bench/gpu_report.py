@@ -18,8 +18,9 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from bench.runner import ALGOS, FLOPS_PER_N, body_params, evaluations, spread  # noqa: E402
-from plumbing import Parser, check_out, die, save_text  # noqa: E402
+from bench.runner import (ALGOS, FLOPS_PER_N, body_params, evaluations, last_epochs, parser, spread,  # noqa
+                          table_out, write_table)
+from plumbing import die  # noqa: E402
 
 PEAK_TFLOPS = {"H200": 989, "H100": 989, "A100": 312, "L40S": 362, "A10": 125, "L4": 121, "T4": 65}  # dense bf16
 NAMES = {tag: name for _, tag, _, name, _ in ALGOS}  # a policy's prefix -> its method
@@ -76,20 +77,14 @@ def policy_tables(evals, n_seeds, policies=()):
     return lines
 
 
-def launches(records, stage):
-    """The last record (epoch) of each launch of a training stage, in order (a launch's epochs count from 1)."""
-    rows = [r for r in records if r["stage"] == stage and "epoch" in r]
-    return [r for i, r in enumerate(rows) if i + 1 == len(rows) or rows[i + 1]["epoch"] == 1]
-
-
 def main(argv=None):
-    p = Parser(description="Write the lab's report (bench/gpu_lab.sh runs it).")
+    p = parser(__doc__)
     p.add_argument("--lab", required=True, help="the lab's directory (LAB in bench/gpu_lab.sh)")
     p.add_argument("--out", required=True, help="the markdown page to write")
     p.add_argument("--command", default="bash bench/gpu_lab.sh", help="the command the page says it measured")
     p.add_argument("--peak-tflops", type=float, default=0, help="the device's dense bf16 peak (0: by its name)")
     args = p.parse_args(argv)
-    check_out(args.out, "table")  # a table a bench script wrote, or a new file
+    table_out(args.out, markdown=False)  # a table a bench script wrote, or a new file
     runs = sorted(d for d in os.listdir(args.lab) if re.fullmatch(r"\w+-s\d+", d)  # finished or not (DEADLINE)
                   and os.path.isfile(os.path.join(args.lab, d, "policy_0", "model.safetensors")))
     if not runs:
@@ -143,7 +138,7 @@ def main(argv=None):
         records = [[json.loads(line) for line in open(os.path.join(args.lab, r, "metrics.jsonl"))] for r in env_runs]
         n = body_params(os.path.join(args.lab, env_runs[0], "policy_0"))
         for stage in ("01_bc", "03_critic", "05_bppo"):
-            done = [launches(rs, stage) for rs in records]
+            done = [last_epochs(rs, stage) for rs in records]
             if not any(done):
                 continue
             rate = statistics.mean(r["tokens_per_s"] for d in done for r in d)
@@ -168,15 +163,14 @@ def main(argv=None):
         for run, rs in zip(env_runs, records):
             if not os.path.isdir(os.path.join(args.lab, run, "policy_1")):
                 continue  # stopped before (DEADLINE)
-            bppo = next(r for r in launches(rs, "05_bppo") if r["out"].endswith(f"{run}/policy_1"))  # Q-Evolve's
+            bppo = next(r for r in last_epochs(rs, "05_bppo") if r["out"].endswith(f"{run}/policy_1"))  # Q-Evolve's
             a, b = (load_file(os.path.join(args.lab, run, p, "model.safetensors")) for p in ("policy_0", "policy_1"))
             diff = [(a[k] != b[k]) for k in a]
             lines.append(f"| {run} | {bppo['kl_ref']:.2e} | {bppo['approx_kl_old']:.2e} | "
                          f"{sum(bool(x.any()) for x in diff)} of {len(diff)} | "
                          f"{sum(int(x.sum()) for x in diff) / sum(x.numel() for x in diff):.1%} | "
                          f"{', '.join(sorted({str(t.dtype) for t in b.values()}))} |")
-    save_text(args.out, "\n".join(lines) + "\n")
-    print(f"gpu_report: wrote {args.out}")
+    write_table(args.out, lines, f"gpu_report: wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,6 @@
 """What every script of bench/ and bench/speed/ shares, so that each does a thing one way: the methods (METHODS), a
-stage file as a module, run_all.sh launched and checked, a run's evaluations, a measured child, expert demos, the
-checks of seeds and tables, mean +- std, and a table's or picture's first line and plotting setup.
-
-    sys.path.insert(0, ROOT)  # in a script of bench/: the repo root
-    from bench.runner import load_stage, METHODS, evaluations
-"""
+stage file as a module, the flags, run_all.sh launched and checked, a run's evaluations, a measured child, expert demos,
+mean +- std, and a table's first line, its checks and its writing (a script first puts the repo root on sys.path)."""
 import argparse
 import datetime
 import importlib.util
@@ -22,7 +18,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # the stages import envs
-from plumbing import STAMP, Parser, die, write_atomic  # noqa: E402
+from plumbing import STAMP, Parser, check_out, die, save_text, write_atomic  # noqa: E402
 
 # The methods, once: key (run_all.sh's ALGOS word; bc: policy_0), the prefix of its policies' evaluations
 # (eval/world<w>/<prefix>policy_<k>_<split>.json) and folder in a run, its name in every table, its colour in a plot
@@ -70,11 +66,20 @@ def distinct(flag, xs, least=0):
         die(f"{flag} must be distinct integers of at least {least}, got {' '.join(map(str, xs))}")
 
 
-def markdown_out(out):
-    """--out of a table: its name ends in .md, else one error line; -> its path (for the writer's check_out)."""
-    if not out.endswith(".md"):
+def table_out(out, markdown=True):
+    """--out of a table (relative to the repo): new or a table of bench/ (check_out), its name ending in .md (markdown)
+    - else one error line; -> its path."""
+    if markdown and not out.endswith(".md"):
         die(f"--out {out}: the table is markdown, its name must end in .md")
+    check_out(os.path.join(ROOT, out), "table")
     return os.path.join(ROOT, out)
+
+
+def write_table(out, lines, said=None):
+    """The lines into out (save_text, relative to the repo), then printed: the table itself, or `said`."""
+    text = "\n".join(lines) + "\n"
+    save_text(os.path.join(ROOT, out), text)
+    print(text if said is None else said)
 
 
 def pm(xs, spec=".1f"):
@@ -173,9 +178,10 @@ def wait(proc, t0=None):
     return proc.returncode, time.time() - (t0 or 0), use.ru_utime + use.ru_stime, use.ru_maxrss / 1024
 
 
-def measure(argv, cwd=ROOT, env=None, threads=None):
+def must(argv, result=False, cwd=ROOT, env=None, threads=None):
     """Run argv to its end, measured (wait) -> {rc, wall_s, cpu_s, peak_mib, out (its stdout and stderr), result (the
-    JSON of its last 'RESULT {...}' line, or None)}. threads: its OMP_NUM_THREADS."""
+    JSON of its last 'RESULT {...}' line, or None)}; threads: its OMP_NUM_THREADS. A failed child (result: one without
+    a RESULT line) ends this script with its last output."""
     env = {**os.environ, **(env or {}), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with tempfile.TemporaryFile("w+") as out:
         t0 = time.time()
@@ -183,16 +189,10 @@ def measure(argv, cwd=ROOT, env=None, threads=None):
         out.seek(0)
         text = out.read()
     results = [line[7:] for line in text.splitlines() if line.startswith("RESULT ")]
+    if rc or (result and not results):
+        sys.exit(f"{' '.join(map(str, argv[:3]))} failed:\n{text[-4000:]}")
     return {"rc": rc, "wall_s": wall, "cpu_s": cpu, "peak_mib": peak, "out": text,
             "result": json.loads(results[-1]) if results else None}
-
-
-def must(argv, result=False, **kw):
-    """measure, or the end of this script with the child's last output (result: it must print a RESULT line)."""
-    m = measure(argv, **kw)
-    if m["rc"] or (result and m["result"] is None):
-        sys.exit(f"{' '.join(map(str, argv[:3]))} failed:\n{m['out'][-4000:]}")
-    return m
 
 
 def expert_demos(out, n, env=None, seed=None):
@@ -225,6 +225,12 @@ def save_png(fig, out, writer):
 # model FLOPs per token and parameter N (outside the input embedding) of a training step: forward 2 N, backward 4 N;
 # 05 adds pi_ref's forward (log pi_old is computed before its loop). Attention's quadratic term is left out.
 FLOPS_PER_N = {"01_bc": 6, "03_critic": 6, "05_bppo": 8}
+
+
+def last_epochs(records, stage):
+    """The last record (epoch) of each launch of a training stage in a run's metrics, in order (epochs count from 1)."""
+    rows = [r for r in records if r["stage"] == stage and "epoch" in r]
+    return [r for i, r in enumerate(rows) if i + 1 == len(rows) or rows[i + 1]["epoch"] == 1]
 
 
 def body_params(policy_dir):

@@ -22,7 +22,7 @@ from bench import runner  # noqa: E402
 from bench.mistakes import closed_arrivals  # noqa: E402
 from critic_report import report_of  # noqa: E402
 from envs import judge  # noqa: E402
-from plumbing import check_out, die, read_json, save_text  # noqa: E402
+from plumbing import check_out, die, read_json  # noqa: E402
 from run_support import open_log, read_settings  # noqa: E402
 
 # run_all.sh's variables that change what a run does (RUN, SEED, THREADS and PYTHON are set here).
@@ -36,10 +36,9 @@ def main():
     args = runner.runs_parser(__doc__, "seeds").parse_args()
     runner.distinct("--seeds", args.seeds)
     runner.check_runs(args.prefix, args.seeds, made=args.table_only)
-    check_out(runner.markdown_out(args.out), "table")  # before any run
-    for seed in [] if args.table_only else args.seeds:  # each run's log: new, or one this script wrote (stamped)
+    runner.table_out(args.out)  # before any run
+    for seed in [] if args.table_only else args.seeds:  # its log (new, or one this script wrote), then every setting
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
-    for seed in [] if args.table_only else args.seeds:  # every setting and RUN, as run_all.sh checks them
         runner.check(f"{args.prefix}{seed}", {"SEED": str(seed)}, f"seed {seed}: ")
     K = os.environ.get("K", "2")  # run_all.sh's default, read as run_all.sh reads it
     if not re.fullmatch(r"0|[1-9][0-9]{0,8}", K) or int(K) > 999:
@@ -49,21 +48,18 @@ def main():
     for seed in [] if args.table_only else args.seeds:
         run = f"{args.prefix}{seed}"
         env = {"SEED": str(seed), "PYTHON": sys.executable, **({"THREADS": "1"} if args.parallel else {})}
-        fresh = not os.path.exists(os.path.join(ROOT, run, "results.md"))
+        runs.append({"seed": seed, "run": run, "fresh": not os.path.exists(os.path.join(ROOT, run, "results.md"))})
         log = open_log(os.path.join(ROOT, f"{run}.log"), "bench/seeds.py",
                        f": bash run_all.sh with RUN={run} SEED={seed}")
-        t0 = time.time()
-        proc = runner.launch(run, env, log)
-        procs.append((proc, t0))
-        runs.append({"seed": seed, "run": run, "fresh": fresh})
-        if args.parallel and len(procs) == 1:  # the first run builds the shared base model alone (once)
-            while runner.running(proc) and "02_collect.py" not in open(log.name).read():
-                time.sleep(2)
+        procs.append((runner.launch(run, env, log), time.time()))
+        while args.parallel and len(procs) == 1 and runner.running(procs[0][0]) and "02_collect.py" not in open(
+                log.name).read():  # the first run builds the shared base model alone (once)
+            time.sleep(2)
         if not args.parallel:
-            runs[-1]["code"], runs[-1]["wall_s"], _, runs[-1]["peak_mib"] = runner.wait(proc, t0)
-    for (proc, t0), r in zip(procs, runs):
+            runs[-1]["code"], runs[-1]["wall_s"], _, runs[-1]["peak_mib"] = runner.wait(*procs[-1])
+    for proc, r in zip(procs, runs):
         if "code" not in r:
-            r["code"], r["wall_s"], _, r["peak_mib"] = runner.wait(proc, t0)
+            r["code"], r["wall_s"], _, r["peak_mib"] = runner.wait(*proc)
         if r["code"] != 0:
             sys.exit(f"run_all.sh failed for seed {r['seed']}; see {r['run']}.log")
     made = f"{'these' if any(os.environ.get(k) for k in RUN_ALL_SETTINGS) else 'default'} settings of run_all.sh"
@@ -183,9 +179,7 @@ def main():
             f"{lab[x] / sum(lab.values()):.3f}" for x in ("ok", "invalid", "repeat", "format")) + " | " + " / ".join(
             f"{adv[x]:+.3f}" if x in adv else "-" for x in ("ok", "invalid", "repeat")) + " |"
             for seed, k, lab, adv in labels if lab]
-    text = "\n".join(lines) + "\n"
-    save_text(os.path.join(ROOT, args.out), text)
-    print(text)
+    runner.write_table(args.out, lines)
 
 
 if __name__ == "__main__":

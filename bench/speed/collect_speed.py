@@ -3,15 +3,13 @@ in lockstep with the plain generation loop (--plain-generate) and with the KV ca
 
     python bench/speed/collect_speed.py --policy runs/default/policy_0 [--episodes 96] [--batch 32] [--threads 1]
 """
-import argparse
 import json
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from bench.runner import must  # noqa: E402
-from plumbing import Parser  # noqa: E402
+from bench.runner import must, parser  # noqa: E402
 
 
 def collect(args, num_envs, out, *flags):
@@ -22,7 +20,7 @@ def collect(args, num_envs, out, *flags):
 
 
 def main():
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--policy", required=True, help="policy directory (01 or 05 output)")
     p.add_argument("--episodes", type=int, default=96, help="tasks of the split to run")
     p.add_argument("--batch", type=int, default=32, help="environments in lockstep for the batched runs")

@@ -13,13 +13,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from bench.runner import parser  # noqa: E402
 from kv_cache import GRAPH_WIDTH, GraphStep  # noqa: E402
 from machine import autocast, pick_device  # noqa: E402
-from plumbing import Parser, die, load_model  # noqa: E402
+from plumbing import die, load_model  # noqa: E402
 
 
 def main(argv=None):
-    p = Parser(description="Time one decode step of a causal LM at several batch sizes.")
+    p = parser(__doc__)
     p.add_argument("--model", required=True, help="a Hugging Face model directory (its config alone with --random)")
     p.add_argument("--random", action="store_true", help="random weights of the model's config (no weights read)")
     p.add_argument("--batch", type=int, nargs="+", default=[16, 128], help="rows decoded at once")

@@ -6,7 +6,6 @@ optimum). A measurement, not a test.
     python bench/speed/env_speed.py --env kitchen [--env-kwargs '{"decisions": 2}']
     python bench/speed/env_speed.py --env shop
 """
-import argparse
 import json
 import os
 import random
@@ -15,7 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 import envs  # noqa: E402
-from plumbing import Parser  # noqa: E402
+from bench.runner import parser  # noqa: E402
 
 
 def run(env, policy, task_ids, rng):
@@ -36,7 +35,7 @@ def run(env, policy, task_ids, rng):
 
 
 def main():
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--seed", type=int, default=0, help="world seed and random-policy seed")
     p.add_argument("--env", default="kitchen", choices=["household", "kitchen", "shop"],
                    help="the embedded environment")

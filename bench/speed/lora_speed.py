@@ -11,8 +11,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from bench.runner import must  # noqa: E402
-from plumbing import Parser  # noqa: E402
+from bench.runner import must, parser  # noqa: E402
+from plumbing import die  # noqa: E402
 
 
 def one(model_dir, rank, threads):
@@ -34,12 +34,12 @@ def one(model_dir, rank, threads):
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.time() - t)
-    step_s = sorted(times[1:])[1]
-    print("RESULT " + json.dumps({"trainable_m": sum(p.numel() for p in params) / 1e6, "s_per_step": step_s}))
+    print("RESULT " + json.dumps({"trainable_m": sum(p.numel() for p in params) / 1e6,
+                                  "s_per_step": sorted(times[1:])[1]}))  # the median of 3 after the warm-up
 
 
 def main():
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--model", default="models/smollm2-135m", help="directory written by python -m models.smollm2")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--ranks", type=int, nargs="+", default=[0, 16], help="LoRA ranks to measure (0: full fine-tuning)")
@@ -48,7 +48,7 @@ def main():
     if a.one is not None:
         return one(a.model, a.one, a.threads)
     if not os.path.isfile(os.path.join(a.model, "config.json")):
-        raise SystemExit(f"error: {a.model} is not a model directory; run python -m models.smollm2 --out {a.model}")
+        die(f"{a.model} is not a model directory; run python -m models.smollm2 --out {a.model}")
     print("| LoRA rank | trained params | s / step | tokens/s | peak RSS |\n|---|---|---|---|---|")
     for r in a.ranks:
         m = must([sys.executable, __file__, "--model", a.model, "--threads", str(a.threads), "--one", str(r)],

@@ -16,9 +16,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from bench.runner import ROOT, expert_demos, load_stage, measured, must  # noqa: E402
+from bench.runner import ROOT, expert_demos, load_stage, measured, must, parser, table_out, write_table  # noqa: E402
 from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
-from plumbing import Parser, check_out, die, save_text  # noqa: E402
+from plumbing import check_out, die, save_text  # noqa: E402
 
 STAGES = ["bc", "collect", "critic", "gae", "bppo"]
 NAMES = {"bc": "01 BC step", "collect": "02 collection", "critic": "03 critic step", "gae": "04 critic forward",
@@ -45,7 +45,7 @@ def descend(opt, loss):
 
 
 def worker(a):
-    """One stage with one model, in this process; prints one JSON line."""
+    """One stage with one model, in this process (a: run_worker's settings); prints one JSON line."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
     torch.set_num_threads(a.threads)
@@ -131,11 +131,8 @@ def worker(a):
 
 
 def run_worker(**kw):
-    """One (model, stage) in a process of its own, measured: its RESULT and its peak resident set."""
-    argv = [sys.executable, os.path.abspath(__file__), "--worker"]
-    for k, v in kw.items():
-        argv += [f"--{k.replace('_', '-')}"] + ([str(x) for x in v] if isinstance(v, list) else [str(v)])
-    m = must(argv, result=True, threads=kw["threads"])
+    """One (model, stage) in a process of its own (its settings as JSON), measured: its RESULT and peak resident set."""
+    m = must([sys.executable, __file__, "--worker", json.dumps(kw)], result=True, threads=kw["threads"])
     return {**m["result"], "peak_rss_gb": m["peak_mib"] / 1024}
 
 
@@ -188,7 +185,7 @@ def measure(a, models, tmp):
 
 
 def main():
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--smollm2", default="models/smollm2-135m", help="directory written by python -m models.smollm2")
     p.add_argument("--models", default="tiny,smollm2", help="which models to measure, comma-separated")
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per training stage (after 1 warm-up)")
@@ -197,27 +194,21 @@ def main():
     p.add_argument("--max-steps", type=int, default=5, help="collection: environment step limit of an episode")
     p.add_argument("--demos", type=int, default=16, help="expert demonstrations to train on")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench/results/model_throughput.md"), help="markdown output")
+    p.add_argument("--out", default="bench/results/model_throughput.md", help="markdown output")
     p.add_argument("--budget", default="100,2,40,20,1",
                    help="the reduced chain to estimate: demos, BC epochs, self episodes, eval tasks per split, "
                         "critic epochs (the default chain's first iteration, %s, is estimated too)"
                         % ",".join(map(str, DEFAULT_CHAIN)))
-    # the worker's arguments
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--stage", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--data", nargs="+", help=argparse.SUPPRESS)
-    p.add_argument("--save", default="", help=argparse.SUPPRESS)
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # run_worker's settings (JSON): one stage of one model
     a = p.parse_args()
     if a.worker:
-        a.out = a.out if a.stage == "collect" else ""
-        return worker(a)
+        return worker(argparse.Namespace(**{"out": "", "save": "", **json.loads(a.worker)}))
 
     models = a.models.split(",")
     if "smollm2" in models and not os.path.isfile(os.path.join(a.smollm2, "config.json")):
         die(f"{a.smollm2} is not a model directory; run python -m models.smollm2 --out {a.smollm2}")
-    summary = os.path.splitext(a.out)[0] + ".json"
-    check_out(a.out, "table")  # before any work: new, or a table a bench script wrote
+    summary = os.path.splitext(os.path.join(ROOT, a.out))[0] + ".json"
+    table_out(a.out, markdown=False)  # before any work: new, or a table a bench script wrote
     check_out(summary, "bench_json")
     with tempfile.TemporaryDirectory(prefix="model_throughput_") as tmp:
         rows, results = measure(a, models, tmp)
@@ -260,11 +251,10 @@ def main():
               "the expert demos. Collection here ran policies after 3 BC steps, whose replies run to "
               "`--max-new-tokens`; a trained policy's shorter replies make the prefill a larger share, "
               "so expect fewer generated tokens/s from it.", ""]
-    keep = ("smollm2", "models", "steps", "batch_size", "episodes", "max_steps", "demos", "threads", "budget")
-    save_text(summary, json.dumps({"stage": "bench/speed/model_throughput.py", "args": {k: getattr(a, k) for k in keep},
-                                   "results": results}, indent=1) + "\n")
-    save_text(a.out, "\n".join(lines) + "\n")
-    print(f"wrote {a.out}")
+    keep = {k: v for k, v in vars(a).items() if k not in ("out", "worker")}
+    save_text(summary, json.dumps({"stage": "bench/speed/model_throughput.py", "args": keep, "results": results},
+                                  indent=1) + "\n")
+    write_table(a.out, lines, f"wrote {a.out}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,10 @@
 """Time the real environments through the TextEnv API: the expert on the first --episodes train tasks of each env,
 one markdown table of medians (reset, step, expert call; TextWorld / ALFWorld games generated into a fresh cache: the
-one-off cost of a new game). Also ScienceWorld's own ScienceWorldEnv.step on the same commands, and ALFWorld's step
-without the parse cache (fast_text=False).
+one-off cost of a new game). Also ScienceWorld's own ScienceWorldEnv.step on the same commands (it builds the
+valid-action list on every step), and ALFWorld's step without the grammar parse cache (fast_text=False).
 
     python bench/speed/real_env_speed.py                       # all three, ~2-3 min on 2 cores
     python bench/speed/real_env_speed.py --envs textworld --episodes 20
-
-For ScienceWorld it also times the package's own ScienceWorldEnv.step on the same
-commands (it builds an info dict with the valid-action list on every step), and for
-ALFWorld the step without the grammar parse cache (fast_text=False).
 """
 import os
 import statistics
@@ -17,7 +13,6 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
-
 import envs  # noqa: E402
 from bench.runner import parser, row  # noqa: E402
 

@@ -5,7 +5,6 @@ matmul peak. run_all.sh's other settings come from the environment.
     python bench/speed/stage_times.py --run runs/timed              # run_all.sh with RUN=runs/timed, each launch timed
     python bench/speed/stage_times.py --run runs/timed --table-only  # the table from that run's launches.log again
 """
-import argparse
 import os
 import sys
 import time
@@ -13,8 +12,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from bench.runner import FLOPS_PER_N, ROOT, body_params, check, launch, measured, wait  # noqa: E402
-from plumbing import Parser, check_flags, check_out, die, loads, save_text  # noqa: E402
+from bench.runner import (FLOPS_PER_N, ROOT, body_params, check, last_epochs, launch, measured, parser,  # noqa
+                          table_out, wait, write_table)
+from plumbing import check_flags, die, loads  # noqa: E402
 
 
 def matmul_peak(threads, dtype, n=1024, seconds=2.0):
@@ -57,7 +57,7 @@ def read_lines(path):
 
 
 def main():
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--run", default="runs/timed", help="the run directory (RUN)")
     p.add_argument("--out", default="bench/results/stage_times.md", help="the markdown table to write")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the matmul peak (run_all.sh's THREADS)")
@@ -66,8 +66,7 @@ def main():
     check_flags(args, threads="at least 1")
     if args.threads > (os.cpu_count() or 1):
         die(f"--threads must be at most this machine's {os.cpu_count()} cores, got {args.threads}")
-    out = os.path.join(ROOT, args.out)  # relative to the repository, as the defaults are: checked and written
-    check_out(out, "table")  # a table a bench script wrote, or a new file
+    table_out(args.out, markdown=False)  # relative to the repository, as the defaults are: checked and written
     run = os.path.join(ROOT, args.run)  # so is --run: run_all.sh runs in the repository
     log = os.path.join(run, "launches.log")
     if any(c.isspace() or c in "$`'\"\\" for c in log):  # it goes into PYTHON, which run_all.sh splits into words
@@ -101,9 +100,8 @@ def main():
         mine, k = [r for r in records if r.get("stage") == stage], seen.get(stage, 0)
         loop, rate, flops = None, None, None
         if stage in FLOPS_PER_N:  # this launch's epochs: the k-th run of records starting at epoch 1
-            epochs = [r for r in mine if "epoch" in r]
-            ends = [i for i, r in enumerate(epochs) if r["epoch"] == 1][1:] + [len(epochs)]
-            loop, rate = epochs[ends[k] - 1]["elapsed_s"], epochs[ends[k] - 1]["tokens_per_s"]
+            last = last_epochs(mine, stage)[k]
+            loop, rate = last["elapsed_s"], last["tokens_per_s"]
             flops = rate * FLOPS_PER_N[stage] * n_body / 1e9
             seen[stage] = k + 1
         elif stage == "02_collect":  # this launch's (world, split) pairs: one record each, the launch's wall_s
@@ -114,14 +112,12 @@ def main():
                     f"{'-' if flops is None else f'{flops:.1f}'} | "
                     f"{'-' if flops is None else f'{flops / peak_fp32:.0%}'} |")
     walls = [w for _, _, w, _ in timed]
-    text = (measured(f"python bench/speed/stage_times.py --run {args.run}") + " (run_all.sh's settings from the "
-            "environment)\n\n"
-            f"# Where the run's time goes\n\n{len(walls)} launches, {sum(walls):.0f} s "
-            f"of launches" + ("" if args.table_only else f", {total:.0f} s in all") + ". This machine's matmul "
-            f"peak with {args.threads} threads: {peak['float32']:.0f} GFLOP/s fp32, {peak['bfloat16']:.0f} bf16 "
-            f"(1024 x 1024). N = {n_body:,} parameters outside the embedding.\n\n" + "\n".join(rows) + "\n")
-    save_text(out, text)
-    print(text)
+    write_table(args.out, [
+        measured(f"python bench/speed/stage_times.py --run {args.run}") + " (run_all.sh's settings from the "
+        "environment)", "", "# Where the run's time goes", "", f"{len(walls)} launches, {sum(walls):.0f} s of launches"
+        + ("" if args.table_only else f", {total:.0f} s in all") + f". This machine's matmul peak with {args.threads} "
+        f"threads: {peak['float32']:.0f} GFLOP/s fp32, {peak['bfloat16']:.0f} bf16 (1024 x 1024). N = {n_body:,} "
+        "parameters outside the embedding.", "", *rows])
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ rows to --out.
     python bench/speed/train_memory.py --model models/smollm2-135m --stages /tmp/before --label before
     python bench/speed/train_memory.py --env shop
 """
-import argparse
 import json
 import os
 import platform
@@ -15,12 +14,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from bench.runner import KWARGS, ROOT, expert_demos, must  # noqa: E402
-from plumbing import Parser, check_out, save_text  # noqa: E402
+from bench.runner import KWARGS, ROOT, expert_demos, must, parser, table_out, write_table  # noqa: E402
 
 
 def main():
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--env", default="household", choices=sorted(KWARGS), help="whose expert demos")
     p.add_argument("--model", default="models/smollm2-135m", help="a model directory (python -m models.smollm2)")
     p.add_argument("--stages", default=ROOT, help="the checkout whose 01_bc.py / 05_bppo.py run")
@@ -28,9 +26,9 @@ def main():
     p.add_argument("--flags", default="", help="extra flags for both stages")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories in the step (the lab's: 16)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=os.path.join(ROOT, "bench/results/train_memory.md"))
+    p.add_argument("--out", default="bench/results/train_memory.md")
     a = p.parse_args()
-    check_out(a.out, "table")  # before the runs: a table a bench script wrote, or a new file
+    out = table_out(a.out, markdown=False)  # before the runs: a table a bench script wrote, or a new file
     model, B = os.path.abspath(a.model), a.batch_size
     common = ["--epochs", "1", "--batch-size", str(B), "--threads", str(a.threads), *a.flags.split()]
     rows = []
@@ -56,9 +54,8 @@ def main():
             "code ran.", "",
             "| code | stage | batch | flags | peak RSS (GiB) | seconds (load, step, save) |",
             "|---|---|---|---|---|---|"]
-    old = open(a.out).read().splitlines()[len(head):] if os.path.exists(a.out) else []
-    save_text(a.out, "\n".join(head + [r for r in old if r.startswith("|")] + rows) + "\n")
-    print(f"wrote {a.out}")
+    old = open(out).read().splitlines()[len(head):] if os.path.exists(out) else []
+    write_table(out, head + [r for r in old if r.startswith("|")] + rows, f"wrote {out}")
 
 
 if __name__ == "__main__":
