@@ -57,8 +57,7 @@ def worker(a):
 
     if a.stage == "collect":
         argv = ["--policy", a.model, "--split", "train", "--episodes", str(a.episodes), "--num-envs", str(a.episodes),
-                "--env-kwargs", json.dumps({"max_steps": a.max_steps}), "--seed", "1", "--threads", str(a.threads),
-                "--out", a.out]
+                "--seed", "1", "--threads", str(a.threads), "--out", a.out]
         s["02_collect"].main(argv)
         summ = json.load(open(os.path.splitext(a.out)[0] + ".json"))
         out = {"tokens": summ["generated_tokens"], "wall_s": summ["wall_s"], "cpu_s": summ["cpu_s"],
@@ -171,7 +170,7 @@ def measure(a, models, tmp):
                                save=policy, **common)
         self_eps = os.path.join(d, "self.jsonl")
         res["collect"] = run_worker(stage="collect", model=policy, data=[expert], episodes=a.episodes,
-                                    max_steps=a.max_steps, out=self_eps, **common)
+                                    out=self_eps, **common)
         for stage in ("critic", "gae", "bppo"):
             res[stage] = run_worker(stage=stage, model=policy, data=[expert, self_eps], **common)
         results[name] = res
@@ -191,7 +190,6 @@ def main():
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per training stage (after 1 warm-up)")
     p.add_argument("--batch-size", type=int, default=2, help="trajectories per step")
     p.add_argument("--episodes", type=int, default=8, help="collection: episodes, all in lockstep")
-    p.add_argument("--max-steps", type=int, default=5, help="collection: environment step limit of an episode")
     p.add_argument("--demos", type=int, default=16, help="expert demonstrations to train on")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", default="bench/results/model_throughput.md", help="markdown output")
@@ -214,7 +212,7 @@ def main():
         rows, results = measure(a, models, tmp)
 
     lines = [measured(f"python bench/speed/model_throughput.py --threads {a.threads} --steps {a.steps} --batch-size "
-                      f"{a.batch_size} --episodes {a.episodes} --max-steps {a.max_steps}")
+                      f"{a.batch_size} --episodes {a.episodes}")
              + f"; torch threads {a.threads}, fp32.",
              "",
              "| model | params | stage | shape | tokens timed | tokens/s (wall) | tokens per CPU s | peak RSS |",
