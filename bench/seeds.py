@@ -52,9 +52,9 @@ def main():
         log = open_log(os.path.join(ROOT, f"{run}.log"), "bench/seeds.py",
                        f": bash run_all.sh with RUN={run} SEED={seed}")
         procs.append((runner.launch(run, env, log), time.time()))
-        while args.parallel and len(procs) == 1 and runner.running(procs[0][0]) and "02_collect.py" not in open(
-                log.name).read():  # the first run builds the shared base model alone (once)
-            time.sleep(2)
+        if args.parallel and len(procs) == 1:  # the first run builds the shared base model alone (once)
+            while runner.running(procs[0][0]) and "02_collect.py" not in open(log.name).read():
+                time.sleep(2)
         if not args.parallel:
             runs[-1]["code"], runs[-1]["wall_s"], _, runs[-1]["peak_mib"] = runner.wait(*procs[-1])
     for proc, r in zip(procs, runs):
