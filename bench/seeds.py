@@ -155,17 +155,19 @@ def main():
     held = [(r["seed"], k, report_of(path, ROOT)["heldout"]) for r in runs for k in range(1, K + 1)
             for path in [os.path.join(ROOT, r["run"], f"iter_{k}", "adv.jsonl")] if os.path.exists(path)]
     if any(h for *_, h in held):  # each Q-Evolve critic on the self episodes 03 held out (critic_report.py)
-        f = lambda x, spec=".2f": "-" if x != x else format(x, spec)  # NaN: no such step (a world without a judge)
+        f, nan = (lambda x, spec=".2f": "-" if x != x else format(x, spec)), float("nan")  # NaN: no such step, or no V*
         best = lambda h, key: f" ({f(h['bayes'][key])}: {f(h[key] / h['bayes'][key])})" if h.get("bayes") else ""
         lines += ["", "Each Q-Evolve critic on the self episodes it never trained on (critic_report.py, 04's held-out "
                   "printout): the explained variance of the return on r_env and the V gap after a mistake (V just "
                   "after a harmful step - after a correct one), each with (the exact Bayes critic's: the learned "
-                  "critic's share of it) where the world has one; mean V against the mean return, the AUC of V for "
-                  "success, the mean A_t at harmful / correct steps:", "",
-                  "| seed | iteration | episodes | explained variance | V gap after a mistake | V / return | AUC "
-                  "| A at harmful / correct |", "|---|---|---|---|---|---|---|---|"]
+                  "critic's share of it) where the world has one, and V's correlation with the Bayes critic's V* and "
+                  "its spread (std V / std V*); mean V against the mean return, the AUC of V for success, the mean "
+                  "A_t at harmful / correct steps:", "",
+                  "| seed | iteration | episodes | explained variance | V gap after a mistake | corr / spread with V* "
+                  "| V / return | AUC | A at harmful / correct |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {seed} | {k} | {h['episodes']} | {f(h['explained_variance'])}{best(h, 'explained_variance')} | "
-                  f"{f(h['v_gap'])}{best(h, 'v_gap')} | {h['v_mean']:.2f} / {h['ret_mean']:.2f} | {f(h['auc_v'])} | "
+                  f"{f(h['v_gap'])}{best(h, 'v_gap')} | {f(h.get('corr_bayes', nan))} / "
+                  f"{f(h.get('spread_bayes', nan))} | {h['v_mean']:.2f} / {h['ret_mean']:.2f} | {f(h['auc_v'])} | "
                   f"{f(h['adv_harmful'], '+.3f')} / {f(h['adv_correct'], '+.3f')} |" for seed, k, h in held if h]
     labels = [(r["seed"], k, (read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "self.json")) or {}).get("labels"),
                (read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "adv.json")) or {}).get("adv_mean_by_label", {}))
