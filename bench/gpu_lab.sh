@@ -7,9 +7,10 @@
 # LAB/<env>-s<seed>.<algo>.it<k>[.eval].log; last bench/gpu_report.py -> bench/results/gpu_lab.md. Budgets (a
 # variable you set wins): 400 demos, BC 2 epochs at 5e-5; per iteration 128 self episodes, critic 1 epoch at 1e-5,
 # BPPO 1 at 2e-6, RFT 1 at 2e-5; batches of 16; 100 greedy tasks per (world, split).
-# Settings: LAB=runs/gpu_lab, SEEDS="0 1 2", ENVS=household, TESTS= (pytest's arguments: the suite beside the runs,
-# -v into LAB/tests.log), PYTHON=python, DEADLINE=S (each run stopped there; the report counts what finished),
-# CUDA_GRAPH=1 (02's decode steps from CUDA graphs where faster), MPS=1 (the GPU shared through NVIDIA's MPS);
+# Settings: LAB=runs/gpu_lab, SEEDS="0 1 2", ENVS=kitchen (ENVS="kitchen household": with the control), TESTS=
+# (pytest's arguments: the suite beside the runs, -v into LAB/tests.log), PYTHON=python, DEADLINE=S (each run stopped
+# there; the report counts what finished), CUDA_GRAPH=1 (02's decode steps from CUDA graphs where faster), MPS=1 (the
+# GPU shared through NVIDIA's MPS);
 # run_all.sh's settings pass to its runs; every setting is checked first (a bad one: one error line, exit 2).
 # DRY=1: the same path on a CPU (a one-layer tiny model, SMOKE's budgets, two seeds, K=1, bf16; tests/test_gpu_lab.py).
 #
@@ -23,7 +24,7 @@ case "$*" in
   *) bad "bench/gpu_lab.sh takes no arguments, got '$*'; its settings are environment variables (--help)" ;;
 esac
 cd "$(dirname "$0")/.."
-: "${LAB:=runs/gpu_lab}" "${DRY:=0}" "${ENVS:=household}" "${TESTS:=}" "${DEADLINE:=}"
+: "${LAB:=runs/gpu_lab}" "${DRY:=0}" "${ENVS:=kitchen}" "${TESTS:=}" "${DEADLINE:=}"
 : "${SMOLLM2_DIR:=models/smollm2-135m}" "${PYTHON:=$(command -v python >/dev/null && echo python || echo python3)}"
 case $LAB in ''|-*|'~'*|*'$'*|*'`'*) bad "LAB must be a plain path (no leading - or ~, no \$ or backquote), got '$LAB'" ;; esac
 [[ $ENVS =~ ^[[:space:]]*[A-Za-z0-9_]+([[:space:]]+[A-Za-z0-9_]+)*[[:space:]]*$ ]] || bad "ENVS must be environment \

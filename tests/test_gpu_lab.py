@@ -111,7 +111,7 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
     collects = [line for log in tmp_path.glob("*.log") for line in log.read_text().splitlines()
                 if line.startswith("== python 02_collect.py") and "--policy expert" not in line]  # (BC's demos)
     assert len(collects) > 10 and all(("--cuda-graph" in c) == graphs for c in collects), (graphs, collects)
-    assert "**Tests**" in report and "1 passed, 0 failed" in report and "## household: seeds 0, 1" in report
+    assert "**Tests**" in report and "1 passed, 0 failed" in report and "## kitchen: seeds 0, 1" in report
     for policy in ("policy_0 (BC)", "policy_1 (Q-Evolve iter 1)", "rft_policy_1 (iterated RFT iter 1)",
                    "outcome_policy_1 (outcome-level PG iter 1)", "policy_2 (Q-Evolve iter 2)",
                    "rft_policy_2 (iterated RFT iter 2)", "outcome_policy_2 (outcome-level PG iter 2)"):
@@ -122,25 +122,25 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
     for what in ("sampled (train)", "greedy (evaluation)"):  # 02's peak memory too: here its resident set
         assert float(next(line for line in report.splitlines() if f"02_collect, {what}" in line).split("|")[5]) > 0.1
     for seed in (0, 1):  # iteration by iteration: no algorithm's iteration 2 began before every iteration 1 ended
-        run = tmp_path / f"household-s{seed}"
+        run = tmp_path / f"kitchen-s{seed}"
         mtimes = lambda pattern: [f.stat().st_mtime for f in run.glob(pattern)]
         assert min(mtimes("**/iter_2/*")) >= max(mtimes("**/policy_1/*"))
         assert min(mtimes("eval/world*/*policy_2_*.json")) >= max(mtimes("eval/world*/*policy_1_*.json"))
         # the evaluations ran off the training's path, each policy's in its own launch: the training logs hold no
         # evaluation, and an evaluation log no training
-        for log in tmp_path.glob(f"household-s{seed}.*.log"):
+        for log in tmp_path.glob(f"kitchen-s{seed}.*.log"):
             commands = [line for line in log.read_text().splitlines() if line.startswith("== python")]
             evaluations = [c for c in commands if "--greedy" in c]
             assert evaluations == commands if log.name.endswith(".eval.log") else not evaluations, (log, commands)
-        assert "01_bc.py" in (tmp_path / f"household-s{seed}.qevolve.it0.log").read_text()  # BC alone, first
-        assert "policy_0 --env" in (tmp_path / f"household-s{seed}.qevolve.it0.eval.log").read_text()
+        assert "01_bc.py" in (tmp_path / f"kitchen-s{seed}.qevolve.it0.log").read_text()  # BC alone, first
+        assert "policy_0 --env" in (tmp_path / f"kitchen-s{seed}.qevolve.it0.eval.log").read_text()
     # the dry run trained under bf16 autocast, saved fp32, and 05 moved every tensor of the policy
     for seed in (0, 1):
-        moved = next(line for line in report.splitlines() if line.startswith(f"| household-s{seed} | "))
+        moved = next(line for line in report.splitlines() if line.startswith(f"| kitchen-s{seed} | "))
         cells = [c.strip() for c in moved.split("|")[1:-1]]
         n_diff, n_all = cells[3].split(" of ")
         assert n_diff == n_all and cells[5] == "torch.float32" and float(cells[1]) > 0
-        assert '"precision": "bf16"' in (tmp_path / f"household-s{seed}" / "policy_1" / "args.json").read_text()
+        assert '"precision": "bf16"' in (tmp_path / f"kitchen-s{seed}" / "policy_1" / "args.json").read_text()
     # the report quotes the decode-step check and says which step 02 ran: three logs of a GPU's check
     steps = ["decode step, batch 128, context 400, eager: 70.1 ms (cuda, bf16)",
              "decode step, batch 128, context 400, cuda graph: 4.2 ms (cuda, bf16)"]
@@ -164,6 +164,6 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
             f"threads 15.0 on average, at most 30, on {os.cpu_count()} CPU cores") in rewritten()
     # runs that DEADLINE stopped before Q-Evolve's evaluation: its trained policy keeps its row, with what finished
     for seed, said in ((0, "(1 of 2 seeds)"), (1, "| policy_1 (Q-Evolve iter 1) | - | - | - | - |")):
-        for f in (tmp_path / f"household-s{seed}" / "eval").glob("world*/policy_1_*"):
+        for f in (tmp_path / f"kitchen-s{seed}" / "eval").glob("world*/policy_1_*"):
             f.unlink()
         assert said in rewritten()
