@@ -54,3 +54,33 @@ def test_writes_a_png(tmp_path, in_process, monkeypatch):
     kept = in_process(plot, "learning", "--seeds", 0, "--prefix", tmp_path / "s", "--splits", "seen", "--out", photo,
                       check=False)
     assert kept.returncode == 2 and photo.read_bytes() == before and "not a PNG written by this project" in kept.stderr
+
+
+def test_efficiency_steps_to_90_percent_and_their_ratio_by_hand(tmp_path, in_process, monkeypatch):
+    """bench/plots.py efficiency: a method's online steps are its self-collections' env_steps up to policy_k
+    (iteration 1's shared); per seed, the fewest steps of a point at or above 90% of the optimum; and Q-Evolve's steps
+    over the outcome-level PG's, per seed and as mean +- standard error."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(ROOT)
+    for s, late in ((0, False), (1, True)):  # seed 1: the outcome-level PG reaches 90% only at its iteration 2
+        run = tmp_path / f"run{s}"
+        for folder, steps in (("iter_1", 100), ("iter_2", 120), ("outcome/iter_2", 80), ("rft/iter_2", 90)):
+            os.makedirs(run / folder)
+            json.dump({"env_steps": steps}, open(run / folder / "self.json", "w"))
+        json.dump({"N_SELF": "20", "ENV_KWARGS": "{}"}, open(run / "settings.json", "w"))
+        fake_run(run, [[0.5, 0.95, 0.95]])
+        fake_run(run, [[0.5, 0.5 if late else 0.95, 0.95]], tag="outcome_")
+        fake_run(run, [[0.5, 0.5, 0.5]], tag="rft_")
+    best = plot.optimum(str(tmp_path / "run0"), "seen")
+    assert 85.0 < best < 95.0  # kitchen's seen tasks without an outage: 0.95 is above 90% of it, 0.5 below
+    out = tmp_path / "e.png"
+    in_process(plot, "efficiency", "--runs", f"{tmp_path}/run{{seed}}", "--seeds", 0, 1, "--splits", "seen",
+               "--out", out)
+    lines = (tmp_path / "e.md").read_text().splitlines()
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in lines if line.startswith("| ")}
+    assert rows["Q-Evolve", "seen"].endswith("| 100 | 100 | 100 (2) |")
+    assert rows["outcome-level PG", "seen"].endswith("| 100 | 180 | 140 (2) |")  # seed 1: 100 + its own 80
+    assert rows["iterated RFT", "seen"].endswith("| >190 | >190 | - (0) |")
+    ratio = (1.0 + 100 / 180) / 2, abs(1.0 - 100 / 180) / 2  # mean, std / sqrt(2) of two values
+    want = f"| 1.00 | 0.56 | {ratio[0]:.2f} +- {ratio[1]:.2f} (2) |"
+    assert rows["Q-Evolve / outcome-level PG", "seen"].endswith(want)
