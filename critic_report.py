@@ -78,7 +78,7 @@ def heldout_report(episodes, gamma, bayes=None):
     next states: the explained variance of g_t by V(s_t), mean V against mean g_t (V far above it: GAE blames most
     steps), the AUC of V(s_t) for the episode's success over every state, its view of a mistake (mistake_view) and
     the V gap after one (V after a harmful step - after a correct one); with bayes (each episode's V*), the same two
-    figures of the exact Bayes critic, and V's correlation with V* and its spread (std V / std V*)."""
+    figures of the exact Bayes critic, and V's correlation with V* and its spread (std V / std V*; also at s_0)."""
     v = np.array([s["v"] for ep in episodes for s in ep["steps"]])
     g = np.concatenate([returns(ep, gamma) for ep in episodes])
     won = np.array([ep["success"] for ep in episodes for _ in ep["steps"]], dtype=bool)
@@ -92,6 +92,8 @@ def heldout_report(episodes, gamma, bayes=None):
         out["bayes"] = {"explained_variance": explained_variance(b, g),
                         "v_gap": best["v_after_harmful"] - best["v_after_correct"]}
         out["corr_bayes"], out["spread_bayes"] = float(np.corrcoef(v, b)[0, 1]), float(v.std() / b.std())
+        first = np.array([[ep["steps"][0]["v"], vs[0]] for ep, vs in zip(episodes, bayes)])  # before any step
+        out["spread_bayes_s0"] = float(first[:, 0].std() / max(first[:, 1].std(), 1e-12))
     return out
 
 
@@ -173,7 +175,7 @@ def show(summary, out):
             print(f"04_gae: held out, V after a harmful step - after a correct one: {gap}")
         if best:
             print(f"04_gae: held out, V against the Bayes critic's V*: correlation {h['corr_bayes']:.2f}, spread "
-                  f"{h['spread_bayes']:.2f} (std V / std V*)")
+                  f"{h['spread_bayes']:.2f} (std V / std V*; before the first step {h['spread_bayes_s0']:.2f})")
         if not h["explained_variance"] >= 0.1 or not h["auc_v"] > 0.6:
             print("04_gae: warning: on episodes it never saw the critic barely beats a constant (explained variance "
                   "< 0.1 or AUC <= 0.6): its step credit here is mostly noise")

@@ -161,13 +161,14 @@ def main():
                   "printout): the explained variance of the return on r_env and the V gap after a mistake (V just "
                   "after a harmful step - after a correct one), each with (the exact Bayes critic's: the learned "
                   "critic's share of it) where the world has one, and V's correlation with the Bayes critic's V* and "
-                  "its spread (std V / std V*); mean V against the mean return, the AUC of V for success, the mean "
-                  "A_t at harmful / correct steps:", "",
+                  "its spread (std V / std V*; in brackets at s_0, before the first step); mean V against the mean "
+                  "return, the AUC of V for success, the mean A_t at harmful / correct steps:", "",
                   "| seed | iteration | episodes | explained variance | V gap after a mistake | corr / spread with V* "
                   "| V / return | AUC | A at harmful / correct |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {seed} | {k} | {h['episodes']} | {f(h['explained_variance'])}{best(h, 'explained_variance')} | "
                   f"{f(h['v_gap'])}{best(h, 'v_gap')} | {f(h.get('corr_bayes', nan))} / "
-                  f"{f(h.get('spread_bayes', nan))} | {h['v_mean']:.2f} / {h['ret_mean']:.2f} | {f(h['auc_v'])} | "
+                  f"{f(h.get('spread_bayes', nan))} ({f(h.get('spread_bayes_s0', nan))}) | "
+                  f"{h['v_mean']:.2f} / {h['ret_mean']:.2f} | {f(h['auc_v'])} | "
                   f"{f(h['adv_harmful'], '+.3f')} / {f(h['adv_correct'], '+.3f')} |" for seed, k, h in held if h]
     labels = [(r["seed"], k, (read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "self.json")) or {}).get("labels"),
                (read_json(os.path.join(ROOT, r["run"], f"iter_{k}", "adv.json")) or {}).get("adv_mean_by_label", {}))

@@ -583,6 +583,6 @@ def test_heldout_report_and_the_view_of_a_mistake_by_hand():
     assert best["v_gap"] == pytest.approx(-1.0)
     assert best["explained_variance"] == pytest.approx(1 - np.var(g - [0.5, 1.0, 0.2, 0.0]) / np.var(g))
     double = report(eps, 0.5, bayes=[[1.0, 1.6], [0.8, 0.2]])  # V* = 2 V: the same order, twice the spread
-    assert (double["corr_bayes"], double["spread_bayes"]) == pytest.approx((1.0, 0.5))
+    assert (double["corr_bayes"], double["spread_bayes"], double["spread_bayes_s0"]) == pytest.approx((1.0, 0.5, 0.5))
     flipped = report(eps, 0.5, bayes=[[-0.5, -0.8], [-0.4, -0.1]])  # V* = -V: the opposite order
     assert (flipped["corr_bayes"], flipped["spread_bayes"]) == pytest.approx((-1.0, 1.0))
