@@ -878,7 +878,7 @@ def test_the_lab_checks_every_setting_before_anything_runs(tmp_path):
                                     (("--seeds", "0"), {}, "takes no arguments"),
                                     ((), {"SEEDS": "0 0"}, "SEEDS names one twice"),
                                     ((), {"ENVS": "nosuch"}, "unknown env 'nosuch'"),
-                                    ((), {"N_EVAL": "100000"}, "N_EVAL=100000: household's split 'seen' has 100"),
+                                    ((), {"N_EVAL": "100000"}, "N_EVAL=100000: kitchen's split 'seen' has 100"),
                                     ((), {"BC_ARGS": "--bogus 1"}, "BC_ARGS='--bogus 1': 01_bc.py refuses it")]:
         proc = lab(*args, **settings)
         assert one_line(proc) and message in proc.stderr, (settings, proc.stderr)
