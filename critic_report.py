@@ -91,9 +91,9 @@ def heldout_report(episodes, gamma, bayes=None):
         b = np.concatenate(bayes)  # does V order the states as V* does (corr), and how far apart (spread)?
         out["bayes"] = {"explained_variance": explained_variance(b, g),
                         "v_gap": best["v_after_harmful"] - best["v_after_correct"]}
-        out["corr_bayes"], out["spread_bayes"] = float(np.corrcoef(v, b)[0, 1]), float(v.std() / b.std())
-        first = np.array([[ep["steps"][0]["v"], vs[0]] for ep, vs in zip(episodes, bayes)])  # before any step
-        out["spread_bayes_s0"] = float(first[:, 0].std() / max(first[:, 1].std(), 1e-12))
+        spread = lambda x, y: float(np.std(x) / np.std(y)) if np.std(y) > 1e-12 else float("nan")  # V* flat: NaN
+        out["corr_bayes"], out["spread_bayes"] = float(np.corrcoef(v, b)[0, 1]), spread(v, b)
+        out["spread_bayes_s0"] = spread([ep["steps"][0]["v"] for ep in episodes], [vs[0] for vs in bayes])
     return out
 
 

@@ -27,6 +27,7 @@ from plumbing import check_out, die, parse_env_kwargs, read_json, save_text  # n
 
 WRITER = "bench/plots.py"
 mean = statistics.mean
+se = (lambda xs: statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan"))  # standard error of the mean
 
 
 def online_steps(run, method, k):
@@ -216,11 +217,10 @@ def efficiency(args, table):
             both = [r for r in ratio if r is not None]
             if not both:  # (iterated RFT: never reached)
                 continue
-            se = statistics.stdev(both) / len(both) ** 0.5 if len(both) > 1 else float("nan")
             cells = ["-" if r is None else f"{r:.2f}" for r in ratio]
-            star = " *" if abs(mean(both) - 1) > 2 * se else ""
+            star = " *" if abs(mean(both) - 1) > 2 * se(both) else ""
             lines.append(f"| {first} / {name} | {split} | " + " | ".join(cells)
-                         + f" | {mean(both):.2f} +- {se:.2f}{star} ({len(both)}) |")
+                         + f" | {mean(both):.2f} +- {se(both):.2f}{star} ({len(both)}) |")
     lines += ["", f"The last rows: {first}'s steps over a baseline's, per seed where both reached 90% (the paper's "
               "claim as a ratio); the mean +- its standard error over those seeds; '*': 1 beyond two standard errors."]
     lines += ["", f"{first} minus each method at the same budget (runs, k), paired by seed: the mean gap in points "
@@ -233,8 +233,7 @@ def efficiency(args, table):
                 for split in args.splits:
                     row = points[split]
                     gap = [a - b for a, b in zip(row[first, pattern][k][1], row[name, pattern][k][1])]
-                    se = statistics.stdev(gap) / len(gap) ** 0.5 if len(gap) > 1 else float("nan")
-                    cells.append(f"{mean(gap):+.1f} +- {se:.1f}{' *' if abs(mean(gap)) > 2 * se else ''}")
+                    cells.append(f"{mean(gap):+.1f} +- {se(gap):.1f}{' *' if abs(mean(gap)) > 2 * se(gap) else ''}")
                 lines.append(f"| {name} | {pattern} | {k} | " + " | ".join(cells) + " |")
     return lines
 

@@ -155,7 +155,8 @@ def main():
     held = [(r["seed"], k, report_of(path, ROOT)["heldout"]) for r in runs for k in range(1, K + 1)
             for path in [os.path.join(ROOT, r["run"], f"iter_{k}", "adv.jsonl")] if os.path.exists(path)]
     if any(h for *_, h in held):  # each Q-Evolve critic on the self episodes 03 held out (critic_report.py)
-        f, nan = (lambda x, spec=".2f": "-" if x != x else format(x, spec)), float("nan")  # NaN: no such step, or no V*
+        f = lambda x, spec=".2f": "-" if x != x else format(x, spec)  # NaN: no such step, or no V*
+        nan = float("nan")
         best = lambda h, key: f" ({f(h['bayes'][key])}: {f(h[key] / h['bayes'][key])})" if h.get("bayes") else ""
         lines += ["", "Each Q-Evolve critic on the self episodes it never trained on (critic_report.py, 04's held-out "
                   "printout): the explained variance of the return on r_env and the V gap after a mistake (V just "
