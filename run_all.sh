@@ -118,10 +118,9 @@ if [ "$ENV" = household ]; then  # from iteration 2 on, half the lr and twice th
   ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} LATER_ARGS=${LATER_ARGS-"--lr 1.5e-4 \
 --kl-coef 0.1"}
 elif [ "$ENV" = kitchen ]; then  # the credit world (docs/design.md, 'The default miniature'): the env's defaults; 05's
-  # epochs chosen on dev (bench/results/kitchen_tuning_dev.md): two for Q-Evolve, six for the outcome-level PG; 03's
-  # lr chosen against the exact Bayes critic on held-out episodes (bench/results/kitchen_critic_dev.md)
+  # epochs chosen on dev (bench/results/kitchen_tuning_dev.md): two for Q-Evolve, six for the outcome-level PG
   ENV_KWARGS=${ENV_KWARGS:-"{}"} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} BPPO_ARGS=${BPPO_ARGS-"--epochs 2"}
-  OUTCOME_ARGS=${OUTCOME_ARGS-"--epochs 6"} CRITIC_ARGS=${CRITIC_ARGS-"--lr 3e-4"}
+  OUTCOME_ARGS=${OUTCOME_ARGS-"--epochs 6"}
 elif [ "$ENV" = shop ]; then  # longer episodes: budgets that fit ~20 minutes, replies of up to 64 tokens
   ENV_KWARGS=${ENV_KWARGS:-$SHOP_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-0} BC_ARGS=${BC_ARGS:-"--epochs 4"}
   CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2"} COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 64"}

@@ -90,11 +90,7 @@ def test_default_run_is_the_kitchen_credit_world_with_two_iterations(tmp_path):
     assert len(bppo) == 4 and all(c.endswith("--epochs 2") for c in bppo if "/outcome/" not in c)
     assert all(c.endswith("--epochs 2 --epochs 6") for c in bppo if "/outcome/" in c)  # OUTCOME_ARGS after BPPO_ARGS
     assert all(c.endswith("--epochs 3") for c in commands(BPPO_ARGS="--epochs 3") if "05_bppo.py" in c)
-    critic = [c for c in kitchen if "03_critic.py" in c]  # and 03's lr, chosen against the Bayes critic
-    assert len(critic) == 2 and all(c.endswith("--lr 3e-4") for c in critic)
-    assert not any("--lr" in c for c in commands(CRITIC_ARGS="") if "03_critic.py" in c)  # set, even empty, it wins
     household = commands(ENV="household")
-    assert not any("--lr" in c for c in household if "03_critic.py" in c)
     assert not any("--epochs" in c for c in household if "05_bppo.py" in c and "outcome" not in c)
     miniature = '{"step_slack": [0, 1, 2], "n_distractors": 1, "habit": 0.8, "room_questions": 0.4}'
     assert all(f"--env-kwargs {miniature}" in c for c in household if "--env " in c)
