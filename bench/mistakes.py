@@ -1,11 +1,13 @@
 """Where a policy's episodes go wrong, one line per episode JSONL file (02 or 04 output). Household: the habit rate
 (the share of arrivals at a closed receptacle where the policy examines it, the demonstrator's step-wasting habit,
 instead of opening it; on a 04 buffer also the mean A of each (source, verb)), the first mistake of each episode and
-how many episodes with one still succeed. Shop: do product clicks name an id the results page shows, are searches a
-span of the instruction, how many purchases are hasty (no option clicked since the product was opened)?
+how many episodes with one still succeed. Kitchen: how many steps are a `look`, and how many of those are needless
+(labelled `repeat`: the offer was in view, the demonstrator's step-wasting habit), how many episodes hit the step limit
+(on a 04 buffer also the mean A of each (source, verb)). Shop: do product clicks name an id the results page shows,
+are searches a span of the instruction, how many purchases are hasty (no option clicked since the product was opened)?
 
-    python bench/mistakes.py runs/default/eval/world0/policy_0_dev.jsonl runs/default/eval/world0/policy_2_dev.jsonl
-    python bench/mistakes.py runs/default/iter_1/adv.jsonl
+    python bench/mistakes.py runs/default/eval/world0/policy_2_dev.jsonl runs/default/iter_2/adv.jsonl   # kitchen
+    python bench/mistakes.py runs/course_habit0/eval/world0/policy_1_seen.jsonl   # household
     python bench/mistakes.py runs/shop_default/eval/world0/policy_0_dev.jsonl
 """
 import collections
@@ -71,10 +73,26 @@ def summary(episodes):
             f"{verbs['examine']}, open {verbs['open']}, other {verbs['other']} (habit rate "
             f"{verbs['examine'] / max(sum(verbs.values()), 1):.2f}); with a mistake {len(mistaken)} (recovered "
             f"{sum(won for _, won in mistaken)}), first mistake: " + (", ".join(f"{k} {n}" for k, n in kinds) or "-"))
-    if advs:
-        line += "; mean A: " + ", ".join(f"{s} {v} {statistics.mean(a):+.3f} (n={len(a)})"
-                                         for (s, v), a in sorted(advs.items()))
-    return line
+    return line + mean_a(advs)
+
+
+def mean_a(advs):
+    """'; mean A: ...' of each (source, verb) on a 04 buffer, '' on episodes without advantages."""
+    return "; mean A: " + ", ".join(f"{s} {v} {statistics.mean(a):+.3f} (n={len(a)})"
+                                    for (s, v), a in sorted(advs.items())) if advs else ""
+
+
+def kitchen_summary(episodes):
+    steps = [(ep.get("source", "self"), step) for ep in episodes for step in ep["steps"]]
+    looks = [step for _, step in steps if step["action"] == "look"]
+    advs = collections.defaultdict(list)
+    for source, step in steps:
+        if step.get("adv") is not None:
+            advs[(source, (step["action"] or "-").split(" ")[0])].append(step["adv"])
+    return (f"success {sum(ep['success'] for ep in episodes)}/{len(episodes)}; steps {len(steps)}, look {len(looks)} "
+            f"(needless, labelled repeat: {sum(s['label'] == 'repeat' for s in looks)}, "
+            f"{sum(s['label'] == 'repeat' for s in looks) / max(len(steps), 1):.2f} of the steps); at the step limit "
+            f"{sum(bool(ep.get('truncated')) for ep in episodes)} episodes" + mean_a(advs))
 
 
 VIEWS = ("click[description]", "click[features]", "click[attributes]", "click[< prev]")  # item sub-pages
@@ -114,7 +132,7 @@ def main(argv=None):
                 episodes = [loads(line) for line in f if line.strip()]
             if not episodes:
                 die(f"{path}: no episodes in it; pass an episode JSONL of 02_collect.py or 04_gae.py")
-            line = (shop_summary if episodes[0].get("env") == "shop" else summary)(episodes)
+            line = {"shop": shop_summary, "kitchen": kitchen_summary}.get(episodes[0].get("env"), summary)(episodes)
         except (OSError, UnicodeDecodeError, ValueError, LookupError, TypeError, AttributeError) as e:  # not episodes
             die(f"{path}: not an episode JSONL of 02_collect.py or 04_gae.py ({getattr(e, 'strerror', None) or e})")
         print(f"{path}: {line}")
