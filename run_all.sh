@@ -46,10 +46,10 @@
 #   shape what the run writes (SEED, ENV, ENV_KWARGS, N_EXPERT, N_SELF, KEEP_OLD, BASE, the *_ARGS): a resume with
 #   others is refused. bash run_all.sh --check checks every setting (and that record), and runs nothing.
 #
-#   bash run_all.sh                      # the default run (6.5 min on 2 quiet CPU cores with the base cached: README)
+#   bash run_all.sh                      # the default run (7.6 min on 2 quiet CPU cores with the base cached: README)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
 #   SMOKE=1 bash run_all.sh              # a one-minute check of the whole chain (runs/smoke)
-#   BASE=smollm2 bash run_all.sh         # the real model on a GPU (runs/smollm2-household)
+#   BASE=smollm2 bash run_all.sh         # the real model on a GPU (runs/smollm2-kitchen)
 set -euo pipefail
 bad() { echo "error: $1" >&2; exit 2; }
 case "$*" in

@@ -3,7 +3,9 @@
 instead of opening it; on a 04 buffer also the mean A of each (source, verb)), the first mistake of each episode and
 how many episodes with one still succeed. Kitchen: how many steps are a `look`, and how many of those are needless
 (labelled `repeat`: the offer was in view, the demonstrator's step-wasting habit), how many episodes hit the step limit
-(on a 04 buffer also the mean A of each (source, verb)). Shop: do product clicks name an id the results page shows,
+(on a 04 buffer also the mean A of each (source, verb), and beside it the exact Bayes critic's A* = r_env + gamma
+V*(s') - V*(s), each source's policy estimated from its own episodes, gamma and the world's knobs from 04's summary
+beside the buffer). Shop: do product clicks name an id the results page shows,
 are searches a span of the instruction, how many purchases are hasty (no option clicked since the product was opened)?
 
     python bench/mistakes.py runs/default/eval/world0/policy_2_dev.jsonl runs/default/iter_2/adv.jsonl   # kitchen
@@ -17,8 +19,10 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import envs  # noqa: E402
 from bench.runner import parser  # noqa: E402
-from plumbing import die, loads  # noqa: E402
+from critic_report import env_kwargs_of  # noqa: E402
+from plumbing import die, loads, read_json  # noqa: E402
 
 
 def closed_arrivals(episode):
@@ -76,23 +80,44 @@ def summary(episodes):
     return line + mean_a(advs)
 
 
-def mean_a(advs):
-    """'; mean A: ...' of each (source, verb) on a 04 buffer, '' on episodes without advantages."""
-    return "; mean A: " + ", ".join(f"{s} {v} {statistics.mean(a):+.3f} (n={len(a)})"
+def mean_a(advs, stars=None):
+    """'; mean A: ...' of each (source, verb) on a 04 buffer (with the Bayes critic's mean A* where stars has
+    them), '' on episodes without advantages."""
+    star = lambda key: f"A* {statistics.mean(stars[key]):+.3f}, " if stars else ""
+    return "; mean A: " + ", ".join(f"{s} {v} {statistics.mean(a):+.3f} ({star((s, v))}n={len(a)})"
                                     for (s, v), a in sorted(advs.items())) if advs else ""
 
 
-def kitchen_summary(episodes):
-    steps = [(ep.get("source", "self"), step) for ep in episodes for step in ep["steps"]]
-    looks = [step for _, step in steps if step["action"] == "look"]
-    advs = collections.defaultdict(list)
-    for source, step in steps:
+def bayes_advantages(episodes, path):
+    """{id(episode): [A*_t per step]} from the exact Bayes critic (r_env + gamma V*(s_{t+1}) - V*(s_t), V* = 0 after
+    the last step), each source's policy estimated from its own episodes; None without 04's summary beside path."""
+    summary = read_json(path[:-1]) if path.endswith(".jsonl") else None
+    world = env_kwargs_of(summary["args"]["data"]) if summary and summary.get("stage") == "04_gae" else None
+    if world is None:
+        return None
+    gamma, out = summary["gamma"], {}
+    for source in {ep.get("source", "self") for ep in episodes}:
+        own = [ep for ep in episodes if ep.get("source", "self") == source]
+        for ep, v in zip(own, envs.bayes_critic("kitchen", own, own, gamma, world)):
+            out[id(ep)] = [s["r_env"] + gamma * nxt - now for s, now, nxt in zip(ep["steps"], v, v[1:] + [0.0])]
+    return out
+
+
+def kitchen_summary(episodes, path):
+    steps = [(ep.get("source", "self"), step, ep, t) for ep in episodes for t, step in enumerate(ep["steps"])]
+    looks = [step for _, step, _, _ in steps if step["action"] == "look"]
+    advs, stars = collections.defaultdict(list), collections.defaultdict(list)
+    bayes = bayes_advantages(episodes, path) if any(s.get("adv") is not None for _, s, _, _ in steps) else None
+    for source, step, ep, t in steps:
         if step.get("adv") is not None:
-            advs[(source, (step["action"] or "-").split(" ")[0])].append(step["adv"])
+            key = (source, (step["action"] or "-").split(" ")[0])
+            advs[key].append(step["adv"])
+            if bayes:
+                stars[key].append(bayes[id(ep)][t])
     return (f"success {sum(ep['success'] for ep in episodes)}/{len(episodes)}; steps {len(steps)}, look {len(looks)} "
             f"(needless, labelled repeat: {sum(s['label'] == 'repeat' for s in looks)}, "
             f"{sum(s['label'] == 'repeat' for s in looks) / max(len(steps), 1):.2f} of the steps); at the step limit "
-            f"{sum(bool(ep.get('truncated')) for ep in episodes)} episodes" + mean_a(advs))
+            f"{sum(bool(ep.get('truncated')) for ep in episodes)} episodes" + mean_a(advs, stars))
 
 
 VIEWS = ("click[description]", "click[features]", "click[attributes]", "click[< prev]")  # item sub-pages
@@ -132,7 +157,9 @@ def main(argv=None):
                 episodes = [loads(line) for line in f if line.strip()]
             if not episodes:
                 die(f"{path}: no episodes in it; pass an episode JSONL of 02_collect.py or 04_gae.py")
-            line = {"shop": shop_summary, "kitchen": kitchen_summary}.get(episodes[0].get("env"), summary)(episodes)
+            env = episodes[0].get("env")
+            line = kitchen_summary(episodes, path) if env == "kitchen" else (shop_summary if env == "shop" else
+                                                                                summary)(episodes)
         except (OSError, UnicodeDecodeError, ValueError, LookupError, TypeError, AttributeError) as e:  # not episodes
             die(f"{path}: not an episode JSONL of 02_collect.py or 04_gae.py ({getattr(e, 'strerror', None) or e})")
         print(f"{path}: {line}")

@@ -1,7 +1,10 @@
-"""bench/mistakes.py: the habit rate and the first mistake of each episode, on hand-made episodes."""
+"""bench/mistakes.py: the habit rate and the first mistake of each episode, on hand-made episodes; kitchen's looks and
+its Bayes A*."""
 import json
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT, load_module
 
@@ -108,3 +111,33 @@ def test_kitchen_line_counts_needless_looks_the_step_limit_and_mean_a(tmp_path):
                    "+0.250 (n=2), self use -1.000 (n=1)\n")
     no_adv = [dict(e, steps=[dict(st, adv=None) for st in e["steps"]]) for e in eps]
     assert printed(tmp_path, no_adv)[1].endswith("at the step limit 1 episodes\n")
+
+
+def test_kitchen_bayes_advantages_telescope_and_charge_a_needless_look_one_discounted_step(tmp_path):
+    """A*_t = r_env + gamma V*(s_{t+1}) - V*(s_t) from the exact Bayes critic, on the demonstrator's episodes with 04's
+    summary beside them: sum_t gamma^t A*_t = G_0 - V*(s_0) in every episode, and a needless look costs about
+    (1 - gamma) V*, where the other steps average about 0."""
+    import envs
+    env, gamma, eps = envs.make("kitchen"), 0.95, []
+    for tid in env.task_ids("train")[:300]:
+        obs0, prev, steps = env.reset(tid)[0], None, []
+        while not env.done:
+            cmd = env.expert_action()
+            obs, r, *_ = env.step(cmd)
+            steps.append({"action": cmd, "obs": obs, "r_env": r, "adv": 0.0, "label": "repeat" if obs == (
+                prev or obs0) else "ok", "done": env.done})
+            prev = obs
+        eps.append({"env": "kitchen", "source": "expert", "task": env._task["task"], "obs0": obs0, "steps": steps,
+                    "success": r == 1.0})
+    (tmp_path / "self.json").write_text(json.dumps({"args": {"policy": "p", "env_kwargs": "{}"}}))
+    (tmp_path / "adv.json").write_text(json.dumps({"stage": "04_gae", "gamma": gamma,
+                                                   "args": {"data": [str(tmp_path / "self.jsonl")]}}))
+    star = mistakes.bayes_advantages(eps, str(tmp_path / "adv.jsonl"))
+    v0 = envs.bayes_critic("kitchen", eps, eps, gamma, {})
+    for ep, v in zip(eps, v0):
+        g0 = sum(gamma ** t * s["r_env"] for t, s in enumerate(ep["steps"]))
+        assert sum(gamma ** t * a for t, a in enumerate(star[id(ep)])) == pytest.approx(g0 - v[0], abs=1e-9)
+    look = [star[id(ep)][t] for ep in eps for t, s in enumerate(ep["steps"]) if s["action"] == "look"]
+    use = [star[id(ep)][t] for ep in eps for t, s in enumerate(ep["steps"]) if s["action"] != "look"]
+    assert len(look) > 10 and -0.05 < sum(look) / len(look) < -0.015 and abs(sum(use) / len(use)) < 0.01
+    assert mistakes.bayes_advantages(eps, str(tmp_path / "other.jsonl")) is None  # no 04 summary beside it
