@@ -2,11 +2,12 @@
 (the share of arrivals at a closed receptacle where the policy examines it, the demonstrator's step-wasting habit,
 instead of opening it; on a 04 buffer also the mean A of each (source, verb)), the first mistake of each episode and
 how many episodes with one still succeed. Kitchen: how many steps are a `look`, and how many of those are needless
-(labelled `repeat`: the offer was in view, the demonstrator's step-wasting habit), how many episodes hit the step limit
-(on a 04 buffer also the mean A of each (source, verb), and beside it the exact Bayes critic's A* = r_env + gamma
-V*(s') - V*(s), each source's policy estimated from its own episodes, gamma and the world's knobs from 04's summary
-beside the buffer). Shop: do product clicks name an id the results page shows,
-are searches a span of the instruction, how many purchases are hasty (no option clicked since the product was opened)?
+(labelled `repeat`: the offer was in view, the demonstrator's step-wasting habit), how many are labelled `invalid` (a
+command the world refuses), how many episodes hit the step limit (on a 04 buffer also the mean A of each (source,
+verb: look, use, other), and beside it the exact Bayes critic's A* = r_env + gamma V*(s') - V*(s), each source's
+policy estimated from its own episodes, gamma and the world's knobs from 04's summary beside the buffer). Shop: do
+product clicks name an id the results page shows, are searches a span of the instruction, how many purchases are
+hasty (no option clicked since the product was opened)?
 
     python bench/mistakes.py runs/default/eval/world0/policy_2_dev.jsonl runs/default/iter_2/adv.jsonl   # kitchen
     python bench/mistakes.py runs/course_habit0/eval/world0/policy_1_seen.jsonl   # household
@@ -110,13 +111,14 @@ def kitchen_summary(episodes, path):
     bayes = bayes_advantages(episodes, path) if any(s.get("adv") is not None for _, s, _, _ in steps) else None
     for source, step, ep, t in steps:
         if step.get("adv") is not None:
-            key = (source, (step["action"] or "-").split(" ")[0])
+            key = (source, next((v for v in ("look", "use") if (step["action"] or "").startswith(v)), "other"))
             advs[key].append(step["adv"])
             if bayes:
                 stars[key].append(bayes[id(ep)][t])
     return (f"success {sum(ep['success'] for ep in episodes)}/{len(episodes)}; steps {len(steps)}, look {len(looks)} "
             f"(needless, labelled repeat: {sum(s['label'] == 'repeat' for s in looks)}, "
-            f"{sum(s['label'] == 'repeat' for s in looks) / max(len(steps), 1):.2f} of the steps); at the step limit "
+            f"{sum(s['label'] == 'repeat' for s in looks) / max(len(steps), 1):.2f} of the steps), invalid "
+            f"{sum(s['label'] == 'invalid' for _, s, _, _ in steps)}; at the step limit "
             f"{sum(bool(ep.get('truncated')) for ep in episodes)} episodes" + mean_a(advs, stars))
 
 

@@ -97,8 +97,8 @@ def test_shop_line_counts_copies_and_hasty_purchases(tmp_path):
 
 
 def test_kitchen_line_counts_needless_looks_the_step_limit_and_mean_a(tmp_path):
-    """On kitchen episodes: the looks, those labelled repeat (the offer was in view), the episodes cut by the step
-    limit, and on a 04 buffer the mean A of each (source, verb)."""
+    """On kitchen episodes: the looks, those labelled repeat (the offer was in view), the invalid steps, the episodes
+    cut by the step limit, and on a 04 buffer the mean A of each (source, verb)."""
     def s(action, label="ok", adv=None):
         return {"action": action, "obs": "You use the cup 1. Next: apple.", "label": label, "adv": adv}
     eps = [{"env": "kitchen", "source": "expert", "success": True, "truncated": False,
@@ -106,9 +106,9 @@ def test_kitchen_line_counts_needless_looks_the_step_limit_and_mean_a(tmp_path):
            {"env": "kitchen", "source": "self", "success": False, "truncated": True,
             "steps": [s("use pan 3", "invalid", adv=-1.0), s("look", adv=0.0), s("look", "repeat", adv=0.5)]}]
     path, out = printed(tmp_path, eps)
-    assert out == (f"{path}: success 1/2; steps 6, look 3 (needless, labelled repeat: 2, 0.33 of the steps); at the "
-                   "step limit 1 episodes; mean A: expert look +0.500 (n=1), expert use -0.250 (n=2), self look "
-                   "+0.250 (n=2), self use -1.000 (n=1)\n")
+    assert out == (f"{path}: success 1/2; steps 6, look 3 (needless, labelled repeat: 2, 0.33 of the steps), "
+                   "invalid 1; at the step limit 1 episodes; mean A: expert look +0.500 (n=1), expert use -0.250 "
+                   "(n=2), self look +0.250 (n=2), self use -1.000 (n=1)\n")
     no_adv = [dict(e, steps=[dict(st, adv=None) for st in e["steps"]]) for e in eps]
     assert printed(tmp_path, no_adv)[1].endswith("at the step limit 1 episodes\n")
 
