@@ -118,7 +118,8 @@ if [ "$ENV" = household ]; then  # from iteration 2 on, half the lr and twice th
   ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} LATER_ARGS=${LATER_ARGS-"--lr 1.5e-4 \
 --kl-coef 0.1"}
 elif [ "$ENV" = kitchen ]; then  # the credit world (docs/design.md, 'The default miniature'): the env's defaults; 05's
-  # epochs chosen on dev (bench/results/kitchen_tuning_dev.md): two for Q-Evolve, six for the outcome-level PG
+  # epochs chosen on dev (bench/results/kitchen_tuning_dev.md): two for Q-Evolve, six for the outcome-level PG; no
+  # LATER_ARGS (household's slows the outcome-level PG on dev: bench/results/kitchen_later_dev.md)
   ENV_KWARGS=${ENV_KWARGS:-"{}"} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} BPPO_ARGS=${BPPO_ARGS-"--epochs 2"}
   OUTCOME_ARGS=${OUTCOME_ARGS-"--epochs 6"}
 elif [ "$ENV" = shop ]; then  # longer episodes: budgets that fit ~20 minutes, replies of up to 64 tokens
