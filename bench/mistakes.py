@@ -105,21 +105,22 @@ def bayes_advantages(episodes, path):
 
 
 def kitchen_summary(episodes, path):
-    steps = [(ep.get("source", "self"), step, ep, t) for ep in episodes for t, step in enumerate(ep["steps"])]
-    looks = [step for _, step, _, _ in steps if step["action"] == "look"]
+    steps = [s for ep in episodes for s in ep["steps"]]
+    needless = sum(s["action"] == "look" and s["label"] == "repeat" for s in steps)
+    bayes = bayes_advantages(episodes, path) if any(s.get("adv") is not None for s in steps) else None
     advs, stars = collections.defaultdict(list), collections.defaultdict(list)
-    bayes = bayes_advantages(episodes, path) if any(s.get("adv") is not None for _, s, _, _ in steps) else None
-    for source, step, ep, t in steps:
-        if step.get("adv") is not None:
-            key = (source, next((v for v in ("look", "use") if (step["action"] or "").startswith(v)), "other"))
-            advs[key].append(step["adv"])
-            if bayes:
-                stars[key].append(bayes[id(ep)][t])
-    return (f"success {sum(ep['success'] for ep in episodes)}/{len(episodes)}; steps {len(steps)}, look {len(looks)} "
-            f"(needless, labelled repeat: {sum(s['label'] == 'repeat' for s in looks)}, "
-            f"{sum(s['label'] == 'repeat' for s in looks) / max(len(steps), 1):.2f} of the steps), invalid "
-            f"{sum(s['label'] == 'invalid' for _, s, _, _ in steps)}; at the step limit "
-            f"{sum(bool(ep.get('truncated')) for ep in episodes)} episodes" + mean_a(advs, stars))
+    for ep in episodes:
+        for t, s in enumerate(ep["steps"]):
+            if s.get("adv") is not None:
+                key = (ep.get("source", "self"), next((v for v in ("look", "use") if (s["action"] or "").startswith(v)),
+                                                       "other"))
+                advs[key].append(s["adv"])
+                if bayes:
+                    stars[key].append(bayes[id(ep)][t])
+    return (f"success {sum(ep['success'] for ep in episodes)}/{len(episodes)}; steps {len(steps)}, look "
+            f"{sum(s['action'] == 'look' for s in steps)} (needless, labelled repeat: {needless}, "
+            f"{needless / max(len(steps), 1):.2f} of the steps), invalid {sum(s['label'] == 'invalid' for s in steps)}"
+            f"; at the step limit {sum(bool(ep.get('truncated')) for ep in episodes)} episodes" + mean_a(advs, stars))
 
 
 VIEWS = ("click[description]", "click[features]", "click[attributes]", "click[< prev]")  # item sub-pages
@@ -159,9 +160,8 @@ def main(argv=None):
                 episodes = [loads(line) for line in f if line.strip()]
             if not episodes:
                 die(f"{path}: no episodes in it; pass an episode JSONL of 02_collect.py or 04_gae.py")
-            env = episodes[0].get("env")
-            line = kitchen_summary(episodes, path) if env == "kitchen" else (shop_summary if env == "shop" else
-                                                                                summary)(episodes)
+            line = {"kitchen": lambda eps: kitchen_summary(eps, path), "shop": shop_summary}.get(
+                episodes[0].get("env"), summary)(episodes)
         except (OSError, UnicodeDecodeError, ValueError, LookupError, TypeError, AttributeError) as e:  # not episodes
             die(f"{path}: not an episode JSONL of 02_collect.py or 04_gae.py ({getattr(e, 'strerror', None) or e})")
         print(f"{path}: {line}")
