@@ -19,7 +19,8 @@ from bench.runner import KWARGS, ROOT, expert_demos, must, parser, table_out, wr
 
 def main():
     p = parser(__doc__)
-    p.add_argument("--env", default="household", choices=sorted(KWARGS), help="whose expert demos")
+    p.add_argument("--env", default="kitchen", choices=["kitchen", *sorted(KWARGS)],
+                   help="whose expert demos (the table's rows so far: household's)")
     p.add_argument("--model", default="models/smollm2-135m", help="a model directory (python -m models.smollm2)")
     p.add_argument("--stages", default=ROOT, help="the checkout whose 01_bc.py / 05_bppo.py run")
     p.add_argument("--label", default="this checkout", help="the rows' name in the table")
