@@ -1,6 +1,7 @@
 """The pages point at what exists: every relative link of README.md and docs/ names a file of the
 repository (and, with #anchor, a heading of it), and every "<page>.md, '<section>'" reference in the code,
-the scripts and the pages names a heading of that page."""
+the scripts and the pages names a heading of that page; README's file table and reading order name functions that
+exist."""
 import glob
 import json
 import os
@@ -27,6 +28,31 @@ def test_every_link_names_a_file_and_heading_that_exist():
             assert os.path.exists(os.path.join(ROOT, path)), f"{page} links {target}: no such file"
             if anchor:
                 assert anchor in headings(path)[1], f"{page} links {target}: no such heading in {path}"
+
+
+def test_the_readme_file_table_and_reading_order_name_functions_that_exist():
+    """README's 'The algorithm, file by file' and 'The order to read the files': each `file.py:name`, and each
+    identifier after a `file.py` in a row or item (`parse_action`, ...), is a function or class of that file."""
+    import ast
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text[text.index("## The algorithm, file by file"):text.index("## What to look at in each printout")]
+    defined = lambda f: {n.name for n in ast.walk(ast.parse(open(os.path.join(ROOT, f)).read()))
+                         if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    missing, named = [], 0
+    for line in re.split(r"\n(?=\||\d+\. )", section):  # a table row or a numbered item
+        where = None
+        for token in re.findall(r"`([^`]+)`", line):
+            m = re.fullmatch(r"([\w/]+\.py)(?::(\w+))?", token)
+            if m:
+                where = m[1]
+                names = [m[2]] if m[2] else []
+            elif where and re.fullmatch(r"[a-z]+_[a-z_]+|[A-Z][a-z]+[A-Za-z]*", token):  # a function or class name
+                names = [token]
+            else:
+                continue
+            named += len(names)
+            missing += [f"{where}:{n}" for n in names if n not in defined(where)]
+    assert named >= 20 and not missing, (named, missing)
 
 
 def test_every_named_section_exists():
