@@ -2,6 +2,7 @@
 repository (and, with #anchor, a heading of it), and every "<page>.md, '<section>'" reference in the code,
 the scripts and the pages names a heading of that page; README's file table and reading order name functions that
 exist."""
+import ast
 import glob
 import json
 import os
@@ -33,11 +34,11 @@ def test_every_link_names_a_file_and_heading_that_exist():
 def test_the_readme_file_table_and_reading_order_name_functions_that_exist():
     """README's 'The algorithm, file by file' and 'The order to read the files': each `file.py:name`, and each
     identifier after a `file.py` in a row or item (`parse_action`, ...), is a function or class of that file."""
-    import ast
     text = open(os.path.join(ROOT, "README.md")).read()
     section = text[text.index("## The algorithm, file by file"):text.index("## What to look at in each printout")]
-    defined = lambda f: {n.name for n in ast.walk(ast.parse(open(os.path.join(ROOT, f)).read()))
-                         if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    defs = {}  # file -> the names of its functions and classes, each file parsed once
+    defined = lambda f: defs.setdefault(f, {n.name for n in ast.walk(ast.parse(open(os.path.join(ROOT, f)).read()))
+                                            if isinstance(n, (ast.FunctionDef, ast.ClassDef))})
     missing, named = [], 0
     for line in re.split(r"\n(?=\||\d+\. )", section):  # a table row or a numbered item
         where = None
