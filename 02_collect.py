@@ -61,6 +61,9 @@ def parse_args(argv=None):
                    help="task split(s): train, dev (for tuning), seen or unseen")
     d.add_argument("--episodes", type=int, default=0,
                    help="number of tasks, drawn without replacement with --seed (0: every task of the split, in order)")
+    d.add_argument("--keep", choices=["all", "success"], default="all",
+                   help="the episodes written: all, or the successful ones only (the paper's D_expert: successful "
+                        "demonstrations); the summary's rates are those of all")
     a.add_argument("--seed", type=int, default=0, help="random seed (task draw and sampling)")
     a.add_argument("--greedy", action="store_true", help="greedy decoding (evaluation); default samples")
     a.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for collection")

@@ -146,11 +146,12 @@ def parse_env_kwargs(text):
 
 
 # Each kind of output: what it is, and who writes it (named in its args.json / summary / metrics record / stamp).
-STAGE_NAMES = ("00_pretrain", "01_bc", "02_collect", "03_critic", "04_gae", "05_bppo")
-ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py / 05_bppo.py",
-                        ("00_pretrain", "01_bc", "05_bppo")),
-             "critic": ("a critic directory written by 03_critic.py", ("03_critic",)),
-             "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py", ("02_collect",)),
+STAGE_NAMES = ("00_pretrain", "01_bc", "02_collect", "03_critic", "04_gae", "05_bppo", "eto", "qlass")
+ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py / 05_bppo.py / eto.py",
+                        ("00_pretrain", "01_bc", "05_bppo", "eto")),
+             "critic": ("a critic directory written by 03_critic.py or qlass.py (its QNet)", ("03_critic", "qlass")),
+             "02_collect": ("an episode JSONL (or its .json summary) written by 02_collect.py or qlass.py (its trees)",
+                            ("02_collect", "qlass")),
              "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
              "log": ("a metrics JSONL written by the stages", STAGE_NAMES),
              "png": ("a PNG written by this project (its Software text chunk)",

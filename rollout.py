@@ -160,6 +160,11 @@ def summarize(args, episodes, counts, timing, rank, world):
                "avg_steps": sum(len(ep["steps"]) for ep in episodes) / n,
                "labels": {k: labels.get(k, 0) for k in ("ok", "invalid", "repeat", "format")},
                "env_steps": env_steps, "generated_tokens": counts["generated_tokens"], **timing}
+    if args.keep == "success":  # the paper's D_expert: the successful demonstrations alone are written
+        episodes = [ep for ep in episodes if ep["success"]]
+        summary["kept"] = len(episodes)
+        if not episodes:
+            die(f"--keep success: none of the {n} episodes succeeded, so there is nothing to write")
     if counts["cut_replies"]:
         print(f"note: {counts['cut_replies']} replies reached --max-new-tokens {args.max_new_tokens} before the "
               f"end-of-turn token and were cut (raise --max-new-tokens if the policy writes long thoughts)")
@@ -171,4 +176,5 @@ def summarize(args, episodes, counts, timing, rank, world):
           f"{summary['success_rate']:.1%}, avg reward {summary['avg_reward']:.3f}, "
           f"avg steps {summary['avg_steps']:.1f}, labels ok {lab['ok']} invalid {lab['invalid']} "
           f"repeat {lab['repeat']} format {lab['format']}, {n} episodes "
+          f"{'(the ' + str(len(episodes)) + ' successes written) ' if args.keep == 'success' else ''}"
           f"{rerank}in {summary['wall_s']:.1f}s{batch} -> {args.out}")

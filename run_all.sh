@@ -28,10 +28,15 @@
 #   docs/real_model.md) or a local Hugging Face model directory. A real model (smollm2 or a directory) gets
 #   budgets for one GPU (below; a variable you set still wins); on a CPU the run stops first with what it costs.
 #   PRETRAIN_ARGS, BC_ARGS, COLLECT_ARGS, CRITIC_ARGS, GAE_ARGS, BPPO_ARGS: extra flags for a stage
+#   DEMOS=success: the demonstrations kept - success (the paper's D_expert: the demonstrator's successes among its
+#   N_EXPERT tasks, about half in kitchen) or all (its failures too: outcome-labelled demonstrations, the contrast)
 #   ALGOS=qevolve: the algorithms that evolve policy_0, each K iterations from the same BC policy and iteration-1
 #   episodes - qevolve, and the baselines rft (iterated rejection fine-tuning: 01 on expert + successful own episodes;
-#   RFT_ARGS="--epochs 2 --lr 1e-3") and outcome (05 on the episode's return - the mean: 04 --advantage outcome;
-#   OUTCOME_ARGS="--epochs 2", 05's flags after BPPO_ARGS). Both chosen on dev: bench/results/household_tuning_dev.md
+#   RFT_ARGS="--epochs 2 --lr 1e-3"), outcome (05 on the episode's return - the mean: 04 --advantage outcome;
+#   OUTCOME_ARGS, 05's flags after BPPO_ARGS; kitchen: "--epochs 6"), eto (the paper's baseline: DPO on success /
+#   failure pairs of a task, eto.py; ETO_ARGS) and qlass (the paper's baseline, once: exploration trees of policy_0 on
+#   train tasks, a QNet, then policy_0 with the QNet's argmax of QLASS_M=2 sampled replies a step, qlass.py;
+#   QLASS_ARGS="--tasks 100", its tree's --width and --depth)
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
 #   CPU_OK=0: 1 runs a real model on a machine without a GPU (else the run stops first with what it would cost)
 #   CUDA_GRAPH=0: 1 adds --cuda-graph to COLLECT_ARGS (02's decode steps from CUDA graphs: faster on a GPU, the
@@ -82,16 +87,18 @@ SMOKE=${SMOKE:-0}
 need_bool SMOKE
 
 # SMOKE=1: toy budgets, the run tests/test_chain.py checks (a tiny base model, 16 demos, 6 self episodes,
-# 4 evaluation tasks per split in 2 worlds, one epoch per stage, kitchen's 2 decisions or at most 5 steps). These are
+# 4 evaluation tasks per split in 2 worlds, one epoch per stage, kitchen's 2 decisions and 20 train tasks (so that ETO
+# finds pairs) or at most 5 steps). These are
 # only defaults: a variable you set still wins. The numbers it prints mean nothing.
 if [ "$SMOKE" = 1 ]; then
   RUN=${RUN:-runs/smoke} N_EXPERT=${N_EXPERT:-16} N_SELF=${N_SELF:-6} N_EVAL=${N_EVAL:-4} THREADS=${THREADS:-1}
   EVAL_WORLDS=${EVAL_WORLDS:-"0 1"}
-  if [ "${ENV:-kitchen}" = kitchen ]; then ENV_KWARGS=${ENV_KWARGS:-'{"decisions": 2}'}; fi
+  if [ "${ENV:-kitchen}" = kitchen ]; then ENV_KWARGS=${ENV_KWARGS:-'{"decisions": 2, "careless": 0.85, "n_train": 20}'}; fi
   ENV_KWARGS=${ENV_KWARGS:-'{"max_steps": 5}'}
   PRETRAIN_ARGS=${PRETRAIN_ARGS:-"--episodes 16 --epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}
   BC_ARGS=${BC_ARGS:-"--epochs 1"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 1"} BPPO_ARGS=${BPPO_ARGS:-"--epochs 1"}
-  OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 1"}
+  OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 1"} ETO_ARGS=${ETO_ARGS:-"--epochs 1"}
+  QLASS_ARGS=${QLASS_ARGS:-"--tasks 4 --epochs 1 --max-new-tokens 16 --num-envs 6"}
   COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 16 --num-envs 6"}
 fi
 
@@ -117,10 +124,11 @@ SHOP_KWARGS='{"page_size": 3, "max_steps": 10, "hasty": 0.5}'
 if [ "$ENV" = household ]; then  # from iteration 2 on, half the lr and twice the KL weight (ETO's schedule; on dev)
   ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} LATER_ARGS=${LATER_ARGS-"--lr 1.5e-4 \
 --kl-coef 0.1"}
-elif [ "$ENV" = kitchen ]; then  # the credit world (docs/design.md, 'The default miniature'): the env's defaults; 05's
+elif [ "$ENV" = kitchen ]; then  # the credit world (docs/design.md, 'The default miniature'): careless 0.85, so that the
+  # flaw stays the demonstrations' mode among the successes alone (bench/demos.py: the rule, by simulation only); 05's
   # epochs chosen on dev (bench/results/kitchen_tuning_dev.md): two for Q-Evolve, six for the outcome-level PG; no
   # LATER_ARGS (household's slows the outcome-level PG on dev: bench/results/kitchen_later_dev.md)
-  ENV_KWARGS=${ENV_KWARGS:-"{}"} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} BPPO_ARGS=${BPPO_ARGS-"--epochs 2"}
+  ENV_KWARGS=${ENV_KWARGS:-'{"careless": 0.85}'} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} BPPO_ARGS=${BPPO_ARGS-"--epochs 2"}
   OUTCOME_ARGS=${OUTCOME_ARGS-"--epochs 6"}
 elif [ "$ENV" = shop ]; then  # longer episodes: budgets that fit ~20 minutes, replies of up to 64 tokens
   ENV_KWARGS=${ENV_KWARGS:-$SHOP_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-0} BC_ARGS=${BC_ARGS:-"--epochs 4"}
@@ -146,14 +154,22 @@ SMOLLM2_DIR=${SMOLLM2_DIR:-models/smollm2-135m}
 for v in PRETRAIN_ARGS BC_ARGS COLLECT_ARGS CRITIC_ARGS GAE_ARGS BPPO_ARGS LATER_ARGS; do declare "$v=${!v:-}"; done
 RFT_ARGS=${RFT_ARGS:-"--epochs 2 --lr 1e-3"}
 OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 2"}
+ETO_ARGS=${ETO_ARGS:-}
+QLASS_ARGS=${QLASS_ARGS:-"--tasks 100"}
+QLASS_M=${QLASS_M:-2}
+DEMOS=${DEMOS:-success}
+[[ $DEMOS =~ ^(success|all)$ ]] || bad "DEMOS must be success (the paper's: successful demonstrations) or all, got \
+'$DEMOS'"
 ALGOS=${ALGOS:-qevolve}
-[[ $ALGOS =~ ^[[:space:]]*(qevolve|rft|outcome)([[:space:]]+(qevolve|rft|outcome))*[[:space:]]*$ ]] \
-  || bad "ALGOS must be words of: qevolve rft outcome, got '$ALGOS'"
+algo='(qevolve|rft|outcome|eto|qlass)'
+[[ $ALGOS =~ ^[[:space:]]*$algo([[:space:]]+$algo)*[[:space:]]*$ ]] \
+  || bad "ALGOS must be words of: qevolve rft outcome eto qlass, got '$ALGOS'"
 CPU_OK=${CPU_OK:-0}
 CUDA_GRAPH=${CUDA_GRAPH:-0}
-need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC
+need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC QLASS_M
 need_bool KEEP_OLD EVAL CPU_OK CUDA_GRAPH
 [ "$NPROC" -ge 1 ] || bad "NPROC must be at least 1 (processes per stage), got $NPROC"
+[ "$QLASS_M" -ge 1 ] || bad "QLASS_M must be at least 1 (QLASS's candidate replies a step), got $QLASS_M"
 [ "$N_EXPERT" -ge 1 ] && [ "$N_SELF" -ge 1 ] || bad "N_EXPERT and N_SELF must be at least 1 (episodes), got \
 N_EXPERT=$N_EXPERT N_SELF=$N_SELF"
 [ "$SEED" -le 4294966 ] && [ "$K" -le 999 ] || bad "SEED must be at most 4294966 and K at most 999 (self-collection's \
@@ -199,8 +215,8 @@ fi
 # What bash cannot check, then RUN's lock and record (the header): python run_support.py start, which then starts this
 # script again (QEVOLVE_STARTED), holding the lock until the run ends. The last three settings only add evaluations.
 settings=()
-for v in SEED ENV ENV_KWARGS N_EXPERT N_SELF KEEP_OLD BASE REF PRETRAIN_ARGS BC_ARGS COLLECT_ARGS CRITIC_ARGS \
-         GAE_ARGS BPPO_ARGS RFT_ARGS OUTCOME_ARGS LATER_ARGS EVAL_SPLITS EVAL_WORLDS N_EVAL; do settings+=("$v=${!v}"); done
+for v in SEED ENV ENV_KWARGS DEMOS N_EXPERT N_SELF KEEP_OLD BASE REF PRETRAIN_ARGS BC_ARGS COLLECT_ARGS CRITIC_ARGS \
+         GAE_ARGS BPPO_ARGS RFT_ARGS OUTCOME_ARGS ETO_ARGS QLASS_ARGS QLASS_M LATER_ARGS EVAL_SPLITS EVAL_WORLDS N_EVAL; do settings+=("$v=${!v}"); done
 if [ "$CHECK" = 1 ]; then
   quiet $PYTHON run_support.py start "$RUN" "${settings[@]}"
   echo "run_all.sh --check: every setting is good (RUN=$RUN; nothing was run)"
@@ -218,8 +234,8 @@ RUNS=($PYTHON)  # how 01, 02, 03 and 05 start: one process, or NPROC under torch
 # torchrun through run_support.py: a stage's bad input (exit 2 on every rank) stays one line, not torchrun's traceback
 if [ "$NPROC" -gt 1 ]; then RUNS=($PYTHON run_support.py torchrun --standalone --nproc_per_node "$NPROC"); fi
 
-# evaluate POLICY_DIR NAME: greedy episodes on each split of EVAL_SPLITS in each world of EVAL_WORLDS, in one
-# process (one model load), for the worlds and splits that miss a result.
+# evaluate POLICY_DIR NAME [FLAGS...]: greedy episodes (or FLAGS': QLASS's Q-guided sampling) on each split of
+# EVAL_SPLITS in each world of EVAL_WORLDS, in one process (one model load), for the worlds and splits that miss a result.
 evaluate() {
   local worlds=() splits=() world split
   [ "$EVAL" = 1 ] || return 0
@@ -234,8 +250,10 @@ evaluate() {
     echo "== skip (exists): $RUN/eval/world*/$2_*.json"
     return
   fi
+  local how=(--greedy)
+  [ $# -gt 2 ] && how=("${@:3}")
   run "${RUNS[@]}" 02_collect.py --policy "$1" "${ENVARGS[@]}" --env-seed "${worlds[@]}" --split "${splits[@]}" \
-    --episodes "$N_EVAL" --greedy --out "$RUN/eval/world{world}/$2_{split}.jsonl" "${COMMON[@]}" $COLLECT_ARGS
+    --episodes "$N_EVAL" "${how[@]}" --out "$RUN/eval/world{world}/$2_{split}.jsonl" "${COMMON[@]}" $COLLECT_ARGS
 }
 
 # ---- the base language model, shared by every run with the same environment and settings
@@ -257,7 +275,7 @@ fi
 
 # ---- behavior cloning on expert demonstrations
 stage "$RUN/data/expert.json" "${RUNS[@]}" 02_collect.py --policy expert "${ENVARGS[@]}" --split train \
-  --episodes "$N_EXPERT" --out "$RUN/data/expert.jsonl" "${COMMON[@]}"
+  --episodes "$N_EXPERT" --keep "$DEMOS" --out "$RUN/data/expert.jsonl" "${COMMON[@]}"
 stage "$RUN/policy_0" "${RUNS[@]}" 01_bc.py --data "$RUN/data/expert.jsonl" --out "$RUN/policy_0" "${MODEL[@]}" \
   "${COMMON[@]}" $BC_ARGS
 evaluate "$RUN/policy_0" policy_0
@@ -296,8 +314,11 @@ evolve() {
       rft)
         stage "$dir/policy_$k" "${RUNS[@]}" 01_bc.py --data "${buffer[@]}" --filter success --model "$prev" \
           --out "$dir/policy_$k" "${COMMON[@]}" $RFT_ARGS ;;
+      eto)
+        stage "$dir/policy_$k" "${RUNS[@]}" eto.py --data "${buffer[@]}" --policy "$prev" --ref "$RUN/policy_0" \
+          --out "$dir/policy_$k" "${COMMON[@]}" $ETO_ARGS ;;
     esac
-    if [ "$algo" != rft ]; then
+    if [ "$algo" = qevolve ] || [ "$algo" = outcome ]; then
       local tuned="" ref="$RUN/policy_0" later=""
       [ "$algo" = outcome ] && tuned=$OUTCOME_ARGS
       [ "$REF" = prev ] && ref=$prev
@@ -308,7 +329,16 @@ evolve() {
     evaluate "$dir/policy_$k" "${tag}policy_$k"
   done
 }
-for algo in $ALGOS; do evolve "$algo"; done
+# QLASS (qlass.py), once: trees of policy_0 on train tasks (the demonstrations their first branches), its QNet, then
+# policy_0 with the QNet's argmax of QLASS_M sampled replies a step (its main-table row) as $RUN/qlass/policy_1.
+qlass() {
+  stage "$RUN/qlass/qnet" $PYTHON qlass.py --policy "$RUN/policy_0" --data "$RUN/data/expert.jsonl" \
+    --trees "$RUN/qlass/trees.jsonl" --out "$RUN/qlass/qnet" "${ENVARGS[@]}" "${COMMON[@]}" $QLASS_ARGS
+  evaluate "$RUN/policy_0" qlass_policy_1 --rerank "$RUN/qlass/qnet" --candidates "$QLASS_M"
+}
+for algo in $ALGOS; do
+  if [ "$algo" = qlass ]; then qlass; else evolve "$algo"; fi
+done
 
 # ---- the results table (run_support.py: the output rule and an atomic write, as every file of the project)
 if [ "$EVAL" = 1 ]; then

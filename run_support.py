@@ -35,39 +35,48 @@ def open_log(path, writer, note=""):
 
 
 def results_table(run, k, worlds, algos, splits):
-    """run_all.sh's RUN/results.md: one row per policy (BC, then each algorithm of ALGOS per iteration); each split's
-    mean over the worlds, then each world's success."""
+    """run_all.sh's RUN/results.md: one row per policy (BC, then each algorithm of ALGOS per iteration; QLASS once);
+    each split's mean over the worlds, then each world's success; and each policy's online environment steps to date
+    (its own episodes, QLASS's trees), the demonstrations' apart."""
     out = os.path.join(run, "results.md")
     check_out(out, "results")  # first: a user's results.md is refused before anything is read
     def load(p):
         obj = read_json(os.path.join(run, p))
         return obj if obj is not None else die(f"{os.path.join(run, p)}: missing or not a summary of 02_collect.py")
     mean = lambda xs: sum(xs) / len(xs)
-    names = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level PG"}
+    names = {"qevolve": "Q-Evolve", "rft": "iterated RFT", "outcome": "outcome-level PG", "eto": "ETO",
+             "qlass": "QLASS"}
+    own = lambda algo, j: load(f"iter_{j}/self.json" if j == 1 or algo == "qevolve" else f"{algo}/iter_{j}/self.json")
     rows = ["| policy | " + " | ".join(f"{s} success | {s} avg reward | {s} success in world {' / '.join(worlds)}"
-                                        for s in splits) + " | train env steps so far |",
+                                        for s in splits) + " | online env steps |",
             "|---|" + "---|---|---|" * len(splits) + "---|"]
-    for algo, i in [("qevolve", 0)] + [(a, i) for a in algos for i in range(1, k + 1)]:
+    policies = [("qevolve", 0)] + [(a, i) for a in algos for i in (range(1, 2) if a == "qlass" else range(1, k + 1))]
+    for algo, i in policies:
         tag = "" if algo == "qevolve" else f"{algo}_"  # a baseline's iterations 2.. are in RUN/<algo>/
-        steps = load("data/expert.json")["env_steps"] + sum(
-            load(f"iter_{j}/self.json" if j == 1 or not tag else f"{algo}/iter_{j}/self.json")["env_steps"]
-            for j in range(1, i + 1))
+        steps = load("qlass/trees.json")["env_steps"] if algo == "qlass" else \
+            sum(own(algo, j)["env_steps"] for j in range(1, i + 1))
         cells = []
         for s in splits:
             e = [load(f"eval/world{w}/{tag}policy_{i}_{s}.json") for w in worlds]
             per_world = " / ".join(f"{x['success_rate']:.0%}" for x in e)
             cells.append(f"{mean([x['success_rate'] for x in e]):.1%} | {mean([x['avg_reward'] for x in e]):.3f} | "
                          f"{per_world}")
-        name = "policy_0 (BC)" if i == 0 else f"{tag}policy_{i} ({names[algo]} iter {i})"
+        m = e[0]["candidates"]  # QLASS's replies sampled a step (1 for a greedy evaluation)
+        name = "policy_0 (BC)" if i == 0 else f"{tag}policy_{i} ({names[algo]} iter {i})" if algo != "qlass" else \
+            f"qlass_policy_1 (QLASS: BC and its QNet, {m} candidates a step)"
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
-    table = "\n".join(rows) + "\n"
+    demos = load("data/expert.json")
+    kept = demos.get("kept", demos["episodes"])
+    table = "\n".join(rows) + "\n" + f"\nDemonstrations: {kept} of the demonstrator's {demos['episodes']} train " \
+        f"episodes ({'its successes' if 'kept' in demos else 'all'}), {demos['env_steps']} env steps (not online).\n"
     if "dev" in splits:  # the one-line check: did an iteration lose ground? (dev, where settings are tuned)
         dev = lambda tag, i: mean([load(f"eval/world{w}/{tag}policy_{i}_dev.json")["success_rate"] for w in worlds])
         for algo in algos:
             tag = "" if algo == "qevolve" else f"{algo}_"
-            rate = [dev("", 0)] + [dev(tag, i) for i in range(1, k + 1)]  # BC, then the algorithm's iterations
+            n = 1 if algo == "qlass" else k
+            rate = [dev("", 0)] + [dev(tag, i) for i in range(1, n + 1)]  # BC, then the algorithm's iterations
             steps = [f"iter {i} {rate[i]:.1%} ({100 * (rate[i] - rate[i - 1]):+.1f}"
-                     f"{': lost ground' if rate[i] < rate[i - 1] else ''})" for i in range(1, k + 1)]
+                     f"{': lost ground' if rate[i] < rate[i - 1] else ''})" for i in range(1, n + 1)]
             table += f"\n{names[algo]} on dev, each iteration against its predecessor (BC {rate[0]:.1%}): " \
                      f"{', '.join(steps)}\n"
     save_text(out, f"<!-- {STAMP}run_all.sh -->\n# Results: {run}\n\nSuccess and average reward: the mean over "
@@ -141,7 +150,9 @@ STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "--env", "--env-kwargs
                                                "--episodes", *COMMON]),
                "CRITIC_ARGS": ("03_critic", ["--data", "--policy", "--out", *COMMON]),
                "GAE_ARGS": ("04_gae", ["--data", "--critic", "--out", *COMMON]),
-               "BPPO_ARGS": ("05_bppo", ["--data", "--policy", "--ref", "--out", *COMMON])}
+               "BPPO_ARGS": ("05_bppo", ["--data", "--policy", "--ref", "--out", *COMMON]),
+               "ETO_ARGS": ("eto", ["--data", "--policy", "--ref", "--out", *COMMON]),
+               "QLASS_ARGS": ("qlass", ["--policy", "--data", "--trees", "--out", "--env", "--env-kwargs", *COMMON])}
 STAGE_FLAGS["OUTCOME_ARGS"] = STAGE_FLAGS["LATER_ARGS"] = STAGE_FLAGS["BPPO_ARGS"]  # each after BPPO_ARGS
 # two values of each of those flags (others: 1 and 2): *_ARGS set one when the stage reads the same after either
 VALUES = {"--precision": ("fp32", "bf16"), "--env": ("household", "kitchen"), "--split": ("train", "dev"),
