@@ -116,7 +116,7 @@ def grow(roots, demos, rollout, width, depth):
         later = []
         for (tid, node, path), (steps, won) in zip(queue, results):
             node["tries"] += 1
-            sampled += len(steps)
+            sampled += sum(s["label"] != "format" for s in steps)  # a format error steps nothing (02)
             nodes = merge(node, steps)
             if node["tries"] < width:
                 later.append((tid, node, path))

@@ -31,7 +31,8 @@ def test_smoke_sets_only_defaults(tmp_path):
     out = run_all(tmp_path / "run", python="echo", N_EXPERT="99", BC_ARGS="--epochs 3")
     commands = [line for line in out.splitlines() if line.startswith("== echo")]
     expert = next(c for c in commands if "--policy expert" in c)
-    assert "--episodes 99" in expert and "--env kitchen --env-kwargs {\"decisions\": 2}" in expert
+    assert "--episodes 99 --keep success " in expert
+    assert '--env kitchen --env-kwargs {"decisions": 2, "careless": 0.85, "n_train": 20}' in expert
     assert any("01_bc.py" in c and c.endswith("--epochs 3") for c in commands)
     assert any("00_pretrain.py" in c and "--d-model 32" in c for c in commands)
     assert any("--split train --episodes 6 " in c for c in commands)
@@ -73,7 +74,8 @@ def test_default_run_is_the_kitchen_credit_world_with_two_iterations(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         return [line for line in proc.stdout.splitlines() if line.startswith("== echo")]
     kitchen = commands()
-    assert all("--env kitchen --env-kwargs {}" in c for c in kitchen if "--env " in c)
+    assert all('--env kitchen --env-kwargs {"careless": 0.85}' in c for c in kitchen if "--env " in c)
+    assert sum("--policy expert" in c and "--keep success " in c for c in kitchen) == 1  # DEMOS=success, the paper's
     # every policy is evaluated greedily on dev, seen and unseen in worlds 0 (the training world) to 3, in one process
     evals = [c for c in kitchen if "--greedy" in c]
     assert len(evals) == 3
@@ -109,10 +111,32 @@ def test_default_run_is_the_kitchen_credit_world_with_two_iterations(tmp_path):
     assert all("--env textworld --env-kwargs {}" in c for c in commands(ENV="textworld") if "--env " in c)
 
 
+def test_the_baselines_commands_and_demos(tmp_path):
+    """ALGOS eto: eto.py from pi_{k-1} with pi_ref = policy_0 on the buffer, evaluated greedily; qlass once: qlass.py's
+    trees and QNet from policy_0, then policy_0 evaluated with the QNet's argmax of QLASS_M sampled replies; DEMOS=all
+    keeps every demonstration; a bad DEMOS or QLASS_M is one error line."""
+    env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS + ["SMOKE", "ALGOS", "DEMOS"]}
+    env.update(RUN=str(tmp_path / "run"), BASE_CACHE=str(tmp_path / "base"), PYTHON="echo", ALGOS="eto qlass",
+               DEMOS="all", QLASS_M="3")
+    out = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
+    run, cmds = tmp_path / "run", [c for c in out.splitlines() if c.startswith("== echo")]
+    assert any("--policy expert" in c and "--keep all " in c for c in cmds)
+    eto = [c for c in cmds if c.startswith("== echo eto.py")]
+    assert len(eto) == 2 and f"--policy {run / 'eto' / 'policy_1'} --ref {run / 'policy_0'} " in eto[1]
+    assert f"--data {run / 'data' / 'expert.jsonl'} {run / 'eto' / 'iter_2' / 'self.jsonl'} " in eto[1]
+    qlass = [c for c in cmds if "qlass" in c]
+    assert len(qlass) == 2 and qlass[0].startswith(f"== echo qlass.py --policy {run / 'policy_0'} ")
+    assert f"--rerank {run / 'qlass' / 'qnet'} --candidates 3 " in qlass[1] and "--greedy" not in qlass[1]
+    for name, value in (("DEMOS", "some"), ("QLASS_M", "0"), ("ALGOS", "qevolve sac")):
+        proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env={**env, name: value}, capture_output=True,
+                              text=True)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"error: {name} must be") and proc.stdout == ""
+
+
 def test_run_all_end_to_end_then_resume(tmp_path):
-    """The smoke chain with one iteration, evaluated in worlds 0 and 1; then resume."""
+    """The smoke chain with one iteration of every method, evaluated in worlds 0 and 1; then resume."""
     run = tmp_path / "a run"  # a space in RUN: run_all.sh quotes every path
-    out = run_all(run, K="1")
+    out = run_all(run, K="1", ALGOS="qevolve eto qlass rft outcome")
     bases = list((tmp_path / "base").iterdir())  # the pretrained base, cached outside the run
     assert len(bases) == 1 and (bases[0] / "model.safetensors").exists()
     assert json.load(open(run / "policy_0" / "args.json"))["model"] == str(bases[0])
@@ -126,14 +150,25 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     assert all("v" in s and "adv" in s for ep in adv for s in ep["steps"])
     assert {ep["source"] for ep in adv} == {"expert", "self"}
     table = (run / "results.md").read_text()
-    assert "policy_0 (BC)" in table and "policy_1 (Q-Evolve iter 1)" in table
+    assert "policy_0 (BC)" in table and "policy_1 (Q-Evolve iter 1)" in table and "eto_policy_1 (ETO iter 1)" in table
+    assert "qlass_policy_1 (QLASS: BC and its QNet, 2 candidates a step)" in table
+    # each policy's online env steps to date, from what it wrote: its own episodes, QLASS's trees
+    online = {line.split(" | ")[0][2:]: int(line.split(" | ")[-1][:-2]) for line in table.splitlines()
+              if line.startswith("| ") and "policy_" in line}
+    own = json.load(open(run / "iter_1/self.json"))["env_steps"]
+    assert online["policy_0 (BC)"] == 0 and online["policy_1 (Q-Evolve iter 1)"] == own
+    assert online["eto_policy_1 (ETO iter 1)"] == own
+    trees = json.load(open(run / "qlass/trees.json"))
+    assert next(v for k, v in online.items() if k.startswith("qlass")) == trees["env_steps"]
+    expert = json.load(open(run / "data/expert.json"))
+    assert f"Demonstrations: {expert['kept']} of the demonstrator's 16 train episodes (its successes)" in table
     # each split's success is the mean over the worlds, then each world's
     worlds = [json.load(open(run / f"eval/world{w}/policy_1_seen.json"))["success_rate"] for w in (0, 1)]
     row = next(line for line in table.splitlines() if line.startswith("| policy_1"))
     cells = row.split(" | ")
     assert cells[1] == f"{sum(worlds) / 2:.1%}" and cells[3] == " / ".join(f"{x:.0%}" for x in worlds)
     stages_logged = {json.loads(line)["stage"] for line in open(run / "metrics.jsonl")}
-    assert stages_logged == {"01_bc", "02_collect", "03_critic", "04_gae", "05_bppo"}
+    assert stages_logged == {"01_bc", "02_collect", "03_critic", "04_gae", "05_bppo", "eto", "qlass"}
     assert "Results:" in out
     # 04 reports the mean discounted return (on r_env) per source beside V, to read V's calibration.
     summary = [r for r in map(json.loads, open(run / "metrics.jsonl")) if r["stage"] == "04_gae"][-1]

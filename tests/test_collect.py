@@ -315,3 +315,14 @@ def test_one_batch_runs_every_world_and_split_as_runs_of_their_own(stages, in_pr
         assert {**a["args"], "out": ""} == {**b["args"], "out": ""} and a["args"]["env_seed"] == world
     proc = in_process(stages["02_collect"], *common, "--env-seed", 0, 1, "--out", tmp_path / "x.jsonl", check=False)
     assert proc.returncode == 2 and "need {world} and {split} in the path" in proc.stderr
+
+
+def test_keep_success_writes_the_successful_demonstrations_only(stages, in_process, tmp_path):
+    """DEMOS=success (run_all.sh): --keep success writes the successes alone; the summary's rates are all episodes'."""
+    out = tmp_path / "expert.jsonl"
+    run_stage("02_collect", "--policy", "expert", "--env", "kitchen", "--env-kwargs", '{"careless": 0.85}',
+              "--split", "train", "--episodes", 40, "--keep", "success", "--out", out)
+    kept = [json.loads(line) for line in open(out)]
+    summary = json.load(open(tmp_path / "expert.json"))
+    assert kept and all(ep["success"] for ep in kept) and summary["episodes"] == 40
+    assert summary["kept"] == len(kept) == round(summary["success_rate"] * 40) < 40

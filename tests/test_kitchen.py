@@ -1,10 +1,12 @@
 """kitchen, the credit world, against its rules (envs/kitchen.py's docstring)."""
+import os
 import random
 import statistics
 
 import pytest
 
 import envs
+from conftest import ROOT, load_module
 from envs.kitchen import FLAWS, INGREDIENTS, NOTHING, TOOLS, is_unseen_pairing, judge
 
 
@@ -253,3 +255,20 @@ def test_a_value_no_split_can_be_made_with_is_refused_at_construction(kwargs):
     assert all(len(env.generate(env.task_ids(s)[0])["kinds"]) == MAX_DECISIONS for s in env.splits)
     with pytest.raises(ValueError, match="bad task id"):
         env.reset("train/ 5")
+
+
+def test_under_the_papers_demonstrations_the_flaw_stays_the_mode_at_the_chosen_careless():
+    """DEMOS=success keeps the demonstrator's successes alone (the paper's D_expert). Simulating the demonstrator
+    (bench/demos.py): at the environment's own careless 0.7 the flawed ingredient is no longer the kept demonstrations'
+    mode where item 1 is flawed (the successes mostly took the good one), at run_all.sh's 0.85 it is (the rule: the
+    smallest careless of the grid with a share of at least 0.65), while greedy copying of the mode still lands between
+    30% and 60% on dev and the outage and the recoverable tools stay."""
+    demos = load_module(os.path.join(ROOT, "bench", "demos.py"), "bench_demos")
+    flipped, kept = demos.properties(0.7), demos.properties(0.85)
+    assert flipped["share_all"] > 0.5 > flipped["share_success"]
+    assert kept["share_success"] >= 0.65 and 0.3 <= kept["item1_dev"] <= 0.6 and 400 < kept["kept"] < 600
+    assert all(demos.properties(c)["share_success"] < 0.65 for c in (0.75, 0.8))  # 0.85 is the smallest that holds
+    env = envs.make("kitchen", careless=0.85)
+    assert env.outage == 0.1 and any(env.generate(t)["outage_at"] for t in env.task_ids("train"))
+    wins = [ep for ep in demos.demonstrations(env) if ep[0]]
+    assert any(kind in TOOLS and flawed == choice for _, stations in wins for kind, flawed, choice in stations)
