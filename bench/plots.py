@@ -13,7 +13,13 @@ the optimum (the good item always) and Q-Evolve's paired gap to each method.
     for S in 0 1 2 3 4; do RUN=runs/n50-s$S SEED=$S N_SELF=50 K=3 ALGOS="qevolve rft outcome" bash run_all.sh; done
     for S in 0 1 2 3 4; do RUN=runs/e$S SEED=$S ALGOS="qevolve rft outcome" bash run_all.sh; done
     python bench/plots.py efficiency --runs 'runs/n50-s{seed}' 'runs/e{seed}' --seeds 0 1 2 3 4
+paper: the paper's table in miniature (BC, ETO, QLASS, Q-Evolve and the project's baselines) and success against each
+method's online environment steps, one panel a regime (one run pattern each); 95% intervals over seeds (t):
+
+    for S in 0 1 2 3 4; do RUN=runs/paper$S SEED=$S ALGOS="qevolve eto qlass rft outcome" bash run_all.sh; done
+    python bench/plots.py paper --runs 'runs/paper{seed}' --seeds 0 1 2 3 4
 """
+import json
 import os
 import statistics
 import sys
@@ -238,14 +244,146 @@ def efficiency(args, table):
     return lines
 
 
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # t, 97.5%, by df
+PAPER = [("bc", "", "BC"), ("eto", "eto_", "ETO"), ("qlass", "qlass_", "QLASS"), ("qevolve", "", "Q-Evolve"),
+         ("rft", "rft_", "iterated RFT"), ("outcome", "outcome_", "outcome-level PG")]  # the paper's table's order
+COLOUR = {"bc": "tab:gray", "eto": "tab:purple", "qlass": "tab:red", "qevolve": "tab:blue", "rft": "tab:green",
+          "outcome": "tab:orange"}
+
+
+def ci(xs):
+    """mean and the half-width of its 95% interval over the seeds (t with n - 1 degrees of freedom; nan for one)."""
+    return mean(xs), T975.get(len(xs) - 1, 1.96) * se(xs) if len(xs) > 1 else float("nan")
+
+
+def own_steps(run, key, k):
+    """A policy's online environment steps to date, from what it wrote: QLASS's trees, else its own episodes (02's
+    env_steps) of iterations 1..k (iteration 1's, policy_0's, shared; BC: none)."""
+    if key == "qlass":
+        paths = [os.path.join(ROOT, run, "qlass", "trees.json")]
+    else:
+        paths = [os.path.join(ROOT, run, "iter_1" if j == 1 or key == "qevolve" else os.path.join(key, f"iter_{j}"),
+                              "self.json") for j in range(1, k + 1)]
+    return sum((read_json(p) or die(f"{p}: missing; is {run} a run of run_all.sh?"))["env_steps"] for p in paths)
+
+
+def mistakes(run, tag, k, split):
+    """Of the evaluation's uses of an offered item, the share that took the flawed one: of ingredients (harmful, for
+    good) and of tools (recoverable: put back, a step lost), in %, over the run's worlds."""
+    from envs.kitchen import INGREDIENTS, judge
+    n = {"harmful": 0, "recoverable": 0, "ingredient": 0, "tool": 0}  # flawed uses; all uses
+    for w in eval_worlds(run):
+        path = os.path.join(ROOT, run, "eval", f"world{w}", f"{tag if k else ''}policy_{k}_{split}.jsonl")
+        for ep in map(json.loads, open(path)):
+            prev = ep["obs0"]
+            for s in ep["steps"]:
+                verdict = judge(prev, s["action"])
+                if verdict:
+                    n["ingredient" if s["action"].split()[1] in INGREDIENTS else "tool"] += 1
+                    n[verdict] = n.get(verdict, 0) + 1
+                prev = s["obs"]
+    return 100 * n["harmful"] / max(n["ingredient"], 1), 100 * n["recoverable"] / max(n["tool"], 1)
+
+
+def paper(args, table):
+    seeds = args.seeds
+    for run in [p.format(seed=s) for p in args.runs for s in seeds]:
+        if not os.path.isdir(os.path.join(ROOT, run, "eval")):
+            die(f"{run}/eval not found: make the runs first (--help)")
+    # per regime (run pattern) and method: [(iteration, [steps per seed], {split: [success per seed]})]
+    found = {}
+    for pattern in args.runs:
+        runs = [pattern.format(seed=s) for s in seeds]
+        for key, tag, _ in PAPER:
+            curves = {sp: [curve(r, sp, tag)[0] for r in runs] for sp in args.splits}
+            top = min(len(c) for cs in curves.values() for c in cs) - 1  # the iterations every run has
+            found[pattern, key] = [(i, [own_steps(r, key, i) if i else 0 for r in runs],
+                                    {sp: [c[i] for c in curves[sp]] for sp in args.splits})
+                                   for i in ([0] if key == "bc" else range(1, top + 1))]
+    best = {sp: mean(optimum(args.runs[0].format(seed=s), sp) for s in seeds) for sp in args.splits}
+    lines = [measured(command(WRITER), machine=False) + " from the runs it names (made by run_all.sh, on the machine "
+             f"their notes name). Greedy success in % (QLASS: its Q-guided sampling), each seed's value its mean over "
+             f"the worlds it was evaluated in; mean [95% interval over seeds {', '.join(map(str, seeds))}: t with "
+             f"{len(seeds) - 1} degrees of freedom]; online env steps: each policy's own environment steps to date "
+             "(its episodes; QLASS's trees), the demonstrations' apart, mean over the seeds.", "",
+             f"The optimum (the good item always): {' / '.join(f'{best[sp]:.1f}' for sp in args.splits)} on "
+             f"{' / '.join(args.splits)}.", ""]
+    fmt = lambda xs: "{:.1f} [{:.1f}, {:.1f}]".format(*(lambda m, h: (m, m - h, m + h))(*ci(xs)))
+    for pattern in args.runs:
+        lines += [f"### {pattern}", "", "| method | iteration | online env steps | " + " | ".join(args.splits)
+                  + " | harmful ingredients taken (%, " + args.splits[0] + ") | flawed tools taken (%) |",
+                  "|---|---|---|" + "---|" * len(args.splits) + "---|---|"]
+        for key, tag, name in PAPER:
+            for i, steps, ok in found[pattern, key]:
+                bad = [mistakes(pattern.format(seed=s), tag, i, args.splits[0]) for s in seeds]
+                lines.append(f"| {name} | {i} | {mean(steps):.0f} | " + " | ".join(fmt(ok[sp]) for sp in args.splits)
+                             + f" | {mean(b[0] for b in bad):.1f} | {mean(b[1] for b in bad):.1f} |")
+        lines += ["", "Q-Evolve minus each method, paired by seed: the mean gap in points [its 95% interval]; "
+                  "'shown' where the interval excludes 0. Q-Evolve at the same iteration (QLASS, BC: at each).", "",
+                  "| Q-Evolve iteration | against | " + " | ".join(args.splits) + " |",
+                  "|---|---|" + "---|" * len(args.splits)]
+        ours = {i: ok for i, _, ok in found[pattern, "qevolve"]}
+        for key, _, name in PAPER:
+            for i, _, ok in found[pattern, key]:
+                for j in sorted(ours) if key in ("bc", "qlass") else [i] if key != "qevolve" else []:
+                    cells = []
+                    for sp in args.splits:
+                        m, h = ci([a - b for a, b in zip(ours[j][sp], ok[sp])])
+                        cells.append(f"{m:+.1f} [{m - h:+.1f}, {m + h:+.1f}]{' shown' if abs(m) > h else ''}")
+                    lines.append(f"| {j} | {name}{'' if key in ('bc', 'qlass') else f' iteration {i}'} | "
+                                 + " | ".join(cells) + " |")
+        lines += ["", "Online env steps to 90% of the optimum on " + args.splits[0] + ": per seed, the fewest steps of "
+                  "a point at or above it ('>N': not reached); Q-Evolve's steps over each method's where both reached "
+                  "it.", "", "| method | " + " | ".join(f"seed {s}" for s in seeds) + " | Q-Evolve / method |",
+                  "|---|" + "---|" * len(seeds) + "---|"]
+        need, ours = {}, None  # each method's steps to 90% per seed (None: not reached)
+        for key, _, _ in PAPER[1:]:
+            need[key] = [min((st[n] for _, st, ok in found[pattern, key]
+                              if ok[args.splits[0]][n] >= 0.9 * best[args.splits[0]]), default=None)
+                         for n in range(len(seeds))]
+        ours = need.get("qevolve", [None] * len(seeds))
+        for key, _, name in PAPER[1:]:
+            ratio = [a / b for a, b in zip(ours, need[key]) if a and b]
+            cells = [f"{x}" if x is not None else f">{max([st[n] for _, st, _ in found[pattern, key]], default=0)}"
+                     for n, x in enumerate(need[key])]
+            lines.append(f"| {name} | " + " | ".join(cells) + " | "
+                         + (f"{mean(ratio):.2f} ({len(ratio)} seeds)" if ratio and key != "qevolve" else "-") + " |")
+        lines.append("")
+    fig, axes = pyplot().subplots(1, len(args.runs), figsize=(5.2 * len(args.runs) + 2.2, 3.8), sharey=True,
+                                  squeeze=False)
+    for ax, pattern in zip(axes[0], args.runs):
+        bc = mean(found[pattern, "bc"][0][2][args.splits[0]])
+        for key, _, name in PAPER:
+            pts = found[pattern, key]
+            x = [0] * (key != "bc") + [mean(st) for _, st, _ in pts]
+            m, h = zip(*[ci(ok[args.splits[0]]) for _, _, ok in pts]) if pts else ((), ())
+            y, h = [bc] * (key != "bc") + list(m), [0] * (key != "bc") + list(h)
+            if key == "bc":
+                ax.axhline(bc, color=COLOUR[key], lw=1, label=name)
+                continue
+            ax.plot(x, y, color=COLOUR[key], marker="o", ms=4, lw=2, label=name)
+            ax.fill_between(x, [a - b for a, b in zip(y, h)], [a + b for a, b in zip(y, h)], color=COLOUR[key],
+                            alpha=0.15, lw=0)
+        ax.axhline(0.9 * best[args.splits[0]], color="black", lw=0.6, ls="--", label="90% of the optimum")
+        ax.set(title=pattern, xlabel="online environment steps", ylim=(0, 100))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"{args.splits[0]} success (%): mean, 95% band")
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # off the data
+    fig.tight_layout()
+    save_png(fig, args.out, WRITER)
+    return lines
+
+
 def main(argv=None):
     p = parser(__doc__)
     sub = p.add_subparsers(dest="plot", required=True, metavar="{learning,sweep,efficiency}")
     plots = {name: sub.add_parser(name, help=help_) for name, help_ in (
         ("learning", "success per iteration"), ("sweep", "success against kitchen's decisions per task"),
-        ("efficiency", "success against the online environment steps"))}
+        ("efficiency", "success against the online environment steps"),
+        ("paper", "the paper's table and success against each method's online steps"))}
     for name, q in plots.items():
-        q.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4] if name == "efficiency" else [0, 1, 2],
+        q.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2] if name in ("learning", "sweep") else
+                       [0, 1, 2, 3, 4],
                        help="seeds (run directories PREFIX<seed>)")
         q.add_argument("--splits", nargs="+", default=["seen", "unseen"], help="one panel each")
         q.add_argument("--out", default=f"docs/img/{'learning_curve' if name == 'learning' else name}.png",
@@ -257,6 +395,8 @@ def main(argv=None):
     plots["sweep"].add_argument("--iteration", type=int, default=1, help="the iteration k of each method plotted")
     plots["efficiency"].add_argument("--runs", nargs="+", required=True, help="one run folder pattern per N_SELF, "
                                      "{seed} = the seed")
+    plots["paper"].add_argument("--runs", nargs="+", required=True, help="one run folder pattern per regime (a panel), "
+                                "{seed} = the seed")
     args = p.parse_args(argv)
     if not args.out.endswith(".png"):
         die(f"--out must end in .png, got {args.out!r}")
