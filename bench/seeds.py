@@ -29,7 +29,8 @@ from run_support import open_log, read_settings  # noqa: E402
 # K is always printed.
 RUN_ALL_SETTINGS = ["ENV", "ENV_KWARGS", "BASE", "PRETRAIN_ARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS",
                     "EVAL_WORLDS", "KEEP_OLD", "BC_ARGS", "COLLECT_ARGS", "CRITIC_ARGS", "GAE_ARGS", "BPPO_ARGS",
-                    "ALGOS", "RFT_ARGS", "OUTCOME_ARGS", "REF", "LATER_ARGS"]
+                    "ALGOS", "RFT_ARGS", "OUTCOME_ARGS", "ETO_ARGS", "QLASS_ARGS", "QLASS_M", "DEMOS", "REF",
+                    "LATER_ARGS"]
 
 
 def main():
