@@ -262,7 +262,7 @@ def own_steps(run, key, k):
     if key == "qlass":
         paths = [os.path.join(ROOT, run, "qlass", "trees.json")]
     else:
-        paths = [os.path.join(ROOT, run, "iter_1" if j == 1 or key == "qevolve" else os.path.join(key, f"iter_{j}"),
+        paths = [os.path.join(ROOT, run, f"iter_{j}" if j == 1 or key == "qevolve" else os.path.join(key, f"iter_{j}"),
                               "self.json") for j in range(1, k + 1)]
     return sum((read_json(p) or die(f"{p}: missing; is {run} a run of run_all.sh?"))["env_steps"] for p in paths)
 

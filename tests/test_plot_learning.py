@@ -84,3 +84,40 @@ def test_efficiency_steps_to_90_percent_and_their_ratio_by_hand(tmp_path, in_pro
     ratio = (1.0 + 100 / 180) / 2, abs(1.0 - 100 / 180) / 2  # mean, std / sqrt(2) of two values
     want = f"| 1.00 | 0.56 | {ratio[0]:.2f} +- {ratio[1]:.2f} (2) |"
     assert rows["Q-Evolve / outcome-level PG", "seen"].endswith(want)
+
+
+def test_paper_table_online_steps_paired_intervals_and_mistakes_by_hand(tmp_path, in_process, monkeypatch):
+    """bench/plots.py paper: each policy's online steps from what it wrote (its own episodes; QLASS's trees), success
+    with a 95% t-interval over seeds, Q-Evolve's paired gaps ('shown' where the interval excludes 0), and the flawed
+    items the greedy evaluation took, ingredients and tools apart."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(ROOT)
+    offer = "Next: egg. You see rotten egg 1 and egg 2."
+    for s, gain in enumerate((10, 12, 14)):  # Q-Evolve beats ETO by 10, 12, 14 points: mean 12, sd 2
+        run = tmp_path / f"run{s}"
+        for folder, steps in (("iter_1", 100), ("iter_2", 120), ("eto/iter_2", 80)):
+            os.makedirs(run / folder)
+            json.dump({"env_steps": steps}, open(run / folder / "self.json", "w"))
+        os.makedirs(run / "qlass")
+        json.dump({"env_steps": 1000 + s}, open(run / "qlass" / "trees.json", "w"))
+        json.dump({"ENV_KWARGS": "{}"}, open(run / "settings.json", "w"))
+        fake_run(run, [[0.5, 0.8, 0.9]])
+        fake_run(run, [[0.5, 0.8 - gain / 100, 0.9 - gain / 100]], tag="eto_")
+        fake_run(run, [[0.5, 0.6]], tag="qlass_")
+        for tag, k in (("", 0), ("", 1), ("", 2), ("eto_", 1), ("eto_", 2), ("qlass_", 1)):  # the episodes read
+            steps = [{"action": "use egg 1", "obs": "You add the rotten egg 1. It smells bad."},  # harmful
+                     {"action": "use bowl 2", "obs": "x"}] if k else [{"action": "use egg 2", "obs": "x"}]
+            with open(run / "eval" / "world0" / f"{tag if k else ''}policy_{k}_seen.jsonl", "w") as f:
+                f.write(json.dumps({"obs0": offer, "steps": steps}) + "\n")
+    out = tmp_path / "p.png"
+    in_process(plot, "paper", "--runs", f"{tmp_path}/run{{seed}}", "--seeds", 0, 1, 2, "--splits", "seen",
+               "--out", out)
+    lines = (tmp_path / "p.md").read_text().splitlines()
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in lines if line.startswith("| ")}
+    assert rows["BC", "0"].startswith("| BC | 0 | 0 | 50.0 [50.0, 50.0] | 0.0 |")
+    assert rows["Q-Evolve", "2"].startswith("| Q-Evolve | 2 | 220 | 90.0 [90.0, 90.0] | 100.0 |")  # 1 of 1 egg
+    assert rows["ETO", "2"].startswith("| ETO | 2 | 180 | 78.0 [73.0, 83.0] |")  # 100 + its own 80; 4.303 * 2 / 3**.5
+    assert rows["QLASS", "1"].startswith("| QLASS | 1 | 1001 | 60.0 [60.0, 60.0] |")
+    assert rows["2", "ETO iteration 2"] == "| 2 | ETO iteration 2 | +12.0 [+7.0, +17.0] shown |"
+    assert rows["1", "QLASS"].endswith("| +20.0 [+20.0, +20.0] shown |")
+    assert "runs" not in rows  # the steps to 90%: the optimum is above every fake point
