@@ -138,7 +138,7 @@ def report(episodes, gamma, holdout, env_kwargs):
 
 
 def show(summary, out):
-    """Print the report in a few lines, the figures the README's printout guide explains."""
+    """Print the report in a few lines, the figures docs/printout.md explains."""
     f = lambda x, spec="+.3f": "n/a" if x != x else format(x, spec)  # NaN: no such step, or one class only
     evf = lambda x: "n/a (every return equal)" if x != x else f"{x:.3f}"  # explained_variance: nothing to explain
     lab = "  ".join(f"{k} {v:+.3f} (n={summary['steps_by_label'][k]})" for k, v in summary["adv_mean_by_label"].items())

@@ -122,8 +122,8 @@ def test_one_default_world_every_stage_and_page():
 
 
 def guide_lines(readme):
-    """The printout lines README's printout guide quotes: its ```text blocks."""
-    guide = readme.split("## What to look at in each printout", 1)[1].split("\n## ", 1)[0]
+    """The printout lines the printout guide (docs/printout.md) quotes: its ```text blocks."""
+    guide = readme
     return [line for block in re.findall(r"```text\n(.*?)```", guide, re.S) for line in block.splitlines()]
 
 
@@ -141,10 +141,10 @@ def test_the_printout_guide_quotes_what_the_stages_print():
     sources = " ".join(" ".join(open(os.path.join(ROOT, f)).read().split()) for f in
                        glob.glob("0*.py", root_dir=ROOT) + ["critic_report.py", "plumbing.py", "rollout.py"])
     sources = re.sub(r"[\"']\s*f?[\"']", "", sources)  # "a " f"b": the implicit concatenation of two literals
-    lines = guide_lines(open(os.path.join(ROOT, "README.md")).read())
+    lines = guide_lines(open(os.path.join(ROOT, "docs", "printout.md")).read())
     assert len(lines) >= 20
     for line in lines:
         for fragment in quoted_fragments(line):
-            assert fragment in sources, f"README's printout guide quotes {line!r}: no stage prints {fragment!r}"
+            assert fragment in sources, f"docs/printout.md quotes {line!r}: no stage prints {fragment!r}"
     made_up = quoted_fragments("epoch 3: train loss 0.12  greedy reproduces no replies at all")
     assert made_up == ["greedy reproduces no replies at all"] and made_up[0] not in sources  # the check can fail
