@@ -1289,18 +1289,22 @@ def test_probe83_a_bad_record_is_refused_before_the_lock(record, message, tmp_pa
         assert snapshot(tmp_path) == before
 
 
-def test_probe83_base_names_a_model_directory(in_process, tmp_path, monkeypatch):
-    """Probe campaign: BASE=/nonexistent CPU_OK=1 passed --check; 01 refused it after the expert demos were written."""
+def test_probe83_base_names_a_model_directory(in_process, tmp_path, monkeypatch, tiny_run):
+    """Probe campaign: BASE=/nonexistent CPU_OK=1 passed --check; 01 refused it after the expert demos were written.
+    Issue 94: so did a directory that does not load (its config.json '{}'), and SMOLLM2_DIR's. A policy passes."""
     monkeypatch.chdir(ROOT)
-    before = snapshot(tmp_path)
-    proc = in_process(run_support, *smoke_start(tmp_path / "run", BASE=str(tmp_path / "nonexistent")), check=False)
-    assert one_line(proc) and "is not a model directory" in proc.stderr, proc.stderr
-    assert snapshot(tmp_path) == before
     model = tmp_path / "model"
     model.mkdir()
     for name in ("config.json", "tokenizer_config.json"):
         (model / name).write_text("{}")
-    proc = in_process(run_support, *smoke_start(tmp_path / "run", BASE=str(model)), check=False)
+    before = snapshot(tmp_path)
+    for changes, message in (({"BASE": str(tmp_path / "nonexistent")}, "is not a model directory"),
+                             ({"BASE": str(model)}, f"BASE={model}: cannot load it"),
+                             ({"BASE": "smollm2", "SMOLLM2_DIR": str(model)}, f"SMOLLM2_DIR={model}: cannot load it")):
+        proc = in_process(run_support, *smoke_start(tmp_path / "run", **changes), check=False)
+        assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
+    proc = in_process(run_support, *smoke_start(tmp_path / "run", BASE=str(tiny_run / "policy_0")), check=False)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
