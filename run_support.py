@@ -414,6 +414,22 @@ CHECKOUT = os.path.dirname(os.path.realpath(__file__))
 SHIPPED = (".ci", ".git", "bench", "course", "docs", "envs", "models", "tests")  # the checkout's own folders
 
 
+def tracked(path):
+    """Whether path is a file the checkout ships (git ls-files: tracked), which no script's output replaces; without
+    git, or outside a git clone, every file of the checkout's own folders (SHIPPED) and at its top counts as one."""
+    real = os.path.realpath(path)
+    if not os.path.lexists(path) or not inside(real, CHECKOUT) or real == CHECKOUT:
+        return False
+    rel = os.path.relpath(real, CHECKOUT)
+    try:
+        proc = subprocess.run(["git", "-C", CHECKOUT, "ls-files", "--error-unmatch", "--", rel], capture_output=True)
+        if proc.returncode in (0, 1):  # tracked / not tracked
+            return proc.returncode == 0
+    except OSError:  # no git
+        pass
+    return os.sep not in rel or rel.split(os.sep)[0] in SHIPPED
+
+
 def check_run(run):
     """run_all.sh's RUN, by the write rule (check_path): a new folder, an empty one (but for the .lock of a killed start
     and bench/speed/stage_times.py's launches.log) or one a run made (its settings.json: read_settings); never the
