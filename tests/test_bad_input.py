@@ -1341,3 +1341,31 @@ def test_probe83_bench_scripts_check_their_flags(tmp_path, in_process, monkeypat
         proc = in_process(module, *args, *out, check=False)
         assert one_line(proc) and message in proc.stderr, (args, proc.stderr)
         assert snapshot(tmp_path) == before
+
+
+def test_critic_report_reads_a_summary_from_any_folder(tmp_path, monkeypatch, capfd):
+    """Issue 94: 04's summary names its critic and data relative to the folder 04 ran in; critic_report.py run from
+    another folder read the current directory's, and dropped the held-out section. A hand-edited summary is one line."""
+    import critic_report
+    it = tmp_path / "proj/runs/r/iter_1"
+    (it / "critic").mkdir(parents=True)
+    (it / "critic/args.json").write_text(json.dumps({"stage": "03_critic", "holdout": 0.999}))
+    steps = lambda r: [{**GOOD_STEP, "v": 0.5, "q": 0.5, "adv": 0.1}, {**GOOD_STEP, "r_env": r, "done": True,
+                                                                         "v": 0.5, "q": r, "adv": r - 0.5}]
+    (it / "adv.jsonl").write_text("".join(episode(task_id=f"train/{i:05d}", steps=steps(i % 2), reward=i % 2,
+                                                  success=bool(i % 2), source=["expert", "self"][i > 1]) + "\n"
+                                          for i in range(6)))
+    summary = {"stage": "04_gae", "advantage": "gae", "gamma": 0.99,
+               "args": {"out": "runs/r/iter_1/adv.jsonl", "data": ["runs/r/iter_1/self.jsonl"],
+                        "critic": "runs/r/iter_1/critic"}}
+    (it / "adv.json").write_text(json.dumps(summary))
+    reports = []
+    for where, buffer in ((tmp_path / "proj", "runs/r/iter_1/adv.jsonl"), (tmp_path, str(it / "adv.jsonl"))):
+        monkeypatch.chdir(where)
+        reports.append(critic_report.report_of(buffer))
+    assert reports[0]["heldout"] and json.dumps(reports[0]) == json.dumps(reports[1])  # NaN != NaN: as text
+    for edit in ({"args": None}, {"gamma": "0.99"}):
+        (it / "adv.json").write_text(json.dumps({**summary, **edit}))
+        with pytest.raises(SystemExit) as e:
+            critic_report.report_of(str(it / "adv.jsonl"))
+        assert e.value.code == 2 and "not a summary of 04_gae.py" in capfd.readouterr().err
