@@ -1371,3 +1371,35 @@ def test_critic_report_reads_a_summary_from_any_folder(tmp_path, monkeypatch, ca
         with pytest.raises(SystemExit) as e:
             critic_report.report_of(str(it / "adv.jsonl"))
         assert e.value.code == 2 and "not a summary of 04_gae.py" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("bench/ablation.py", ["--table-only", "--candidates", "-1"], "--candidates must be at least 1"),
+    ("bench/seeds.py", ["--table-only", "--seeds", "-1"], "--seeds must be distinct integers of at least 0"),
+    ("bench/plots.py", ["sweep", "--iteration", "-1", "--out", "{d}/s.png"], "--iteration must be at least 1"),
+    ("bench/demos.py", ["--careless", "-1"], "--careless must be probabilities in [0, 1]"),
+    ("bench/gpu_report.py", ["--lab", "{d}", "--out", "{d}/r.md", "--peak-tflops", "-1"], "must be non-negative"),
+    ("bench/reading.py", ["--model", "{d}", "--tasks", "-5"], "--tasks must be at least 1"),
+    ("bench/reading.py", ["--model", "{d}", "--threads", "0"], "--threads must be at least 1"),
+    ("bench/reading.py", ["--model", "{d}", "--env-kwargs", "[1]"], "--env-kwargs must be a JSON object"),
+    ("bench/reading.py", ["--model", "{d}"], "no tokenizer_config.json"),
+    ("bench/speed/collect_speed.py", ["--policy", "{d}", "--episodes", "-1"], "--episodes must be at least 1"),
+    ("bench/speed/collect_speed.py", ["--policy", "{d}", "--episodes", "2"], "no tokenizer_config.json"),  # 02's
+    ("bench/speed/decode_step.py", ["--model", "{d}", "--context", "-1"], "must be at least 1"),
+    ("bench/speed/env_speed.py", ["--seed", "-1"], "--seed must be a seed"),
+    ("bench/speed/env_speed.py", ["--env-kwargs", '{{"bogus": 1}}'], "takes no keyword 'bogus'"),
+    ("bench/speed/lora_speed.py", ["--ranks", "-1"], "--ranks must be LoRA ranks"),
+    ("bench/speed/model_throughput.py", ["--budget", "abc"], "--budget must be five counts"),
+    ("bench/speed/model_throughput.py", ["--episodes", "-1"], "--episodes must be at least 1"),
+    ("bench/speed/real_env_speed.py", ["--episodes", "-1"], "--episodes must be at least 1"),
+    ("bench/speed/stage_times.py", ["--threads", "-1"], "--threads must be at least 1"),
+    ("bench/speed/train_memory.py", ["--batch-size", "-1"], "--batch-size must be at least 1")])
+def test_every_bench_script_refuses_a_count_below_one(script, args, message, tmp_path, in_process, monkeypatch):
+    """Issue 94: reading.py --tasks -5 and real_env_speed.py --episodes -1 hung, --tasks 0 printed an empty table,
+    --budget abc and --ranks -1 were tracebacks (the first after measuring), and collect_speed.py passed 02's refusal up
+    as exit 1 over two lines. Each is one error line, exit 2, before any work."""
+    monkeypatch.chdir(ROOT)
+    module = load_module(script, os.path.splitext(os.path.basename(script))[0])
+    proc = in_process(module, *[a.format(d=tmp_path) for a in args], check=False)
+    assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
