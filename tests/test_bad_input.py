@@ -982,7 +982,14 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("PRETRAIN_ARGS=--env shop", "run_all.sh sets --env itself"),
     ("CRITIC_ARGS=--init /nonexistent", "--init /nonexistent is not a critic directory written by 03_critic.py"),
     ("CRITIC_ARGS=--init *", "CRITIC_ARGS='--init *': no glob characters"),
-    ("GAE_ARGS=--advantage outcome", "04_gae.py refuses it: --critic is required, except with --advantage outcome")])
+    ("GAE_ARGS=--advantage outcome", "04_gae.py refuses it: --critic is required, except with --advantage outcome"),
+    # issue 94: what a stage refused after --check had called the settings good, or a file written outside RUN
+    ("PRETRAIN_ARGS=--metrics m.jsonl", "run_all.sh owns --metrics"), ("THREADS=5000", "THREADS=5000: the stages take"),
+    ("NPROC=999999999", "NPROC=999999999: more processes than this machine's"),
+    ("BC_ARGS=--epochs\u00a01", "holds the whitespace character '\\xa0'"),
+    ("LATER_ARGS=--lr\v1e-4", "holds the whitespace character '\\x0b'"),
+    ("COLLECT_ARGS=--max-new-tokens 100000", "replies of --max-new-tokens 100000 leave no room for a prompt"),
+    ("PRETRAIN_ARGS=--max-len 4", "in the model's context of 4 tokens (PRETRAIN_ARGS' --max-len 4)")])
 def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
     """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
     default run), OUTCOME_ARGS='--bogus 1' after 02 and 04 with argparse's 12-line usage, and no other *_ARGS was
@@ -1403,3 +1410,52 @@ def test_every_bench_script_refuses_a_count_below_one(script, args, message, tmp
     proc = in_process(module, *[a.format(d=tmp_path) for a in args], check=False)
     assert one_line(proc) and message in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_the_base_cache_is_a_folder_of_its_own(in_process, tmp_path, monkeypatch):
+    """Issue 94: BASE_CACHE=../thesis (a user's folder), BASE_CACHE=.. and a file were taken, the base model written
+    into them; a base model 00 built for household under kitchen's key answered for kitchen. BASE_CACHE is a new
+    folder, an empty one or one run_all.sh made (its CACHEDIR.TAG, or only 00's base models), and its entry for this
+    run was built with this run's settings; the stamp is written by the start that runs (not by --check)."""
+    monkeypatch.chdir(ROOT)
+    mine, entry = tmp_path / "thesis", tmp_path / "old/household-0123456789"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes\n")
+    (tmp_path / "file").write_text("a file\n")
+    entry.mkdir(parents=True)
+    (entry / "args.json").write_text(json.dumps({"stage": "00_pretrain", "env": "kitchen"}))
+    start = lambda cache, *command, entry=None: in_process(run_support, *smoke_start(
+        tmp_path / "run", BASE_CACHE=str(cache), BASE_DIR=str(entry or Path(cache) / "household-x")), *command,
+        check=False)
+    before = snapshot(tmp_path)
+    for cache, message in ((mine, "holds files that run_all.sh did not make (notes.txt"),
+                           ("..", "must be a folder of its own"), (tmp_path / "file", "is not a folder")):
+        proc = start(cache)
+        assert one_line(proc) and message in proc.stderr, (cache, proc.stderr)
+    proc = start(tmp_path / "old", entry=entry)  # an earlier version's cache: accepted, but its entry is kitchen's
+    assert one_line(proc) and "was built by 00_pretrain.py with --env \"kitchen\", not this run's \"household\"" \
+        in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
+    monkeypatch.setattr(run_support, "become", lambda command, **env: None)  # the start, without its run
+    monkeypatch.setattr(run_support, "LOCKS", [])
+    monkeypatch.setenv("QEVOLVE_LOCKED", "")
+    assert start(tmp_path / "new", "--", "true").returncode == 0
+    for held in run_support.LOCKS:
+        held.release()
+    assert run_support.stamped(tmp_path / "new/CACHEDIR.TAG")
+    (tmp_path / "new/kitchen-0123456789").mkdir()
+    assert start(tmp_path / "new").returncode == 0  # its own cache, with a folder in it
+
+
+def test_run_alls_own_variables_skip_no_check(tmp_path):
+    """Issue 94: QEVOLVE_STARTED=<a user's folder> RUN=<that folder> skipped every check and wrote a run into it;
+    QEVOLVE_LOCKED did the same for run_support.py start. They count only where RUN's lock is held."""
+    run = tmp_path / "mine"
+    run.mkdir()
+    (run / "notes.txt").write_text("my notes\n")
+    before = snapshot(tmp_path)
+    env = {**os.environ, "RUN": str(run), "BASE_CACHE": str(tmp_path / "base"), "SMOKE": "1", "PYTHON": sys.executable,
+           "OMP_NUM_THREADS": "1", "QEVOLVE_STARTED": str(run), "QEVOLVE_LOCKED": str(run)}
+    proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert one_line(proc) and "holds files that no run of run_all.sh made" in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
