@@ -191,20 +191,40 @@ def env_kwargs_of(paths):
     return None
 
 
-def report_of(buffer, root=""):
+def summary_root(buffer, out):
+    """The folder 04 ran in, so that the relative paths its summary names resolve wherever this runs from: the
+    buffer's real path less the --out 04 was given (runs/x/iter_1/adv.jsonl); else the current directory."""
+    here = os.path.abspath(buffer)
+    tail = os.sep + os.path.normpath(out) if isinstance(out, str) and out and not os.path.isabs(out) else None
+    return here[:-len(tail)] or os.sep if tail and here.endswith(tail) else ""
+
+
+def report_of(buffer, root=None):
     """The summary 04 wrote beside `buffer` (its FILE.json), its report computed anew from the buffer's steps (the
     figures this module computes today, the exact Bayes critic included): what `python critic_report.py` prints.
-    Paths the summary names are relative to root (run_all.sh's folder)."""
+    Paths the summary names are relative to root, by default the folder 04 ran in (summary_root). A summary that is
+    not 04's (a hand edit: no args, a gamma that is not a number) is one line."""
     summary = read_json(buffer[:-1]) if buffer.endswith(".jsonl") else None
     if not summary or summary.get("stage") != "04_gae":
         die(f"{buffer}: not a buffer of 04_gae.py (its summary {buffer[:-1]} is missing)")
-    critic = summary["args"]["critic"]
+    args = summary.get("args")
+    gamma = summary.get("gamma")
+    if not (isinstance(args, dict) and isinstance(args.get("data"), list) and all(isinstance(p, str) for p in args[
+            "data"]) and isinstance(args.get("critic"), (str, type(None))) and isinstance(gamma, (int, float)) and
+            not isinstance(gamma, bool) and 0 <= gamma <= 1 and isinstance(summary.get("advantage"), str)):
+        die(f"{buffer[:-1]}: not a summary of 04_gae.py as it writes one (its args with data and critic, a gamma in "
+            "[0, 1], its advantage); run 04_gae.py again to write it")
+    root = summary_root(buffer, args.get("out")) if root is None else root
+    critic = args["critic"]
     holdout = (read_json(os.path.join(root, critic, "args.json")) or {}).get("holdout", 0.0) if critic else 0.0
     episodes = read_episodes([buffer], {**STEP_KEYS, "v": float, "q": float, "adv": float})
-    world = env_kwargs_of([os.path.join(root, p) for p in summary["args"]["data"]])
+    world = env_kwargs_of([os.path.join(root, p) for p in args["data"]])
     how = {"qv": "Q - V", "outcome": "R - mean(R)"}.get(summary["advantage"], "GAE on r_env" + " + r_aux" * bool(
         summary.get("with_aux")))  # a summary 04 wrote before it named it
-    return {"how": how, **summary, **report(episodes, summary["gamma"], holdout, world)}
+    try:
+        return {"how": how, **summary, **report(episodes, gamma, holdout, world)}
+    except (ValueError, TypeError, KeyError) as e:  # a world its self episodes' summary names that cannot be made
+        die(f"{buffer}: cannot report on it ({e}); its summaries may have been edited")
 
 
 def main():

@@ -19,7 +19,8 @@
 #   iteration's self data), EVAL=1 (0: train only, no evaluation and no results table; a later run with EVAL=1
 #   evaluates what exists), REF=bc (05's pi_ref: bc = policy_0, prev = pi_{k-1}), LATER_ARGS: 05's extra flags from
 #   iteration 2 on, for Q-Evolve and the outcome-level PG alike (household: "--lr 1.5e-4 --kl-coef 0.1", chosen on dev:
-#   bench/results/household_tuning_dev.md; others: none; LATER_ARGS= sets none), THREADS=2 torch threads per stage, PYTHON=python (python3 where there is no python),
+#   bench/results/household_tuning_dev.md; others: none; LATER_ARGS= sets none), THREADS=2 torch threads per stage (at most
+#   1024, the stages' ceiling), PYTHON=python (python3 where there is no python),
 #   PRECISION=auto (01-05's --precision: bf16 autocast on a GPU; bf16 takes that arithmetic on a CPU too)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of ENV, ENV_KWARGS,
@@ -37,19 +38,26 @@
 #   failure pairs of a task, eto.py; ETO_ARGS) and qlass (the paper's baseline, once: exploration trees of policy_0 on
 #   train tasks, a QNet, then policy_0 with the QNet's argmax of QLASS_M=2 sampled replies a step, qlass.py;
 #   QLASS_ARGS="--tasks 100", its tree's --width and --depth)
-#   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md)
+#   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md): at most
+#   the GPUs torch sees, or on a machine without one the CPU cores this process may use
 #   CPU_OK=0: 1 runs a real model on a machine without a GPU (else the run stops first with what it would cost)
 #   CUDA_GRAPH=0: 1 adds --cuda-graph to COLLECT_ARGS (02's decode steps from CUDA graphs: faster on a GPU, the
 #   same replies up to float rounding; bench/gpu_lab.sh sets it)
 #
 #   Integers are decimal (no leading zero); paths are plain (no leading - or ~, no $ or backquote). RUN is a new
 #   folder, an empty one or one a run made (its RUN/settings.json), never the checkout, one of its folders (envs,
-#   bench, ...) or a path with a {...} field; *_ARGS take no glob and no flag run_all.sh sets itself. A bad setting
+#   bench, ...) or a path with a {...} field. BASE_CACHE by the same rule: a new folder, an empty one or one run_all.sh
+#   made (its CACHEDIR.TAG, written before its first base model; or only base models of 00_pretrain.py), and a base
+#   model there is reused only if its args.json says 00 built it with this run's settings. *_ARGS take no glob, no
+#   flag run_all.sh sets itself or owns (--metrics: RUN/metrics.jsonl) and no whitespace but spaces, tabs and
+#   newlines (bash's split); COLLECT_ARGS' and QLASS_ARGS' --max-new-tokens leave room for a prompt in the model's
+#   context; BASE (a model directory) and SMOLLM2_DIR (when it exists) load. A bad setting
 #   is one error line and exit 2 before anything runs (python run_support.py start checks the environment, its splits,
 #   the episode counts and each *_ARGS with its stage); Ctrl-C stops the run, and the same command resumes it. A run
 #   holds RUN while it runs (RUN/.lock): a second run on it is refused. RUN/settings.json records the settings that
 #   shape what the run writes (SEED, ENV, ENV_KWARGS, N_EXPERT, N_SELF, KEEP_OLD, BASE, the *_ARGS): a resume with
-#   others is refused. bash run_all.sh --check checks every setting (and that record), and runs nothing.
+#   others is refused. bash run_all.sh --check checks every setting (and that record), and runs nothing. The script's
+#   own variables (QEVOLVE_STARTED, QEVOLVE_LOCKED) skip no check when set from outside: they count with RUN's lock held.
 #
 #   bash run_all.sh                      # the default run (7.6 min on 2 quiet CPU cores with the base cached: README)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
@@ -214,14 +222,28 @@ CPU_OK=1 runs it anyway"
 fi
 # What bash cannot check, then RUN's lock and record (the header): python run_support.py start, which then starts this
 # script again (QEVOLVE_STARTED), holding the lock until the run ends. The last three settings only add evaluations.
+# The base model's entry in BASE_CACHE: the key covers the code that builds it too (an edited 00_pretrain.py,
+# models/tiny.py or envs/ makes a new one); run_support.py checks that an entry there was built with these settings.
+key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py models/tiny.py plumbing.py machine.py distributed.py envs/*.py | sha1sum | cut -c1-10)
+base_dir="$BASE_CACHE/$ENV-$key"
 settings=()
 for v in SEED ENV ENV_KWARGS DEMOS N_EXPERT N_SELF KEEP_OLD BASE REF PRETRAIN_ARGS BC_ARGS COLLECT_ARGS CRITIC_ARGS \
-         GAE_ARGS BPPO_ARGS RFT_ARGS OUTCOME_ARGS ETO_ARGS QLASS_ARGS QLASS_M LATER_ARGS EVAL_SPLITS EVAL_WORLDS N_EVAL; do settings+=("$v=${!v}"); done
+         GAE_ARGS BPPO_ARGS RFT_ARGS OUTCOME_ARGS ETO_ARGS QLASS_ARGS QLASS_M LATER_ARGS EVAL_SPLITS EVAL_WORLDS N_EVAL \
+         THREADS NPROC BASE_CACHE SMOLLM2_DIR; do settings+=("$v=${!v}"); done
+[ "$BASE" != pretrained ] || settings+=("BASE_DIR=$base_dir")
+# started: this script was started again by run_support.py start (QEVOLVE_STARTED), which holds RUN's lock: one of
+# this shell's open files is RUN/.lock. QEVOLVE_STARTED set from outside holds no lock, and skips no check.
+started() {
+  local fd
+  [ "${QEVOLVE_STARTED:-}" = "$RUN" ] && [ -e "$RUN/.lock" ] || return 1
+  for fd in /dev/fd/*; do [ "$fd" -ef "$RUN/.lock" ] && return 0; done
+  return 1
+}
 if [ "$CHECK" = 1 ]; then
   quiet $PYTHON run_support.py start "$RUN" "${settings[@]}"
   echo "run_all.sh --check: every setting is good (RUN=$RUN; nothing was run)"
   exit 0
-elif [ "$PYTHON" != echo ] && [ "${QEVOLVE_STARTED:-}" != "$RUN" ]; then
+elif [ "$PYTHON" != echo ] && ! started; then
   exec $PYTHON run_support.py start "$RUN" "${settings[@]}" -- bash run_all.sh
 fi
 [ "$CUDA_GRAPH" = 0 ] || COLLECT_ARGS+=" --cuda-graph"
@@ -258,9 +280,6 @@ evaluate() {
 
 # ---- the base language model, shared by every run with the same environment and settings
 if [ "$BASE" = pretrained ]; then
-  # the key covers the code that builds the base too: an edited 00_pretrain.py, models/tiny.py or envs/ makes a new one
-  key=$(printf '%s\n' "$ENV" "$ENV_KWARGS" "$PRETRAIN_ARGS" | cat - 00_pretrain.py models/tiny.py plumbing.py machine.py distributed.py envs/*.py | sha1sum | cut -c1-10)
-  base_dir="$BASE_CACHE/$ENV-$key"
   stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads "$THREADS" $PRETRAIN_ARGS
   MODEL=(--model "$base_dir" --lr 1e-3)
 elif [ "$BASE" = tiny ]; then

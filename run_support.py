@@ -17,8 +17,8 @@ import sys
 
 from filelock import FileLock, Timeout
 
-from plumbing import (ARTIFACTS, LIMITS, STAMP, STAMPED, check_out, check_path, die, owned, parse_env_kwargs, read_json,
-                      save_text)
+from plumbing import (ARTIFACTS, LIMITS, STAMP, STAMPED, check_out, check_path, die, inside, owned,
+                      parse_env_kwargs, read_json, save_text, temporaries)
 
 
 def open_log(path, writer, note=""):
@@ -108,12 +108,34 @@ def torchrun(argv):
 LOCKS = []  # the folder locks this process holds, until it becomes its command (become)
 
 
+def holds(folder):
+    """Whether this process holds folder's lock: one of its open files (inherited from the process that took the lock)
+    is FOLDER/.lock. QEVOLVE_LOCKED set from outside, with no such file, holds nothing."""
+    try:
+        want = os.stat(os.path.join(folder, ".lock"))
+    except OSError:
+        return False
+    fds = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    for fd in os.listdir(fds):
+        try:
+            if os.path.samestat(os.fstat(int(fd)), want):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def held_folders():
+    """The folders of QEVOLVE_LOCKED (real paths) whose lock this process holds (holds)."""
+    return [f for f in os.environ.get("QEVOLVE_LOCKED", "").split("\n") if f and holds(f)]
+
+
 def lock(folders):
     """One run at a time in a folder: FOLDER/.lock taken with filelock, at once or refused, its open file made
     inheritable, so that the command this process becomes (become) and every process that command starts hold it.
     The OS releases the lock when the last of them ends, however it ends (kill -9 too). A folder named in
     QEVOLVE_LOCKED is held already, by the caller (bench/gpu_lab.sh: its run_all.sh of one folder go side by side)."""
-    held = [f for f in os.environ.get("QEVOLVE_LOCKED", "").split("\n") if f]
+    held = held_folders()
     for folder in folders:
         if os.path.realpath(folder) in held:
             continue
@@ -140,10 +162,14 @@ def become(command, **env):
 
 
 EVAL_ONLY = ("EVAL_SPLITS", "EVAL_WORLDS", "N_EVAL")  # settings that only add evaluations: not in a run's record
+# settings checked before any work but not in a run's record: how it runs (THREADS, NPROC) and where its base model is
+# kept (BASE_CACHE, its entry BASE_DIR for these settings, SMOLLM2_DIR); run_all.sh passes them, a caller may not
+CHECK_ONLY = ("THREADS", "NPROC", "BASE_CACHE", "BASE_DIR", "SMOLLM2_DIR")
+UNRECORDED = (*EVAL_ONLY, *CHECK_ONLY)
 COMMON = ["--seed", "--threads", "--precision", "--metrics"]  # run_all.sh's COMMON, given to every stage but 00
 # each *_ARGS -> the stage that takes its flags, and the flags run_all.sh sets itself in that stage's calls: refused in
 # *_ARGS (which come after them and would override them)
-STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "--env", "--env-kwargs", "--threads"]),
+STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "--env", "--env-kwargs", "--threads", "--metrics"]),
                "BC_ARGS": ("01_bc", ["--data", "--out", "--model", *COMMON]),
                "RFT_ARGS": ("01_bc", ["--data", "--filter", "--model", "--out", *COMMON]),
                "COLLECT_ARGS": ("02_collect", ["--policy", "--out", "--env", "--env-kwargs", "--env-seed", "--split",
@@ -161,11 +187,34 @@ VALUES = {"--precision": ("fp32", "bf16"), "--env": ("household", "kitchen"), "-
 
 # The child that runs each stage's own check of its flags: (stage, argv) -> parse_args(argv) as a dict, or the line it
 # refused argv with (argparse's usage or the stage's error line); its own process, so that this module imports no stage.
-PARSE = """import contextlib, importlib, io, json, sys
+# Two jobs that are not a stage's: ("@model", [DIR]) -> DIR's context (its config's max_position_embeddings) once its
+# config, tokenizer (with a chat template) and safetensors headers load, or why not; ("@gpus", []) -> the GPUs seen.
+PARSE = """import contextlib, importlib, io, json, os, sys
+def model(path):
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if not AutoTokenizer.from_pretrained(path, local_files_only=True).chat_template:
+        return "its tokenizer has no chat template"
+    weights = [f for f in os.listdir(path) if f.endswith('.safetensors') and f != 'heads.safetensors']
+    if not weights:
+        return "it holds no weights (model.safetensors)"
+    for f in weights:
+        with safe_open(os.path.join(path, f), 'pt') as w:
+            w.keys()
+    return {'context': config.max_position_embeddings}
 def parse(stage, argv):
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            if stage == '@gpus':
+                import torch
+                return torch.cuda.device_count()
+            if stage == '@model':
+                try:
+                    return model(argv[0])
+                except Exception as e:
+                    return f"cannot load it ({' '.join(str(e).split())[:200]})"
             return vars(importlib.import_module(stage).parse_args(argv))
     except SystemExit:  # a stage's check or argparse's (Parser): 'error: WHY'; --help: nothing on stderr
         return (said.getvalue().strip().splitlines() or ["--help prints the stage's help"])[-1].split("error: ")[-1]
@@ -184,13 +233,101 @@ def stage_args(jobs):
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+def bash_words(name, value):
+    """An unquoted $NAME as bash splits it (on spaces, tabs and newlines: IFS) -> its words; any other whitespace (a
+    no-break space, a vertical tab) is refused, which Python's split() would split on and bash would not."""
+    odd = next((c for c in value if c.isspace() and c not in " \t\n"), None)
+    if odd is not None:
+        die(f"{name}={shlex.quote(value)} holds the whitespace character {ascii(odd)}, which bash does not split on; "
+            "use plain spaces")
+    return value.split()
+
+
+CACHE_TAG = "CACHEDIR.TAG"  # the base cache's stamp (https://bford.info/cachedir/), its second line this project's
+CACHE_STAMP = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+               f"# {STAMP}run_all.sh: base models built by 00_pretrain.py (BASE_CACHE), one folder ENV-KEY each\n")
+
+
+def stamped(tag):
+    """Whether a CACHEDIR.TAG is this project's (CACHE_STAMP)."""
+    try:
+        with open(tag, encoding="utf-8") as f:
+            return f.read(len(CACHE_STAMP) + 1) == CACHE_STAMP
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def base_entry(path):
+    """Whether path is a base model 00_pretrain.py wrote (a policy directory whose args.json names 00)."""
+    return owned(path, "policy") and read_json(os.path.join(path, "args.json")).get("stage") == "00_pretrain"
+
+
+def check_base_cache(cache):
+    """BASE_CACHE, by RUN's rule: a new folder, an empty one, or one this project made - its CACHEDIR.TAG (CACHE_STAMP),
+    or (a cache of an earlier version) only base models of 00_pretrain.py and write_atomic's temporaries; never /, the
+    home or current directory or one above them, the checkout or one of its folders, a file or a {...} field."""
+    said = f"BASE_CACHE={cache}"
+    real = os.path.realpath(cache)
+    rel = os.path.relpath(real, CHECKOUT).split(os.sep)
+    if re.search(r"[{}]", cache) or rel == ["."] or rel[0] in SHIPPED or any(
+            inside(os.path.realpath(top), real) for top in (os.getcwd(), os.path.expanduser("~"), CHECKOUT)):
+        die(f"{said} must be a folder of its own (no {{...}} field; not /, your home, the current directory or one "
+            "above them, the checkout or one of its folders), e.g. runs/base")
+    if os.path.lexists(cache) and not os.path.isdir(cache):
+        die(f"{said} is not a folder; name a new folder, e.g. runs/base")
+    try:
+        names = set(os.listdir(cache)) - {".lock"} if os.path.isdir(cache) else set()
+    except OSError as e:
+        die(f"cannot read {said} ({e.strerror})")
+    if CACHE_TAG in names and stamped(os.path.join(cache, CACHE_TAG)):
+        return
+    temporary = lambda n: os.path.join(cache, n) in temporaries(os.path.join(cache, n[1:].split(".qevolve-tmp-")[0]))
+    stray = sorted(n for n in names if not (base_entry(os.path.join(cache, n)) or temporary(n)))
+    if stray:
+        die(f"{said} holds files that run_all.sh did not make ({stray[0]}; no {CACHE_TAG} of this project): the base "
+            "cache is a new folder or the one run_all.sh made; pick another BASE_CACHE, e.g. runs/base")
+
+
+def make_base_cache(cache):
+    """BASE_CACHE made (after check_base_cache) and stamped, before its first base model is written."""
+    tag = os.path.join(cache, CACHE_TAG)
+    if not os.path.exists(tag):
+        save_text(tag, CACHE_STAMP)
+
+
+def check_base_entry(entry, built, expected):
+    """A base model reused from the cache answers for these settings only if 00_pretrain.py built it with them: its
+    args.json against 00's flags for this run (but where it was written, and its threads)."""
+    if not base_entry(entry):
+        die(f"{entry} is in the base cache's place for this run but is not a base model of 00_pretrain.py; remove it "
+            "(run_all.sh builds it again) or pick another BASE_CACHE")
+    for k, v in expected.items():
+        have = built.get(k)
+        if k == "env_kwargs":
+            have, v = (parse_env_kwargs(x) if isinstance(x, str) else x for x in (have, v))
+        if k not in ("out", "threads", "metrics") and have != v:
+            die(f"{entry} was built by 00_pretrain.py with --{k.replace('_', '-')} {json.dumps(built.get(k))}, not "
+                f"this run's {json.dumps(expected[k])}: it is not this run's base model; remove it (run_all.sh builds "
+                "it again) or pick another BASE_CACHE")
+
+
+def cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def check_settings(s):
     """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
     made), N_EXPERT and N_SELF against the tasks of its train split, EVAL_SPLITS (its splits) and N_EVAL against
-    their tasks, a BASE that names a directory (a model's), and each *_ARGS that gives a stage flags by that stage
-    (stage_args), without a glob, a flag run_all.sh sets itself (STAGE_FLAGS) or a critic a flag names (--init,
-    --rerank) that is not one."""
+    their tasks, THREADS and NPROC against the stages' ceiling and this machine, a BASE that names a directory (a
+    model's: loaded) and SMOLLM2_DIR, the base cache (check_base_cache) and this run's entry in it (check_base_entry),
+    and each *_ARGS that gives a stage flags by that stage (stage_args), split as bash splits it (bash_words), without a
+    glob, a flag run_all.sh sets itself (STAGE_FLAGS) or a critic a flag names (--init, --rerank) that is not one, and
+    with replies (--max-new-tokens) that leave room for a prompt in the model's context."""
     import envs
+    s = {**{name: "" for name in STAGE_FLAGS}, **s}  # an *_ARGS not given: none (run_all.sh gives each)
+    for name, value in s.items():
+        if name != "ENV_KWARGS":
+            bash_words(name, value)
     try:
         env = envs.make(s["ENV"], **parse_env_kwargs(s["ENV_KWARGS"]))
         for name, splits in (("N_EXPERT", ["train"]), ("N_SELF", ["train"]), ("N_EVAL", s["EVAL_SPLITS"].split())):
@@ -201,41 +338,96 @@ def check_settings(s):
         env.close()
     except (ValueError, ImportError) as e:  # an unknown env or split, a keyword it does not take, a package
         die(e)
+    threads, nproc = int(s.get("THREADS", "1")), int(s.get("NPROC", "1"))
+    if threads > LIMITS["threads"]:
+        die(f"THREADS={threads}: the stages take at most {LIMITS['threads']} torch threads (their --threads)")
     base = s.get("BASE", "pretrained")  # a model directory: checked here, not by 01 after the expert demos
     if base not in ("pretrained", "tiny", "smollm2") and not all(
             os.path.isfile(os.path.join(base, f)) for f in ("config.json", "tokenizer_config.json")):
         die(f"BASE={base} is not a model directory (a Hugging Face model's, with its config.json and "
             "tokenizer_config.json); name one, or BASE=pretrained, tiny or smollm2")
-    jobs = {}  # each *_ARGS that gives flags -> its stage's argv twice, run_all.sh's flags set two ways (VALUES)
+    model = base if base not in ("pretrained", "tiny", "smollm2") else None
+    if base == "smollm2":
+        model = s.get("SMOLLM2_DIR", "models/smollm2-135m")
+        if not os.path.lexists(model):  # converted first (python -m models.smollm2): its wheel installed, a new folder
+            from models.smollm2 import find_gguf
+            check_path(model)
+            find_gguf()
+            model = None
+    if base == "pretrained" and "BASE_CACHE" in s:
+        check_base_cache(s["BASE_CACHE"])
+    pretrain = ["--out", s.get("BASE_DIR", "base"), "--env", s["ENV"], "--env-kwargs", s["ENV_KWARGS"], "--threads",
+                str(threads)]
+    extra = [("00_pretrain", pretrain + bash_words("PRETRAIN_ARGS", s["PRETRAIN_ARGS"]))] if base == "pretrained" else \
+        [("@model", [model])] if model else []
+    jobs = {}  # each *_ARGS -> its stage's argv twice, run_all.sh's flags set two ways (VALUES)
     for name, (stage, sets) in STAGE_FLAGS.items():
-        flags = s[name].split()  # as bash splits an unquoted $NAME
+        flags = bash_words(name, s[name])  # as bash splits an unquoted $NAME
         if name in ("OUTCOME_ARGS", "LATER_ARGS"):
-            flags = s["BPPO_ARGS"].split() + flags
+            flags = bash_words("BPPO_ARGS", s["BPPO_ARGS"]) + flags
         values = lambda f: ("tiny", "2") if f == "--model" and s["BASE"] == "tiny" and name == "BC_ARGS" else \
             VALUES.get(f, ("1", "2"))
-        if flags:
-            jobs[name] = [(stage, [a for f in sets for a in (f, values(f)[i])] + flags) for i in (0, 1)]
-    parsed = iter(stage_args([job for pair in jobs.values() for job in pair]))
+        jobs[name] = [(stage, [a for f in sets for a in (f, values(f)[i])] + flags) for i in (0, 1)]
+    parsed = stage_args([job for pair in jobs.values() for job in pair] + extra + [("@gpus", [])] * (nproc > 1))
+    args = {name: [parsed[2 * i], parsed[2 * i + 1]] for i, name in enumerate(jobs)}
     for name, (stage, sets) in STAGE_FLAGS.items():
         said = f"{name}={shlex.quote(s[name])}"
         if re.search(r"[*?[]", s[name]):
             die(f"{said}: no glob characters (* ? [): bash would expand them to file names")
-        if name not in jobs:
-            continue
-        args = [next(parsed), next(parsed)]
-        why = next((a for a in args if isinstance(a, str)), None)
+        why = next((a for a in args[name] if isinstance(a, str)), None)
         if why is not None:
             die(f"{said}: {stage}.py refuses it: {why}")
         for f in sets:
-            if args[0][f[2:].replace("-", "_")] == args[1][f[2:].replace("-", "_")]:
-                die(f"{said}: run_all.sh sets {f} itself (bash run_all.sh --help names the setting for it)")
+            if args[name][0][f[2:].replace("-", "_")] == args[name][1][f[2:].replace("-", "_")]:
+                die(f"{said}: run_all.sh sets {f} itself (bash run_all.sh --help names the setting for it)" if
+                    f != "--metrics" else f"{said}: run_all.sh owns --metrics (a run's go to RUN/metrics.jsonl)")
         for f in ("init", "rerank"):
-            if args[0].get(f) and not owned(args[0][f], "critic"):
-                die(f"{said}: --{f} {args[0][f]} is not {ARTIFACTS['critic'][0]}")
+            if args[name][0].get(f) and not owned(args[name][0][f], "critic"):
+                die(f"{said}: --{f} {args[name][0][f]} is not {ARTIFACTS['critic'][0]}")
+    if nproc > 1:  # one process per GPU (distributed.py), or on a CPU at most one per core
+        gpus = parsed[-1]
+        most, what = (gpus, f"this machine's {gpus} GPU(s): one process per GPU") if gpus else \
+            (cores(), f"this machine's {cores()} CPU cores (no GPU: one process per core)")
+        if nproc > most:
+            die(f"NPROC={nproc}: more processes than {what}")
+    context = None
+    if extra:
+        got = parsed[len(parsed) - len(extra) - (nproc > 1)]
+        if isinstance(got, str):
+            die(f"PRETRAIN_ARGS={shlex.quote(s['PRETRAIN_ARGS'])}: 00_pretrain.py refuses it: {got}" if
+                base == "pretrained" else f"{'BASE' if model == base else 'SMOLLM2_DIR'}={model}: {got}")
+        context = got["max_len"] if base == "pretrained" else got["context"]
+        entry = s.get("BASE_DIR")
+        if base == "pretrained" and entry and os.path.lexists(entry):
+            check_base_entry(entry, read_json(os.path.join(entry, "args.json")) or {}, got)
+    elif base == "tiny":
+        context = args["BC_ARGS"][0]["max_len"]
+    for name in ("COLLECT_ARGS", "QLASS_ARGS"):  # a prompt must fit beside the longest reply (02: else no episode)
+        most = args[name][0]["max_new_tokens"]
+        if context is not None and most >= context:
+            die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {most} leave no room for a prompt in the "
+                f"model's context of {context} tokens" + (f" (PRETRAIN_ARGS' --max-len {context})" if base ==
+                                                          "pretrained" else ""))
 
 
 CHECKOUT = os.path.dirname(os.path.realpath(__file__))
 SHIPPED = (".ci", ".git", "bench", "course", "docs", "envs", "models", "tests")  # the checkout's own folders
+
+
+def tracked(path):
+    """Whether path is a file the checkout ships (git ls-files: tracked), which no script's output replaces; without
+    git, or outside a git clone, every file of the checkout's own folders (SHIPPED) and at its top counts as one."""
+    real = os.path.realpath(path)
+    if not os.path.lexists(path) or not inside(real, CHECKOUT) or real == CHECKOUT:
+        return False
+    rel = os.path.relpath(real, CHECKOUT)
+    try:
+        proc = subprocess.run(["git", "-C", CHECKOUT, "ls-files", "--error-unmatch", "--", rel], capture_output=True)
+        if proc.returncode in (0, 1):  # tracked / not tracked
+            return proc.returncode == 0
+    except OSError:  # no git
+        pass
+    return os.sep not in rel or rel.split(os.sep)[0] in SHIPPED
 
 
 def check_run(run):
@@ -276,21 +468,22 @@ def read_settings(run, keys=()):
 
 def start_run(run, settings, command):
     """run_all.sh's first step, `python run_support.py start RUN NAME=VALUE... [-- COMMAND...]`: RUN checked
-    (check_run), its settings checked (check_settings), and those that shape what the run writes (all but EVAL_ONLY)
+    (check_run), its settings checked (check_settings), and those that shape what the run writes (all but UNRECORDED)
     compared with RUN/settings.json, which its first start recorded: a resume with others would mix two runs. With
-    COMMAND (run_all.sh again): RUN locked first (lock), the record written when new, then this process becomes COMMAND,
-    holding the lock. Without (run_all.sh --check) nothing is written. A RUN held by the caller (bench/gpu_lab.sh) had
-    its settings checked by the caller (run_all.sh --check), which starts many runs of it."""
+    COMMAND (run_all.sh again): RUN locked first (lock), the record written when new, the base cache stamped
+    (make_base_cache), then this process becomes COMMAND, holding the lock. Without (run_all.sh --check) nothing is
+    written. A RUN held by the caller (bench/gpu_lab.sh; held_folders) had its settings checked by the caller
+    (run_all.sh --check), which starts many runs of it."""
     check_run(run)
-    if os.path.realpath(run) not in os.environ.get("QEVOLVE_LOCKED", "").split("\n"):
+    if os.path.realpath(run) not in held_folders():  # else gpu_lab.sh's: checked by its run_all.sh --check
         check_settings(settings)
-    path, record = os.path.join(run, "settings.json"), {k: v for k, v in settings.items() if k not in EVAL_ONLY}
+    path, record = os.path.join(run, "settings.json"), {k: v for k, v in settings.items() if k not in UNRECORDED}
 
     def same_record():  # RUN's record against this run's settings: before the lock (nothing written on a refusal)
         if not os.path.lexists(path):  # and again under it (a run that started meanwhile may have written it)
             return False
         old = read_settings(run, record)
-        extra = [k for k in old if k not in record and k not in ("stage", *EVAL_ONLY)]
+        extra = [k for k in old if k not in record and k not in ("stage", *UNRECORDED)]
         if extra:
             die(f"{path}: {extra[0]} is not a setting run_all.sh records; remove it from the file (or pick another "
                 "RUN)")
@@ -306,6 +499,8 @@ def start_run(run, settings, command):
     if not same_record() and command:
         check_out(path, "settings")
         save_text(path, json.dumps({"stage": "run_all.sh", **record}, indent=2) + "\n")
+    if command and settings.get("BASE", "pretrained") == "pretrained" and "BASE_CACHE" in settings:
+        make_base_cache(settings["BASE_CACHE"])  # stamped before its first base model (00) is written
     if command:
         become(command, QEVOLVE_STARTED=run)
 

@@ -24,6 +24,7 @@ import os
 
 from critic_report import verdicts
 from plumbing import STAMP, STEP_KEYS, Parser, check_out, die, field_error, read_episodes, write_atomic
+from run_support import tracked
 
 MARKED = {"invalid": "tab:red", "format": "tab:orange", "repeat": "tab:purple"}  # labels other than "ok"
 FLAW_COLOUR = {"harmful": "tab:red", "recoverable": "tab:orange"}  # envs.judge's verdicts of a mistake
@@ -187,14 +188,17 @@ def plot(ep, index, args):
 
 
 def check_png(path, buffer):
-    """--png, before any work: a new .png or a PNG this script wrote (its Software text chunk), never the
-    buffer nor any other file (a model's weights, a JSONL, someone's picture) that a mistyped path would destroy."""
+    """--png, before any work: a new .png or a PNG this script wrote (its Software text chunk), never a file of the
+    checkout (docs/img/credit_kitchen.png), the buffer nor any other file (a model's weights, a JSONL, someone's
+    picture) that a mistyped path would destroy."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         die("--png needs matplotlib: pip install -r requirements-plot.txt")
     if not path.endswith(".png") or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         die(f"--png {path}: " + ("its directory does not exist" if path.endswith(".png") else "must end in .png"))
+    if tracked(path):  # a figure the checkout ships (docs/img/): stamped by this script, yet never replaced
+        die(f"--png {path} is a file of the checkout (git tracks it); write the plot elsewhere, e.g. credit.png")
     check_out(path, "png", [buffer])
 
 

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import envs  # noqa: E402
 from bench.runner import parser  # noqa: E402
 from envs.kitchen import INGREDIENTS  # noqa: E402
+from plumbing import check_flags, die  # noqa: E402
 
 
 def demonstrations(env, split="train"):
@@ -70,7 +71,9 @@ def main():
     p = parser(__doc__)
     p.add_argument("--careless", type=float, nargs="+", default=[0.7, 0.75, 0.8, 0.85, 0.9])
     p.add_argument("--spoil", type=float, default=0.6)
-    args = p.parse_args()
+    args = check_flags(p.parse_args(), spoil="in [0, 1]")
+    if not all(0 <= c <= 1 for c in args.careless):
+        die(f"--careless must be probabilities in [0, 1], got {' '.join(map(str, args.careless))}")
     print("| careless / spoil | demonstrator success | successes kept (of 1000) | flawed-ingredient share, all demos "
           "| ... successes only | item 1 always on dev |")
     print("|---|---|---|---|---|---|")

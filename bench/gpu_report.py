@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from bench.runner import (ALGOS, FLOPS_PER_N, body_params, evaluations, last_epochs, parser, spread,  # noqa
                           table_out, write_table)
-from plumbing import die  # noqa: E402
+from plumbing import check_flags, die  # noqa: E402
 
 PEAK_TFLOPS = {"H200": 989, "H100": 989, "A100": 312, "L40S": 362, "A10": 125, "L4": 121, "T4": 65}  # dense bf16
 NAMES = {tag: name for _, tag, _, name, _ in ALGOS}  # a policy's prefix -> its method
@@ -83,7 +83,9 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="the markdown page to write")
     p.add_argument("--command", default="bash bench/gpu_lab.sh", help="the command the page says it measured")
     p.add_argument("--peak-tflops", type=float, default=0, help="the device's dense bf16 peak (0: by its name)")
-    args = p.parse_args(argv)
+    args = check_flags(p.parse_args(argv), peak_tflops="non-negative")
+    if not os.path.isdir(args.lab):
+        die(f"--lab {args.lab}: no such directory (bench/gpu_lab.sh's LAB)")
     table_out(args.out, markdown=False)  # a table a bench script wrote, or a new file
     runs = sorted(d for d in os.listdir(args.lab) if re.fullmatch(r"\w+-s\d+", d)  # finished or not (DEADLINE)
                   and os.path.isfile(os.path.join(args.lab, d, "policy_0", "model.safetensors")))

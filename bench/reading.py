@@ -6,7 +6,6 @@ exact matches per kind: a model that copies from its context gets ids right. A m
 """
 import argparse
 import collections
-import json
 import os
 import random
 import sys
@@ -16,7 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import envs  # noqa: E402
 from bench.runner import load_stage  # noqa: E402
-from plumbing import Parser  # noqa: E402
+from plumbing import Parser, check_flags, die, load_model, load_tokenizer, parse_env_kwargs  # noqa: E402
 
 
 def main():
@@ -26,13 +25,16 @@ def main():
     p.add_argument("--env-kwargs", default="{}", help="its keyword arguments (JSON), as run_all.sh's ENV_KWARGS")
     p.add_argument("--tasks", type=int, default=40, help="dev tasks to read (one explorer transcript each)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    args = p.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    args = check_flags(p.parse_args(), tasks="at least 1", threads="at least 1")
+    from transformers import AutoModelForCausalLM
+    try:
+        env = envs.make(args.env, **parse_env_kwargs(args.env_kwargs))
+    except (ValueError, ImportError) as e:  # an unknown env, a keyword it does not take
+        die(e)
     torch.set_num_threads(args.threads)
     pre = load_stage("00_pretrain")
-    tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
-    env = envs.make(args.env, **json.loads(args.env_kwargs))
+    tok = load_tokenizer(args.model)  # a folder that is not a model's: one line
+    model = load_model(AutoModelForCausalLM, args.model).eval()
     rng, right, asked, example = random.Random(0), collections.Counter(), collections.Counter(), {}
     for task_id in env.task_ids("dev")[:args.tasks]:
         msgs = pre.transcript(env, task_id, rng, 0.3, 1.0)  # a question after every observation

@@ -189,6 +189,9 @@ def must(argv, result=False, cwd=ROOT, env=None, threads=None):
         out.seek(0)
         text = out.read()
     results = [line[7:] for line in text.splitlines() if line.startswith("RESULT ")]
+    said = [line for line in text.splitlines() if line.startswith("error: ")]
+    if rc == 2 and said:  # the child refused its input (one error line, exit 2): its line, as this script's
+        die(said[-1][len("error: "):])
     if rc or (result and not results):
         sys.exit(f"{' '.join(map(str, argv[:3]))} failed:\n{text[-4000:]}")
     return {"rc": rc, "wall_s": wall, "cpu_s": cpu, "peak_mib": peak, "out": text,

@@ -357,6 +357,8 @@ PROBES = {
                                   "--num-envs", "10000", "--out", "{T}/x.jsonl"], "--num-envs 10000 --candidates 1024"),
     # -- issue 61, cause 5: one line where a traceback was
     "01_out_under_a_file": (BC + ["--out", "{R}/data/expert.json/x"], "not a writable directory"),
+    # -- issue 94: a file named twice counted its episodes twice
+    "03_data_twice": (["03_critic", "--data", EXPERT, EXPERT, "--policy", POLICY, "--out", "{T}/c"], "twice"),
 }
 
 
@@ -980,7 +982,14 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("PRETRAIN_ARGS=--env shop", "run_all.sh sets --env itself"),
     ("CRITIC_ARGS=--init /nonexistent", "--init /nonexistent is not a critic directory written by 03_critic.py"),
     ("CRITIC_ARGS=--init *", "CRITIC_ARGS='--init *': no glob characters"),
-    ("GAE_ARGS=--advantage outcome", "04_gae.py refuses it: --critic is required, except with --advantage outcome")])
+    ("GAE_ARGS=--advantage outcome", "04_gae.py refuses it: --critic is required, except with --advantage outcome"),
+    # issue 94: what a stage refused after --check had called the settings good, or a file written outside RUN
+    ("PRETRAIN_ARGS=--metrics m.jsonl", "run_all.sh owns --metrics"), ("THREADS=5000", "THREADS=5000: the stages take"),
+    ("NPROC=999999999", "NPROC=999999999: more processes than this machine's"),
+    ("BC_ARGS=--epochs\u00a01", "holds the whitespace character '\\xa0'"),
+    ("LATER_ARGS=--lr\v1e-4", "holds the whitespace character '\\x0b'"),
+    ("COLLECT_ARGS=--max-new-tokens 100000", "replies of --max-new-tokens 100000 leave no room for a prompt"),
+    ("PRETRAIN_ARGS=--max-len 4", "in the model's context of 4 tokens (PRETRAIN_ARGS' --max-len 4)")])
 def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
     """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
     default run), OUTCOME_ARGS='--bogus 1' after 02 and 04 with argparse's 12-line usage, and no other *_ARGS was
@@ -1289,18 +1298,22 @@ def test_probe83_a_bad_record_is_refused_before_the_lock(record, message, tmp_pa
         assert snapshot(tmp_path) == before
 
 
-def test_probe83_base_names_a_model_directory(in_process, tmp_path, monkeypatch):
-    """Probe campaign: BASE=/nonexistent CPU_OK=1 passed --check; 01 refused it after the expert demos were written."""
+def test_probe83_base_names_a_model_directory(in_process, tmp_path, monkeypatch, tiny_run):
+    """Probe campaign: BASE=/nonexistent CPU_OK=1 passed --check; 01 refused it after the expert demos were written.
+    Issue 94: so did a directory that does not load (its config.json '{}'), and SMOLLM2_DIR's. A policy passes."""
     monkeypatch.chdir(ROOT)
-    before = snapshot(tmp_path)
-    proc = in_process(run_support, *smoke_start(tmp_path / "run", BASE=str(tmp_path / "nonexistent")), check=False)
-    assert one_line(proc) and "is not a model directory" in proc.stderr, proc.stderr
-    assert snapshot(tmp_path) == before
     model = tmp_path / "model"
     model.mkdir()
     for name in ("config.json", "tokenizer_config.json"):
         (model / name).write_text("{}")
-    proc = in_process(run_support, *smoke_start(tmp_path / "run", BASE=str(model)), check=False)
+    before = snapshot(tmp_path)
+    for changes, message in (({"BASE": str(tmp_path / "nonexistent")}, "is not a model directory"),
+                             ({"BASE": str(model)}, f"BASE={model}: cannot load it"),
+                             ({"BASE": "smollm2", "SMOLLM2_DIR": str(model)}, f"SMOLLM2_DIR={model}: cannot load it")):
+        proc = in_process(run_support, *smoke_start(tmp_path / "run", **changes), check=False)
+        assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
+    proc = in_process(run_support, *smoke_start(tmp_path / "run", BASE=str(tiny_run / "policy_0")), check=False)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
@@ -1337,3 +1350,112 @@ def test_probe83_bench_scripts_check_their_flags(tmp_path, in_process, monkeypat
         proc = in_process(module, *args, *out, check=False)
         assert one_line(proc) and message in proc.stderr, (args, proc.stderr)
         assert snapshot(tmp_path) == before
+
+
+def test_critic_report_reads_a_summary_from_any_folder(tmp_path, monkeypatch, capfd):
+    """Issue 94: 04's summary names its critic and data relative to the folder 04 ran in; critic_report.py run from
+    another folder read the current directory's, and dropped the held-out section. A hand-edited summary is one line."""
+    import critic_report
+    it = tmp_path / "proj/runs/r/iter_1"
+    (it / "critic").mkdir(parents=True)
+    (it / "critic/args.json").write_text(json.dumps({"stage": "03_critic", "holdout": 0.999}))
+    steps = lambda r: [{**GOOD_STEP, "v": 0.5, "q": 0.5, "adv": 0.1}, {**GOOD_STEP, "r_env": r, "done": True,
+                                                                         "v": 0.5, "q": r, "adv": r - 0.5}]
+    (it / "adv.jsonl").write_text("".join(episode(task_id=f"train/{i:05d}", steps=steps(i % 2), reward=i % 2,
+                                                  success=bool(i % 2), source=["expert", "self"][i > 1]) + "\n"
+                                          for i in range(6)))
+    summary = {"stage": "04_gae", "advantage": "gae", "gamma": 0.99,
+               "args": {"out": "runs/r/iter_1/adv.jsonl", "data": ["runs/r/iter_1/self.jsonl"],
+                        "critic": "runs/r/iter_1/critic"}}
+    (it / "adv.json").write_text(json.dumps(summary))
+    reports = []
+    for where, buffer in ((tmp_path / "proj", "runs/r/iter_1/adv.jsonl"), (tmp_path, str(it / "adv.jsonl"))):
+        monkeypatch.chdir(where)
+        reports.append(critic_report.report_of(buffer))
+    assert reports[0]["heldout"] and json.dumps(reports[0]) == json.dumps(reports[1])  # NaN != NaN: as text
+    for edit in ({"args": None}, {"gamma": "0.99"}):
+        (it / "adv.json").write_text(json.dumps({**summary, **edit}))
+        with pytest.raises(SystemExit) as e:
+            critic_report.report_of(str(it / "adv.jsonl"))
+        assert e.value.code == 2 and "not a summary of 04_gae.py" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("bench/ablation.py", ["--table-only", "--candidates", "-1"], "--candidates must be at least 1"),
+    ("bench/seeds.py", ["--table-only", "--seeds", "-1"], "--seeds must be distinct integers of at least 0"),
+    ("bench/plots.py", ["sweep", "--iteration", "-1", "--out", "{d}/s.png"], "--iteration must be at least 1"),
+    ("bench/demos.py", ["--careless", "-1"], "--careless must be probabilities in [0, 1]"),
+    ("bench/gpu_report.py", ["--lab", "{d}", "--out", "{d}/r.md", "--peak-tflops", "-1"], "must be non-negative"),
+    ("bench/reading.py", ["--model", "{d}", "--tasks", "-5"], "--tasks must be at least 1"),
+    ("bench/reading.py", ["--model", "{d}", "--threads", "0"], "--threads must be at least 1"),
+    ("bench/reading.py", ["--model", "{d}", "--env-kwargs", "[1]"], "--env-kwargs must be a JSON object"),
+    ("bench/reading.py", ["--model", "{d}"], "no tokenizer_config.json"),
+    ("bench/speed/collect_speed.py", ["--policy", "{d}", "--episodes", "-1"], "--episodes must be at least 1"),
+    ("bench/speed/collect_speed.py", ["--policy", "{d}", "--episodes", "2"], "no tokenizer_config.json"),  # 02's
+    ("bench/speed/decode_step.py", ["--model", "{d}", "--context", "-1"], "must be at least 1"),
+    ("bench/speed/env_speed.py", ["--seed", "-1"], "--seed must be a seed"),
+    ("bench/speed/env_speed.py", ["--env-kwargs", '{{"bogus": 1}}'], "takes no keyword 'bogus'"),
+    ("bench/speed/lora_speed.py", ["--ranks", "-1"], "--ranks must be LoRA ranks"),
+    ("bench/speed/model_throughput.py", ["--budget", "abc"], "--budget must be five counts"),
+    ("bench/speed/model_throughput.py", ["--episodes", "-1"], "--episodes must be at least 1"),
+    ("bench/speed/real_env_speed.py", ["--episodes", "-1"], "--episodes must be at least 1"),
+    ("bench/speed/stage_times.py", ["--threads", "-1"], "--threads must be at least 1"),
+    ("bench/speed/train_memory.py", ["--batch-size", "-1"], "--batch-size must be at least 1")])
+def test_every_bench_script_refuses_a_count_below_one(script, args, message, tmp_path, in_process, monkeypatch):
+    """Issue 94: reading.py --tasks -5 and real_env_speed.py --episodes -1 hung, --tasks 0 printed an empty table,
+    --budget abc and --ranks -1 were tracebacks (the first after measuring), and collect_speed.py passed 02's refusal up
+    as exit 1 over two lines. Each is one error line, exit 2, before any work."""
+    monkeypatch.chdir(ROOT)
+    module = load_module(script, os.path.splitext(os.path.basename(script))[0])
+    proc = in_process(module, *[a.format(d=tmp_path) for a in args], check=False)
+    assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_base_cache_is_a_folder_of_its_own(in_process, tmp_path, monkeypatch):
+    """Issue 94: BASE_CACHE=../thesis (a user's folder), BASE_CACHE=.. and a file were taken, the base model written
+    into them; a base model 00 built for household under kitchen's key answered for kitchen. BASE_CACHE is a new
+    folder, an empty one or one run_all.sh made (its CACHEDIR.TAG, or only 00's base models), and its entry for this
+    run was built with this run's settings; the stamp is written by the start that runs (not by --check)."""
+    monkeypatch.chdir(ROOT)
+    mine, entry = tmp_path / "thesis", tmp_path / "old/household-0123456789"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes\n")
+    (tmp_path / "file").write_text("a file\n")
+    entry.mkdir(parents=True)
+    (entry / "args.json").write_text(json.dumps({"stage": "00_pretrain", "env": "kitchen"}))
+    start = lambda cache, *command, entry=None: in_process(run_support, *smoke_start(
+        tmp_path / "run", BASE_CACHE=str(cache), BASE_DIR=str(entry or Path(cache) / "household-x")), *command,
+        check=False)
+    before = snapshot(tmp_path)
+    for cache, message in ((mine, "holds files that run_all.sh did not make (notes.txt"),
+                           ("..", "must be a folder of its own"), (tmp_path / "file", "is not a folder")):
+        proc = start(cache)
+        assert one_line(proc) and message in proc.stderr, (cache, proc.stderr)
+    proc = start(tmp_path / "old", entry=entry)  # an earlier version's cache: accepted, but its entry is kitchen's
+    assert one_line(proc) and "was built by 00_pretrain.py with --env \"kitchen\", not this run's \"household\"" \
+        in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
+    monkeypatch.setattr(run_support, "become", lambda command, **env: None)  # the start, without its run
+    monkeypatch.setattr(run_support, "LOCKS", [])
+    monkeypatch.setenv("QEVOLVE_LOCKED", "")
+    assert start(tmp_path / "new", "--", "true").returncode == 0
+    for held in run_support.LOCKS:
+        held.release()
+    assert run_support.stamped(tmp_path / "new/CACHEDIR.TAG")
+    (tmp_path / "new/kitchen-0123456789").mkdir()
+    assert start(tmp_path / "new").returncode == 0  # its own cache, with a folder in it
+
+
+def test_run_alls_own_variables_skip_no_check(tmp_path):
+    """Issue 94: QEVOLVE_STARTED=<a user's folder> RUN=<that folder> skipped every check and wrote a run into it;
+    QEVOLVE_LOCKED did the same for run_support.py start. They count only where RUN's lock is held."""
+    run = tmp_path / "mine"
+    run.mkdir()
+    (run / "notes.txt").write_text("my notes\n")
+    before = snapshot(tmp_path)
+    env = {**os.environ, "RUN": str(run), "BASE_CACHE": str(tmp_path / "base"), "SMOKE": "1", "PYTHON": sys.executable,
+           "OMP_NUM_THREADS": "1", "QEVOLVE_STARTED": str(run), "QEVOLVE_LOCKED": str(run)}
+    proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert one_line(proc) and "holds files that no run of run_all.sh made" in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from bench.runner import parser  # noqa: E402
 from kv_cache import GRAPH_WIDTH, GraphStep  # noqa: E402
 from machine import autocast, pick_device  # noqa: E402
-from plumbing import die, load_model  # noqa: E402
+from plumbing import check_memory, die, load_model  # noqa: E402
 
 
 def main(argv=None):
@@ -34,6 +34,20 @@ def main(argv=None):
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         die(f"--model {args.model}: no config.json there (a Hugging Face model directory)")
     device, amp = pick_device("auto")
+    try:
+        config = AutoConfig.from_pretrained(args.model, local_files_only=True)
+    except Exception as e:  # a config.json transformers cannot read
+        die(f"--model {args.model}: cannot load its config ({e})")
+    # before any work: the largest batch's static KV cache (each layer's keys and values) and its prefill's logits
+    # (batch x context x vocabulary), in the dtype the step runs in - not an allocation the kernel ends
+    size = 2 if amp else 4
+    heads = config.num_attention_heads
+    kv_dim = (getattr(config, "num_key_value_heads", None) or heads) * (getattr(config, "head_dim", None) or
+                                                                         config.hidden_size // heads)
+    width = -(-(args.context + 5 + args.steps) // GRAPH_WIDTH) * GRAPH_WIDTH
+    check_memory(max(args.batch) * size * (config.num_hidden_layers * 2 * width * kv_dim
+                                           + args.context * (config.vocab_size + 4 * config.hidden_size)),
+                 f"--batch {max(args.batch)} --context {args.context}")
     torch.manual_seed(0)
     model = (AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model)) if args.random
              else load_model(AutoModelForCausalLM, args.model)).to(device, amp).eval()

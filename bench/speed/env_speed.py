@@ -6,7 +6,6 @@ optimum). A measurement, not a test.
     python bench/speed/env_speed.py --env kitchen [--env-kwargs '{"decisions": 2}']
     python bench/speed/env_speed.py --env shop
 """
-import json
 import os
 import random
 import sys
@@ -15,6 +14,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 import envs  # noqa: E402
 from bench.runner import parser  # noqa: E402
+from plumbing import check_flags, die, parse_env_kwargs  # noqa: E402
 
 
 def run(env, policy, task_ids, rng):
@@ -40,8 +40,11 @@ def main():
     p.add_argument("--env", default="kitchen", choices=["household", "kitchen", "shop"],
                    help="the embedded environment")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of the env's keyword arguments (as in 02_collect.py)")
-    args = p.parse_args()
-    env = envs.make(args.env, seed=args.seed, **json.loads(args.env_kwargs))
+    args = check_flags(p.parse_args(), seed="a seed in [0, 2**32)")
+    try:
+        env = envs.make(args.env, seed=args.seed, **parse_env_kwargs(args.env_kwargs))
+    except (ValueError, ImportError) as e:  # a keyword the environment does not take, or a value it refuses
+        die(e)
     rng = random.Random(args.seed)
     graded = args.env == "shop"
     if graded:

@@ -12,7 +12,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from bench.runner import must, parser  # noqa: E402
-from plumbing import die  # noqa: E402
+from plumbing import check_flags, die  # noqa: E402
 
 
 def one(model_dir, rank, threads):
@@ -44,7 +44,9 @@ def main():
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--ranks", type=int, nargs="+", default=[0, 16], help="LoRA ranks to measure (0: full fine-tuning)")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
-    a = p.parse_args()
+    a = check_flags(p.parse_args(), threads="at least 1")
+    if min(a.ranks) < 0 or max(a.ranks) > 4096:
+        die(f"--ranks must be LoRA ranks in [0, 4096] (0: full fine-tuning), got {' '.join(map(str, a.ranks))}")
     if a.one is not None:
         return one(a.model, a.one, a.threads)
     if not os.path.isfile(os.path.join(a.model, "config.json")):

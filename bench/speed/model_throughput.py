@@ -18,7 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from bench.runner import ROOT, expert_demos, load_stage, measured, must, parser, table_out, write_table  # noqa: E402
 from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
-from plumbing import check_out, die, save_text  # noqa: E402
+from plumbing import check_flags, check_out, die, save_text  # noqa: E402
 
 STAGES = ["bc", "collect", "critic", "gae", "bppo"]
 NAMES = {"bc": "01 BC step", "collect": "02 collection", "critic": "03 critic step", "gae": "04 critic forward",
@@ -202,7 +202,15 @@ def main():
     if a.worker:
         return worker(argparse.Namespace(**{"out": "", "save": "", **json.loads(a.worker)}))
 
+    check_flags(a, steps="at least 1", batch_size="at least 1", episodes="at least 1", demos="at least 1",
+                threads="at least 1")
+    budget = a.budget.split(",")  # before measuring: five counts, each at least 1 (the critic's epochs too)
+    if len(budget) != 5 or not all(x.isdigit() and 1 <= int(x) <= 10**6 for x in budget):
+        die(f"--budget must be five counts in [1, 1000000], comma-separated (demos, BC epochs, self episodes, eval "
+            f"tasks per split, critic epochs), got {a.budget!r}")
     models = a.models.split(",")
+    if not models or not set(models) <= {"tiny", "smollm2"}:
+        die(f"--models must be tiny, smollm2 or both, comma-separated, got {a.models!r}")
     if "smollm2" in models and not os.path.isfile(os.path.join(a.smollm2, "config.json")):
         die(f"{a.smollm2} is not a model directory; run python -m models.smollm2 --out {a.smollm2}")
     summary = os.path.splitext(os.path.join(ROOT, a.out))[0] + ".json"
@@ -227,7 +235,7 @@ def main():
     d = DEFAULT_CHAIN
     budgets = {f"default ({d[0]} demos, {d[1]} BC epochs, {d[2]} self, {d[3]} eval tasks per split, {d[4]} critic "
                "epochs)": d}
-    b = tuple(int(x) for x in a.budget.split(","))
+    b = tuple(int(x) for x in budget)
     budgets[f"reduced ({b[0]} demos, {b[1]} BC epochs, {b[2]} self, {b[3]} eval tasks per split, {b[4]} critic "
             "epoch(s))"] = b
     lines += ["", "## What a chain would cost at these rates (one iteration, K=1, one thread)", "",

@@ -15,6 +15,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
 import envs  # noqa: E402
 from bench.runner import parser, row  # noqa: E402
+from plumbing import check_flags  # noqa: E402
 
 
 def ms(xs):
@@ -107,7 +108,7 @@ def main():
     ap.add_argument("--envs", nargs="+", default=["sciworld", "textworld", "alfworld"],
                     choices=["sciworld", "textworld", "alfworld"], help="which environments to time")
     ap.add_argument("--episodes", type=int, default=10, help="expert episodes per environment")
-    args = ap.parse_args()
+    args = check_flags(ap.parse_args(), episodes="at least 1")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ALFWORLD_DATA", os.path.join(tmp, "alfworld-data"))
         rows, bench = [], {"sciworld": lambda: bench_sciworld(args.episodes),

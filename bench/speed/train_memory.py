@@ -15,6 +15,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from bench.runner import KWARGS, ROOT, expert_demos, must, parser, table_out, write_table  # noqa: E402
+from plumbing import check_flags  # noqa: E402
 
 
 def main():
@@ -28,7 +29,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=16, help="trajectories in the step (the lab's: 16)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="bench/results/train_memory.md")
-    a = p.parse_args()
+    a = check_flags(p.parse_args(), batch_size="at least 1", threads="non-negative")
     out = table_out(a.out, markdown=False)  # before the runs: a table a bench script wrote, or a new file
     model, B = os.path.abspath(a.model), a.batch_size
     common = ["--epochs", "1", "--batch-size", str(B), "--threads", str(a.threads), *a.flags.split()]
