@@ -231,7 +231,8 @@ def writes_into_bench_results(command):
 
 def test_no_course_command_writes_into_bench_results():
     """Running the course leaves bench/results/ as it is: every bench command gets an --out under runs/."""
-    assert writes_into_bench_results("K=1 python bench/seeds.py --seeds 0 --prefix runs/c")  # the check can fail
+    assert writes_into_bench_results("K=1 python bench/seeds.py --seeds 0 --prefix runs/c --out bench/results/s.md")
+    assert not writes_into_bench_results("K=1 python bench/seeds.py --seeds 0 --prefix runs/c")  # runs/ by default
     assert writes_into_bench_results("python bench/ablation.py --seeds 0 --out bench/results/ablation.md")
     assert writes_into_bench_results("python show_credit.py x.jsonl > bench/results/credit.txt")
     assert not writes_into_bench_results("python bench/seeds.py --seeds 0 --out runs/course_seeds.md")
