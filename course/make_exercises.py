@@ -38,8 +38,8 @@ EXERCISES = {
 # stubbed in every copy with 01's message; tests/test_stage_copies.py tells the student to copy it on.
 COPIES = {"tokenize_episode": "01_bc.py", "collate": "01_bc.py"}
 VERBATIM = ["00_pretrain.py", "plumbing.py", "machine.py", "distributed.py", "run_support.py", "critic_report.py",
-            "kv_cache.py", "rerank.py", "rollout.py", "run_all.sh", "envs", "models/__init__.py", "models/tiny.py",
-            "docs/course.md", "docs/design.md", "requirements.txt"]  # copied as they are
+            "kv_cache.py", "rerank.py", "rollout.py", "eto.py", "qlass.py", "run_all.sh", "envs", "models/__init__.py",
+            "models/tiny.py", "docs/course.md", "docs/design.md", "requirements.txt"]  # copied as they are
 # The grading tests: test file -> None (all of it) or the top-level names kept; DROP: never copied
 # (a test's own re-implementation of an exercise would be its solution).
 TESTS = {"tests/conftest.py": None, "tests/test_math.py": None, "tests/test_layout.py": None,

@@ -155,6 +155,27 @@ def test_the_kit_is_written_outside_the_checkout_only(tmp_path):
         assert not [f for f in os.listdir(os.path.join(ROOT, "runs")) if f == "kit" or "kit.qevolve-tmp" in f]
 
 
+def test_the_kit_holds_every_module_its_files_import():
+    """Every module of the checkout that a file of the kit imports - `import X`, `from X import`, importlib's
+    import_module("X"), or a module named in a string (run_support.py checks each baseline's flags by importing it by
+    name) - is in the kit, so that its run_all.sh runs there (ALGOS' baselines included)."""
+    local = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")} | {"envs", "models"}
+    shipped = [f for f in STAGE_FILES] + [os.path.join(d, f) for v in mx.VERBATIM if v.endswith(".py") or
+                                           os.path.isdir(os.path.join(ROOT, v))
+                                           for d, f in ([("", v)] if v.endswith(".py") else
+                                                        [(v, f) for f in os.listdir(os.path.join(ROOT, v))
+                                                         if f.endswith(".py")])]
+    in_kit = {os.path.splitext(f)[0].split(os.sep)[0] for f in shipped}
+    missing = set()
+    for f in shipped:
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, f)).read())):
+            names = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) else \
+                [(node.module or "").split(".")[0]] if isinstance(node, ast.ImportFrom) and not node.level else \
+                [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else []
+            missing |= {(f, n) for n in names if n in local - in_kit}
+    assert not missing, sorted(missing)
+
+
 def test_a_kit_with_only_the_copies_unsolved_tells_the_student_to_copy(tmp_path):
     """The data contract is one exercise in 01_bc.py and stubbed with 01's name in every copy."""
     for stage in ("03_critic.py", "04_gae.py", "05_bppo.py"):
@@ -338,3 +359,53 @@ def test_each_listed_mistake_fails_the_kit(exercise, i, reference_stages, tmp_pa
     stages = {**reference_stages, stage: planted_module(stage, source)}
     ran = {n: run_here(n, stages, tmp_path) for n in selected(exercise)}
     assert [n for n, r in ran.items() if r not in (None, "skip")], f"{exercise}: '{what}' passes every test: {ran}"
+
+
+# ---- the week as written: the teacher's runs, then every experiment's commands in order, on toy budgets
+
+def page_commands(text):
+    """The whole command lines of a markdown text, in order: its ```bash blocks' lines (continuations joined) and the
+    inline code spans outside them that start with `python`."""
+    out = []
+    for i, part in enumerate(re.split(r"```bash\n(.*?)```", text, flags=re.S)):
+        if i % 2:
+            out += [line for line in part.replace("\\\n", " ").splitlines() if line.strip()]
+        else:
+            out += [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", part)
+                    if re.match(r"python \S+\.py", " ".join(span.split()))]
+    return out
+
+
+def toy(command, tmp):
+    """A course command on toy budgets, with its runs/ under tmp: sampled collections of 4 episodes, not 300."""
+    return command.replace("runs/", f"{tmp}/runs/").replace("--episodes 300", "--episodes 4")
+
+
+@pytest.mark.slow
+def test_the_course_runs_as_written_on_toy_budgets(tmp_path):
+    """TEACHER.md's runs before the week, then each experiment of course.md in order - its ablation row
+    (`--variants NAME`) and every command it gives - as a class runs them from the repository root, with SMOKE=1's
+    budgets, one world, and runs/ in a temporary folder: each exits 0. (The exercises' side, session by session, is
+    the kit's test above.)"""
+    env = {k: v for k, v in os.environ.items() if k not in ("RUN", "ENV", "ENV_KWARGS", "EVAL_WORLDS", "BASE", "K")}
+    env.update(SMOKE="1", EVAL_WORLDS="0", BASE_CACHE=str(tmp_path / "base"), PYTHON=sys.executable, THREADS="1",
+               OMP_NUM_THREADS="1")
+    teacher = open(os.path.join(ROOT, "course/TEACHER.md")).read()
+    before = page_commands(teacher[teacher.index("## Before the week"):teacher.index("## The five sessions")])
+    before = [c for c in before if "bench/" in c]  # the runs (the kit: the test above)
+    assert len(before) == 3
+    text = open(os.path.join(ROOT, "docs/course.md")).read()
+    text = text[text.index("### Session 1"):text.index("## Which differences mean something")]
+    experiments = re.split(r"^\*\*(?=\d+\. )", text, flags=re.M)[1:]
+    assert len(experiments) == 12
+    commands = list(before)
+    for exp in experiments:
+        commands += [f"python bench/ablation.py --seeds 0 --prefix runs/course --variants {v} "
+                     "--out runs/course_ablation.md" for v in re.findall(r"`--variants (\w+)`", exp)]
+        commands += page_commands(exp)
+    for command in commands:
+        proc = subprocess.run(["bash", "-c", toy(command, tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    assert (tmp_path / "runs" / "course_ablation.md").exists() and (tmp_path / "runs" / "course_habit.md").exists()
+    assert not (tmp_path / "exercises").exists() and not os.path.exists(os.path.join(ROOT, "runs", "course0"))
