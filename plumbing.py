@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from distributed import average_info, is_main, parts
+from distributed import is_main
 
 hf_logging.disable_progress_bar()  # transformers' "Loading weights" bar: not this project's output
 
@@ -570,20 +570,12 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def accumulate(idx, n_loss, model, args, batch_loss, step):
-    """One optimizer step's gradient, behind one call: for each part of batch `idx` this process computes (parts;
-    alone without --grad-accum: the whole batch), batch_loss(ids) -> (loss, info, tokens) is the forward and the
-    loss, then the backward of loss * share. -> (the parts' info averaged over the whole batch: the single-process
-    numbers, the tokens this process read)."""
-    infos, tokens = [], 0
-    for ids, share in parts(idx, n_loss, model, args):
-        loss, info, n = batch_loss(ids)
-        if not torch.isfinite(loss):  # before its backward
-            die(f"loss became {loss.item()} at step {step}; lower --lr")
-        (loss * share).backward()  # share: this part's count / the batch's (times world)
-        infos.append((info, share))
-        tokens += n
-    return average_info(infos), tokens
+def finite(loss, step):
+    """The loss of a training step's micro-batch, if finite; else one error line before its backward (the weights
+    stay as they were: nothing is written)."""
+    if not torch.isfinite(loss):
+        die(f"loss became {loss.item()} at step {step}; lower --lr")
+    return loss
 
 
 def save_policy(path, model, tokenizer, args, stage, state=None, texts=()):
