@@ -31,10 +31,10 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from distributed import distribute
+from distributed import average_info, distribute, parts
 from machine import Progress, add_lora, add_machine_flags, autocast, grad_checkpointing, save_trained, start
 from models.tiny import build_tiny_model, train_tiny_tokenizer
-from plumbing import (accumulate, by_rows, check_flags, check_tiny, die, fit_context, length_batches, load_model,
+from plumbing import (by_rows, check_flags, check_tiny, die, finite, fit_context, length_batches, load_model,
                       load_tokenizer, lr_at, read_episodes, save_policy, stage_parser)
 
 
@@ -181,7 +181,12 @@ def main(argv=None):
         for idx in length_batches([len(x["input_ids"]) for x in train], args.batch_size, rng):  # one step's batch
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(log.step, total_steps, args.lr, args.warmup)
-            info, tokens = accumulate(idx, n_loss, train_model, args, batch_loss, log.step)  # forward, loss, backward
+            infos = []  # each micro-batch: (info, share, tokens)
+            for ids, share in parts(idx, n_loss, train_model, args):  # this process's micro-batches (--grad-accum)
+                loss, info, n = batch_loss(ids)  # forward -> loss
+                (finite(loss, log.step) * share).backward()  # backward; share: its count / the step's count
+                infos.append((info, share, n))
+            info, tokens = average_info(infos)  # torchrun: over every process, the one-process numbers
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

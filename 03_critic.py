@@ -34,9 +34,9 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModel
 
-from distributed import distribute, unsharded
+from distributed import average_info, distribute, parts, unsharded
 from machine import Progress, add_machine_flags, autocast, grad_checkpointing, save_trained, start
-from plumbing import (accumulate, check_flags, die, fit_context, held_out, length_batches, load_heads, load_model,
+from plumbing import (check_flags, die, finite, fit_context, held_out, length_batches, load_heads, load_model,
                       load_tokenizer, owned, read_episodes, save_critic, stage_parser)
 
 
@@ -213,7 +213,12 @@ def main(argv=None):
 
     for epoch in range(args.epochs):
         for idx in length_batches([len(x["input_ids"]) for _, x in data], args.batch_size, rng):  # one step's batch
-            info, tokens = accumulate(idx, n_loss, train_critic, args, batch_loss, log.step)  # forward, loss, backward
+            infos = []  # each micro-batch: (info, share, tokens)
+            for ids, share in parts(idx, n_loss, train_critic, args):  # this process's micro-batches (--grad-accum)
+                loss, info, n = batch_loss(ids)  # forward -> loss
+                (finite(loss, log.step) * share).backward()  # backward; share: its count / the step's count
+                infos.append((info, share, n))
+            info, tokens = average_info(infos)  # torchrun: over every process, the one-process numbers
             torch.nn.utils.clip_grad_norm_(critic.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -15,11 +15,9 @@ its step's process reward A_t from 04 (the update never leaves the data):
   1 - eps_low of pi_old) than a good one may gain (up to 1 + eps_high).
 - Dual clip (--dual-clip c, Ye et al. 2020; not in the paper): for A < 0 the term is at least c * A (bppo_loss).
 - The KL anchor is exact at every action token, from pi_ref's logits batch by batch: no sampling estimator (kl_to_ref).
-- --adv-norm (not in the paper; the default is chosen on `dev`, docs/design.md): 'standardize' (A_t - mean A) / std A
-  over the buffer's steps, as BPPO's and CleanRL's code do per batch; 'center' the mean only (an ablation).
-- --objective awr, the paper's weaker alternative (advantage-weighted regression), replaces L_BPPO:
-    L_AWR = - E[ min(exp(A_t / beta), w_max) * log pi_theta(y) ]
-  which can only raise the probability of actions in the data.
+- --adv-norm (not in the paper; chosen on `dev`, docs/design.md): A_t standardized over the buffer, or centred.
+- --objective awr, the paper's weaker alternative (advantage-weighted regression), replaces L_BPPO by
+  L_AWR = - E[ min(exp(A_t / beta), w_max) * log pi_theta(y) ], which can only raise the probability of data actions.
 
     python 05_bppo.py --data runs/demo/iter_1/adv.jsonl --policy runs/demo/policy_0 \
         --ref runs/demo/policy_0 --out runs/demo/policy_1
@@ -32,9 +30,9 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from distributed import distribute
+from distributed import average_info, distribute, parts
 from machine import Progress, add_lora, add_machine_flags, autocast, grad_checkpointing, save_trained, start
-from plumbing import (STEP_KEYS, accumulate, by_rows, check_flags, die, fit_context, length_batches, load_model,
+from plumbing import (STEP_KEYS, by_rows, check_flags, die, finite, fit_context, length_batches, load_model,
                       load_tokenizer, read_episodes, save_policy, stage_parser)
 
 
@@ -47,12 +45,9 @@ def parse_args(argv=None):
     a.add_argument("--objective", choices=["bppo", "awr"], default="bppo", help="policy objective")
     a.add_argument("--adv-norm", choices=["none", "center", "standardize"], default="none",
                    help="A_t as 04 wrote it, minus the buffer's mean, or standardized over the buffer's steps")
-    a.add_argument("--eps-low", type=float, default=0.8,
-                   help="lower clip: eta >= 1 - eps_low (room to suppress bad actions)")
-    a.add_argument("--eps-high", type=float, default=0.2,
-                   help="upper clip: eta <= 1 + eps_high (keep gains conservative)")
-    a.add_argument("--dual-clip", type=float, default=3.0,
-                   help="c > 1: a token with A < 0 contributes at least c * A (dual-clip PPO, Ye et al. 2020); 0: off")
+    a.add_argument("--eps-low", type=float, default=0.8, help="lower clip: eta >= 1 - eps_low (suppresses bad actions)")
+    a.add_argument("--eps-high", type=float, default=0.2, help="upper clip: eta <= 1 + eps_high (conservative gains)")
+    a.add_argument("--dual-clip", type=float, default=3.0, help="c > 1: a token with A < 0 adds at least c * A; 0: off")
     a.add_argument("--kl-coef", type=float, default=0.05, help="alpha, weight of KL(pi_theta || pi_ref)")
     a.add_argument("--awr-beta", type=float, default=1.0, help="AWR temperature beta")
     a.add_argument("--awr-max-weight", type=float, default=20.0, help="AWR weight clip w_max")
@@ -219,7 +214,12 @@ def main(argv=None):
 
     for epoch in range(args.epochs):
         for idx in length_batches([len(x["input_ids"]) for _, x in data], args.batch_size, rng):  # one step's batch
-            info, tokens = accumulate(idx, n_loss, train_policy, args, batch_loss, log.step)  # forward, loss, backward
+            infos = []  # each micro-batch: (info, share, tokens)
+            for ids, share in parts(idx, n_loss, train_policy, args):  # this process's micro-batches (--grad-accum)
+                loss, info, n = batch_loss(ids)  # forward -> loss
+                (finite(loss, log.step) * share).backward()  # backward; share: its count / the step's count
+                infos.append((info, share, n))
+            info, tokens = average_info(infos)  # torchrun: over every process, the one-process numbers
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -4,6 +4,8 @@ gradients are reduced. A plain `python` run is rank 0 of 1 and skips all of it: 
 itself, parts the whole batch. Every rank builds the same global batches from the same seed and takes its part.
 """
 import os
+import sys
+import time
 
 import torch
 
@@ -15,10 +17,14 @@ def setup_distributed():
         return 0, 1
     if torch.cuda.is_available():
         per_node, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", world)), torch.cuda.device_count()
-        if per_node > gpus:  # NCCL cannot share one GPU between two processes of a group
-            from plumbing import die  # here, not above: plumbing imports this module
-            die(f"torchrun started {per_node} processes on this machine but it has {gpus} GPU(s): one process per "
-                f"GPU (--nproc-per-node {gpus}), or CUDA_VISIBLE_DEVICES= to run {per_node} processes on the CPU")
+        if per_node > gpus:  # NCCL cannot share one GPU between two processes of a group: plumbing.die's one line
+            # (plumbing imports this module, not the other way round): rank 0 says it, another rank only if it did not
+            if not is_main():
+                time.sleep(10)
+            print(f"error: torchrun started {per_node} processes on this machine but it has {gpus} GPU(s): one process "
+                  f"per GPU (--nproc-per-node {gpus}), or CUDA_VISIBLE_DEVICES= to run {per_node} processes on the CPU",
+                  file=sys.stderr)
+            sys.exit(2)
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # then pick_device's "cuda" is this GPU
     torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return torch.distributed.get_rank(), world
@@ -61,8 +67,9 @@ def full_state(model, fsdp):
 
 
 def parts(idx, n_loss, model, args):
-    """The parts of one optimizer step's batch `idx` (trajectory indices) that this process computes ->
-    yields (ids, share); alone without --grad-accum (00 has neither): one part, (idx, 1.0). n_loss[j] is what
+    """torchrun's bookkeeping of one optimizer step, behind one call: the micro-batches of batch `idx` (trajectory
+    indices) that this process computes -> yields (ids, share), the stage then runs forward, loss and
+    (loss * share).backward() on each; alone without --grad-accum (00 has neither): one, (idx, 1.0). n_loss[j] is what
     trajectory j adds to the count the step's loss averages over (its reply tokens in 01/05, its step weights in 03,
     its trained tokens in 00).
     Each part's loss is a mean over its own count, so with share = world * its count / the batch's count,
@@ -82,14 +89,14 @@ def parts(idx, n_loss, model, args):
 
 
 def average_info(infos):
-    """[(info, share)] of the step's parts -> their info dicts averaged with the shares over the global batch:
-    the single-process numbers."""
+    """[(info, share, tokens)] of the step's micro-batches (parts) -> (their info dicts averaged with the shares over
+    the global batch: the single-process numbers, the tokens this process read)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
-    numbers = sum(torch.tensor(list(info.values()), dtype=torch.float64) * share / world for info, share in infos)
+    numbers = sum(torch.tensor(list(info.values()), dtype=torch.float64) * share / world for info, share, _ in infos)
     if world > 1:  # nccl reduces GPU tensors (setup_distributed), gloo CPU ones
         numbers = numbers.to("cuda" if torch.cuda.is_available() else "cpu")
         torch.distributed.all_reduce(numbers)
-    return dict(zip(infos[0][0], numbers.tolist()))
+    return dict(zip(infos[0][0], numbers.tolist())), sum(tokens for *_, tokens in infos)
 
 
 def unsharded(p):

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from distributed import distribute
+from distributed import average_info, distribute, parts
 from machine import Progress, add_lora, add_machine_flags, autocast, grad_checkpointing, save_trained, start
-from plumbing import (accumulate, check_flags, die, fit_context, load_model, load_tokenizer, read_episodes,
+from plumbing import (check_flags, die, finite, fit_context, load_model, load_tokenizer, read_episodes,
                       save_policy, stage_parser)
 
 bppo = importlib.import_module("05_bppo")  # the reply tokens as 05 reads them: tokenize_episode, collate, reply_logits
@@ -83,9 +83,9 @@ def trajectory_logprobs(model, batch):
     return torch.zeros(len(reply), device=logp.device).index_add(0, reply.nonzero()[:, 0], logp)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    world, device, amp = start(args, "policy", args.data + [args.policy, args.ref])
+def prepare_eto(args, device, amp):
+    """--data, --policy, --ref -> (tokenizer, pi_theta, the pairs that fit the context, batch_of(pair indices): the
+    winners' rows then the losers', log pi_ref(tau) of every pair (2, P): winners and losers)."""
     pairs = make_pairs(read_episodes(args.data))
     if not pairs:
         die("no pair: no failed own episode in --data has a success on its task (demonstration or own)")
@@ -102,6 +102,13 @@ def main(argv=None):
     with torch.no_grad(), autocast(device, amp):  # log pi_ref(tau) of every pair, once: (P,) winners and losers
         ref_lp = torch.cat([trajectory_logprobs(ref, batch_of(range(i, min(i + args.batch_size, len(pairs)))))
                             .view(2, -1) for i in range(0, len(pairs), args.batch_size)], dim=1)
+    return tokenizer, policy, pairs, batch_of, ref_lp
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    world, device, amp = start(args, "policy", args.data + [args.policy, args.ref])
+    tokenizer, policy, pairs, batch_of, ref_lp = prepare_eto(args, device, amp)
     train_policy = distribute(policy, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the policy itself
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     rng, records = random.Random(args.seed), []
@@ -119,7 +126,12 @@ def main(argv=None):
         rng.shuffle(order)
         for i in range(0, len(order), args.batch_size):
             idx = order[i:i + args.batch_size]
-            info, n_tokens = accumulate(idx, [1] * len(pairs), train_policy, args, batch_loss, log.step)  # + backward
+            infos = []  # each micro-batch: (info, share, tokens)
+            for ids, share in parts(idx, [1] * len(pairs), train_policy, args):  # this process's micro-batches
+                loss, info, n = batch_loss(ids)  # forward -> loss
+                (finite(loss, log.step) * share).backward()  # backward; share: its count / the step's count
+                infos.append((info, share, n))
+            info, n_tokens = average_info(infos)  # torchrun: over every process, the one-process numbers
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from distributed import average_info, is_main, parts
+from distributed import is_main
 
 hf_logging.disable_progress_bar()  # transformers' "Loading weights" bar: not this project's output
 
@@ -154,15 +154,14 @@ ARTIFACTS = {"policy": ("a policy directory written by 00_pretrain.py / 01_bc.py
                             ("02_collect", "qlass")),
              "04_gae": ("a JSONL with advantages (or its .json summary) written by 04_gae.py", ("04_gae",)),
              "log": ("a metrics JSONL written by the stages", STAGE_NAMES),
+             # a deleted script's name stays only while a shipped file is stamped with it (tests/test_course.py checks):
+             # docs/img's learning_curve.png and sweep*.png, bench/results/model_throughput.json
              "png": ("a PNG written by this project (its Software text chunk)",
-                     ("show_credit.py", "bench/plots.py", "bench/plot_learning.py", "bench/plot_sweep.py",
-                      "bench/efficiency.py")),
-             # bench/plot_sweep.py, efficiency.py and bench/*.py now in speed/: the names that wrote earlier tables
+                     ("show_credit.py", "bench/plots.py", "bench/plot_learning.py", "bench/plot_sweep.py")),
              "table": ("a results table written by bench/",
                        ("bench/ablation.py", "bench/seeds.py", "bench/plots.py", "bench/gpu_report.py",
-                        "bench/speed/stage_times.py", "bench/speed/model_throughput.py", "bench/speed/train_memory.py",
-                        "bench/plot_sweep.py", "bench/stage_times.py", "bench/model_throughput.py",
-                        "bench/train_memory.py", "bench/efficiency.py")),
+                        "bench/speed/stage_times.py", "bench/speed/model_throughput.py",
+                        "bench/speed/train_memory.py")),
              "bench_json": ("a measurement JSON written by bench/ (its 'stage')",
                             ("bench/speed/model_throughput.py", "bench/model_throughput.py")),
              "run_log": ("a run log written by bench/ (seeds.py, ablation.py, gpu_lab.sh)",
@@ -571,20 +570,12 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def accumulate(idx, n_loss, model, args, batch_loss, step):
-    """One optimizer step's gradient, behind one call: for each part of batch `idx` this process computes (parts;
-    alone without --grad-accum: the whole batch), batch_loss(ids) -> (loss, info, tokens) is the forward and the
-    loss, then the backward of loss * share. -> (the parts' info averaged over the whole batch: the single-process
-    numbers, the tokens this process read)."""
-    infos, tokens = [], 0
-    for ids, share in parts(idx, n_loss, model, args):
-        loss, info, n = batch_loss(ids)
-        if not torch.isfinite(loss):  # before its backward
-            die(f"loss became {loss.item()} at step {step}; lower --lr")
-        (loss * share).backward()  # share: this part's count / the batch's (times world)
-        infos.append((info, share))
-        tokens += n
-    return average_info(infos), tokens
+def finite(loss, step):
+    """The loss of a training step's micro-batch, if finite; else one error line before its backward (the weights
+    stay as they were: nothing is written)."""
+    if not torch.isfinite(loss):
+        die(f"loss became {loss.item()} at step {step}; lower --lr")
+    return loss
 
 
 def save_policy(path, model, tokenizer, args, stage, state=None, texts=()):

@@ -48,11 +48,12 @@ def parser(doc):
 
 def runs_parser(doc, table):
     """seeds.py's and ablation.py's flags: the runs (--seeds, --prefix), how (--parallel, --table-only) and the table
-    (--out, bench/results/<ENV>_<table>.md); -> the parser, for a script's own flags."""
+    (--out, runs/<ENV>_<table>.md: a reference table in bench/results/ is written only when named); -> the parser,
+    for a script's own flags."""
     p = parser(doc)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (run directories --prefix<seed>)")
     p.add_argument("--prefix", default="runs/seed", help="run directory prefix (seed number appended)")
-    p.add_argument("--out", default=f"bench/results/{os.environ.get('ENV', 'kitchen')}_{table}.md",
+    p.add_argument("--out", default=f"runs/{os.environ.get('ENV', 'kitchen')}_{table}.md",
                    help="markdown table to write (named by the world: run_all.sh's ENV)")
     p.add_argument("--parallel", action="store_true", help="run the seeds at once, one torch thread each")
     p.add_argument("--table-only", action="store_true",

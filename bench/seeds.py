@@ -3,7 +3,7 @@ iteration of each algorithm of ALGOS on each split of EVAL_SPLITS, per seed and 
 evaluation; per world with Q-Evolve's gain over BC; each run's time. run_all.sh's settings come from the environment
 (those set are named in the table's header). A measurement, not a test.
 
-    python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes bench/results/<ENV>_seeds.md
+    python bench/seeds.py                      # seeds 0 1 2, runs/seed<k>, writes runs/<ENV>_seeds.md
     EVAL_SPLITS='dev seen unseen' python bench/seeds.py --parallel   # the README's table (also dev)
     CRITIC_ARGS="--epochs 6" python bench/seeds.py --parallel --prefix runs/c6_s --out /tmp/seeds_c6.md
     ALGOS="qevolve rft outcome" python bench/seeds.py --parallel --table-only   # the table of runs as they stand

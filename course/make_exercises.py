@@ -2,14 +2,18 @@
 that carry the paper's ideas are exercises - each keeps its signature and docstring (the equation), its
 body becomes `raise NotImplementedError("exercise: <stage>.<function> ...")` - beside verbatim copies of
 what the chain needs to run (00_pretrain.py, plumbing.py, machine.py, distributed.py, run_support.py, the decoding
-and rollout modules, envs/, models/, run_all.sh), the tests that grade it, and one grade command. No reference body and
-no git history go in; the functions are found by name with `ast`, so the reference files carry no markers.
-docs/course.md is the handout (copied in); course/TEACHER.md, with the answers, stays out.
+and rollout modules, envs/, models/, run_all.sh, requirements.txt), the tests that grade it, and one grade command.
+No reference body, no git history and no list of mistakes (course/mistakes.py) go in; the functions are found by name
+with `ast`, so the reference files carry no markers. docs/course.md is the handout (copied in); course/TEACHER.md,
+with the answers, stays out. The teacher runs it and hands out the folder, which lies outside the checkout (a folder
+inside it is refused: the reference's own tests and files would take it for theirs).
 
-    python course/make_exercises.py --out exercises   # the student's folder
-    cd exercises && python grade.py                   # grading: a stub fails with its exercise's name
-    cd exercises && python grade.py -k gae            # one exercise's tests
-    cd exercises && SMOKE=1 bash run_all.sh           # once every exercise passes: the whole chain
+    python course/make_exercises.py --out ../exercises  # the teacher: the students' folder, beside the checkout
+    cd ../exercises && pip install -r requirements.txt  # a student, in a fresh virtualenv: the folder installs alone
+    cd ../exercises && python grade.py                  # grading: a stub fails with its exercise's name
+    cd ../exercises && python grade.py -k gae           # one exercise's tests
+    cd ../exercises && SMOKE=1 K=0 bash run_all.sh      # 01 and 02 written: the chain up to BC and its evaluation
+    cd ../exercises && SMOKE=1 bash run_all.sh          # once every exercise passes: the whole chain
 """
 import argparse
 import ast
@@ -19,7 +23,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plumbing import die, write_atomic  # noqa: E402
+from plumbing import Parser, check_path, die, inside, write_atomic  # noqa: E402
 
 # stage file -> the functions that become exercises, in the order docs/course.md takes them
 EXERCISES = {
@@ -34,8 +38,8 @@ EXERCISES = {
 # stubbed in every copy with 01's message; tests/test_stage_copies.py tells the student to copy it on.
 COPIES = {"tokenize_episode": "01_bc.py", "collate": "01_bc.py"}
 VERBATIM = ["00_pretrain.py", "plumbing.py", "machine.py", "distributed.py", "run_support.py", "critic_report.py",
-            "kv_cache.py", "rerank.py", "rollout.py", "run_all.sh", "envs", "models/__init__.py", "models/tiny.py",
-            "docs/course.md", "docs/design.md"]  # copied as they are
+            "kv_cache.py", "rerank.py", "rollout.py", "eto.py", "qlass.py", "run_all.sh", "envs", "models/__init__.py",
+            "models/tiny.py", "docs/course.md", "docs/design.md", "requirements.txt"]  # copied as they are
 # The grading tests: test file -> None (all of it) or the top-level names kept; DROP: never copied
 # (a test's own re-implementation of an exercise would be its solution).
 TESTS = {"tests/conftest.py": None, "tests/test_math.py": None, "tests/test_layout.py": None,
@@ -63,12 +67,19 @@ sys.exit(proc.returncode)
 '''
 README = """# Q-Evolve: the exercises
 
-Write the bodies of the functions that raise `NotImplementedError("exercise: ...")`, in the order
-of docs/course.md, 'The exercises'. Each keeps its docstring: the equation it computes.
+This folder installs on its own, in a fresh virtualenv (Python 3.11 or newer):
 
-    python grade.py            # every exercise's tests; a stub fails with its name
-    python grade.py -k gae     # one exercise's tests
-    SMOKE=1 bash run_all.sh    # every test passes: the whole chain on toy budgets, with your functions
+    python -m venv .venv && source .venv/bin/activate
+    pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu   # a CPU-only machine only
+    pip install -r requirements.txt
+
+Write the bodies of the functions that raise `NotImplementedError("exercise: ...")`, in the order of docs/course.md,
+'The exercises'. Each keeps its docstring: the equation it computes.
+
+    python grade.py               # every exercise's tests; a stub fails with its name
+    python grade.py -k gae        # one exercise's tests
+    SMOKE=1 K=0 bash run_all.sh   # exercises 1-5 pass: the chain up to BC and its evaluation (03-05 not run yet)
+    SMOKE=1 bash run_all.sh       # every test passes: the whole chain on toy budgets, with your functions
 
 tokenize_episode and collate are copied byte-identical into 03_critic.py, 04_gae.py and 05_bppo.py:
 write them in 01_bc.py, then copy them (grade.py checks the copies).
@@ -115,9 +126,13 @@ def keep_only(source, keep, drop):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="the folder to write (must not exist)")
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="the folder to write: new, and outside the checkout")
     args = p.parse_args()
+    check_path(args.out)  # the project's write rule: not empty, not the current or home directory or one above
+    if inside(os.path.realpath(args.out), os.path.realpath(ROOT)):
+        die(f"--out {args.out} lies inside the checkout {ROOT}; write the kit outside it, e.g. --out ../exercises "
+            "(nothing was written)")
     if os.path.lexists(args.out):
         die(f"--out {args.out} exists; choose a new folder (nothing was written)")
 

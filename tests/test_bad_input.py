@@ -1459,3 +1459,16 @@ def test_run_alls_own_variables_skip_no_check(tmp_path):
     proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert one_line(proc) and "holds files that no run of run_all.sh made" in proc.stderr, proc.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_a_non_finite_loss_stops_the_step_before_its_backward(capsys):
+    """plumbing.finite, which every training stage calls on a micro-batch's loss before loss.backward(): a finite loss
+    passes as it is; NaN or inf is one error line, exit 2."""
+    import torch
+    loss = torch.tensor(0.5)
+    assert plumbing.finite(loss, 3) is loss
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(SystemExit) as e:
+            plumbing.finite(torch.tensor(bad), 7)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and err == [f"error: loss became {bad} at step 7; lower --lr"]

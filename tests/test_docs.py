@@ -148,3 +148,50 @@ def test_the_printout_guide_quotes_what_the_stages_print():
             assert fragment in sources, f"docs/printout.md quotes {line!r}: no stage prints {fragment!r}"
     made_up = quoted_fragments("epoch 3: train loss 0.12  greedy reproduces no replies at all")
     assert made_up == ["greedy reproduces no replies at all"] and made_up[0] not in sources  # the check can fail
+
+
+def test_every_results_file_cites_scripts_that_exist():
+    """The first line of each table in bench/results/ and docs/img/ says how it was measured: every `python X.py` in
+    it names a script of the current code (a script since moved or deleted is cited by name and commit, without
+    `python`), and every `python X.py SUBCOMMAND` of bench/plots.py names one of its plots."""
+    missing = []
+    for f in sorted(glob.glob("bench/results/*.md", root_dir=ROOT) + glob.glob("docs/img/*.md", root_dir=ROOT)):
+        line = open(os.path.join(ROOT, f)).readline()
+        for script, rest in re.findall(r"\bpython3? (?:-m cProfile -o \S+ )?([\w/]+\.py)\b(.{0,20})", line):
+            if not os.path.isfile(os.path.join(ROOT, script)):
+                missing.append(f"{f}: {script}")
+            elif script == "bench/plots.py" and rest.split()[:1] not in (["learning"], ["sweep"], ["efficiency"]):
+                missing.append(f"{f}: bench/plots.py {rest}")
+    assert not missing, missing
+
+
+def test_no_bench_script_writes_into_bench_results_by_default():
+    """Every --out default of bench/ (and bench/speed/) lies under runs/ or docs/img/: a reference table in
+    bench/results/ is replaced only when a command names it."""
+    found = []
+    for f in glob.glob("bench/**/*.py", root_dir=ROOT, recursive=True):
+        source = open(os.path.join(ROOT, f)).read()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args \
+                    and getattr(node.args[0], "value", None) == "--out":
+                for kw in node.keywords:
+                    if kw.arg == "default":
+                        found.append((f, ast.get_source_segment(source, kw.value)))
+    assert len(found) >= 5 and not [x for x in found if "bench/results" in x[1]], found
+
+
+def test_the_writers_of_old_artifacts_are_named_only_while_a_shipped_file_needs_them():
+    """plumbing.ARTIFACTS names the scripts whose tables, PNGs and measurement JSONs a stage may replace (owned): each
+    is a script of the checkout, or a deleted one that a shipped file is still stamped with."""
+    import plumbing
+    shipped = [os.path.join(ROOT, f) for f in glob.glob("bench/results/*", root_dir=ROOT) +
+               glob.glob("docs/img/*", root_dir=ROOT)]
+    for kind in ("png", "table", "bench_json"):
+        for writer in plumbing.ARTIFACTS[kind][1]:
+            if os.path.isfile(os.path.join(ROOT, writer)):
+                continue
+            stamped = [f for f in shipped if f.endswith({"png": ".png", "table": ".md", "bench_json": ".json"}[kind])
+                       and (plumbing.png_software(f) == plumbing.STAMP + writer if kind == "png" else
+                            f"python {writer}" in plumbing.first_line(f) if kind == "table" else
+                            (plumbing.read_json(f) or {}).get("stage") == writer)]
+            assert stamped, f"ARTIFACTS[{kind!r}] names {writer}, which is gone and stamps no shipped file"

@@ -1,5 +1,6 @@
 """docs/design.md, 'The chat layout': which tokens carry loss, and where V and Q are read."""
 import pytest
+import torch
 
 EPISODE = {
     "env": "household", "task_id": "train/00000", "instruction": "Rules here.", "task": "put a mug in shelf 1.",
@@ -69,3 +70,18 @@ def test_collate_pads_and_masks(stages, tokenizer):
     assert b["attention_mask"][1].sum() == len(xs[1]["input_ids"])
     assert b["step_mask"].tolist() == [[1.0, 1.0], [1.0, 0.0]]
     assert b["state_pos"][1].tolist() == xs[1]["state_pos"] + [0]
+
+
+def test_collate_by_hand_pads_with_pad_id_minus_one_and_zero(stages):
+    """Two tokenized episodes, 5 and 3 tokens, 2 and 1 steps, pad_id 7: every tensor by hand, and its dtype."""
+    long = {"input_ids": [1, 2, 3, 4, 5], "action_step": [-1, 0, -1, 1, -1], "state_pos": [0, 2, 4],
+            "action_pos": [1, 3]}
+    short = {"input_ids": [6, 8, 9], "action_step": [-1, 0, -1], "state_pos": [0, 2], "action_pos": [1]}
+    b = stages["01_bc"].collate([long, short], pad_id=7)
+    assert b["input_ids"].tolist() == [[1, 2, 3, 4, 5], [6, 8, 9, 7, 7]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert b["action_step"].tolist() == [[-1, 0, -1, 1, -1], [-1, 0, -1, -1, -1]]
+    assert b["state_pos"].tolist() == [[0, 2, 4], [0, 2, 0]] and b["action_pos"].tolist() == [[1, 3], [1, 0]]
+    assert b["step_mask"].tolist() == [[1.0, 1.0], [1.0, 0.0]] and b["step_mask"].dtype == torch.float
+    assert all(b[k].dtype == torch.long for k in ("input_ids", "attention_mask", "action_step", "state_pos",
+                                                  "action_pos"))

@@ -37,6 +37,21 @@ def test_weighted_mse_is_a_weighted_mean_of_squares(stages):
     assert weighted_mse(u, torch.zeros(3)) == 0  # no real entry: no division by zero
 
 
+def test_expectile_weights_divide_by_their_sum_not_the_count(stages):
+    """Weights 3 and 1 (sum 4, two entries): the mean is over the weights' sum; all-zero weights give 0, not NaN."""
+    expectile_loss = stages["03_critic"].expectile_loss
+    u, w = torch.tensor([1.0, -1.0]), torch.tensor([3.0, 1.0])
+    assert torch.isclose(expectile_loss(u, 0.7, w), torch.tensor((3 * 0.7 * 1 + 1 * 0.3 * 1) / 4))
+    assert expectile_loss(u, 0.7, torch.zeros(2)) == 0  # a batch of padding only: no division by zero
+
+
+def test_weighted_mse_divides_by_the_sum_of_the_weights(stages):
+    weighted_mse = stages["03_critic"].weighted_mse
+    u, w = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 1.0])
+    assert torch.isclose(weighted_mse(u, w), torch.tensor((3 * 1 + 1 * 4) / 4))
+    assert torch.isclose(weighted_mse(u, torch.ones(2)), torch.tensor(2.5))  # equal weights: the plain mean
+
+
 def test_expectile_minimizer_is_the_expectile(stages):
     """V trained by expectile regression on samples of Q goes above the mean for tau > 0.5."""
     expectile_loss = stages["03_critic"].expectile_loss
@@ -57,6 +72,15 @@ def test_step_weights_by_hand(stages):
     assert torch.allclose(step_weights(4, 0), torch.tensor([0.625, 0.75, 0.875, 1.0]))
     assert torch.allclose(step_weights(4, 1), torch.tensor([1.125, 1.25, 1.375, 1.5]))
     assert torch.allclose(step_weights(1, 1), torch.tensor([1.5]))
+
+
+def test_step_weights_grow_along_the_episode_and_with_success(stages):
+    """w_t rises with t (the last step weighs most) and by 1/2 in an episode that ended with the reward (d = 1)."""
+    step_weights = stages["03_critic"].step_weights
+    w0, w1 = step_weights(5, 0), step_weights(5, 1.0)
+    assert torch.allclose(w0, torch.tensor([0.6, 0.7, 0.8, 0.9, 1.0]))
+    assert torch.allclose(w1 - w0, torch.full((5,), 0.5))
+    assert torch.allclose(step_weights(2, 0), torch.tensor([0.75, 1.0]))
 
 
 def loop_gae(rewards, values, dones, gamma, lam):
@@ -94,6 +118,20 @@ def test_gae_truncated_bootstraps_last_value(stages):
     assert np.allclose(gae(r, v, d, g, lam), [a0, a1])
 
 
+def test_gae_mid_episode_done_by_hand(stages):
+    """Two trajectories back to back: step 1 ends the first (done), so neither V(s_2) nor A_2 reaches A_1,
+    and A_0 carries only A_1."""
+    gae = stages["04_gae"].gae
+    r, v, d = [0.0, 1.0, 0.0, 0.5], [0.5, 0.6, 0.2, 0.3, 0.9], [0, 1, 0, 1]
+    g, lam = 0.9, 0.5
+    a3 = 0.5 - 0.3                       # terminal: V(s_4) = 0.9 is not used
+    a2 = (0.9 * 0.3 - 0.2) + g * lam * a3
+    a1 = 1.0 - 0.6                       # done: no V(s_2), no A_2
+    a0 = (0.9 * 0.6 - 0.5) + g * lam * a1
+    assert np.allclose(gae(r, v, d, g, lam), [a0, a1, a2, a3])
+    assert np.allclose(gae(r, v, d, g, 0.0), [0.9 * 0.6 - 0.5, 0.4, 0.9 * 0.3 - 0.2, 0.2])  # lambda 0: the deltas
+
+
 def test_the_step_limit_ends_a_cut_trajectory(stages):
     """03 and 04: a trajectory cut by the step limit (last step not done) ends there - V(s_T) is
     not bootstrapped - like one that reached a true terminal; steps before the last keep their done."""
@@ -108,6 +146,22 @@ def test_the_step_limit_ends_a_cut_trajectory(stages):
     assert np.allclose(adv(ea(won, v, q, g, lam, "gae", False)), [(0.9 * 0.4 - 0.2) + g * lam * 0.6, 1.0 - 0.4])
 
 
+def test_step_limit_episode_advantages_record_v_q_and_qv_by_hand(stages):
+    """04's per-step record: v = V(s_t), q = Q(s_t, a_t), adv = A_t; --advantage qv is Q(s_t, a_t) - V(s_t); with_aux
+    adds r_aux to r_t; a step before the last keeps its own done (here: not done)."""
+    ea = stages["04_gae"].episode_advantages
+    ep = {"steps": [{"r_env": 0.0, "r_aux": -0.1, "done": False}, {"r_env": 1.0, "r_aux": 0.0, "done": True}]}
+    v, q, g = np.array([0.5, 0.8, 0.3]), np.array([0.6, 0.9]), 0.9
+    out = ea(ep, v, q, g, 1.0, "qv", False)
+    assert [s["v"] for s in out["steps"]] == pytest.approx([0.5, 0.8])
+    assert [s["q"] for s in out["steps"]] == pytest.approx([0.6, 0.9])
+    assert [s["adv"] for s in out["steps"]] == pytest.approx([0.6 - 0.5, 0.9 - 0.8])
+    a1 = 1.0 - 0.8
+    assert [s["adv"] for s in ea(ep, v, q, g, 1.0, "gae", True)["steps"]] == \
+        pytest.approx([-0.1 + 0.9 * 0.8 - 0.5 + g * a1, a1])
+    assert out["steps"][0]["r_aux"] == -0.1 and ep["steps"][0] == {"r_env": 0.0, "r_aux": -0.1, "done": False}
+
+
 def test_the_critic_ends_a_cut_trajectory_too(stages):
     """03's per-step tensors: done = 1 on the last step of every trajectory, cut by the step limit or not."""
     ep = {"steps": [{"r_env": 0.0, "r_aux": -0.1, "done": False}, {"r_env": 0.0, "r_aux": 0.0, "done": False}]}
@@ -118,6 +172,18 @@ def test_the_critic_ends_a_cut_trajectory_too(stages):
     assert tt(eps, "cpu")["r_env"].tolist() == [[0.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
     assert tt(eps, "cpu")["done"].tolist() == [[0, 1], [0, 1], [1, 0]]
     assert tt(eps, "cpu")["mask"].tolist() == [[1, 1], [1, 1], [1, 0]]
+
+
+def test_critic_ends_each_trajectory_of_a_batch_shortest_first(stages):
+    """The batch is as wide as its longest trajectory, wherever it stands; each row is done on its own last step."""
+    tt = stages["03_critic"].trajectory_tensors
+    st = lambda r_env, r_aux, done: {"r_env": r_env, "r_aux": r_aux, "done": done}
+    eps = [{"steps": [st(0.0, -0.2, False)]},
+           {"steps": [st(0.0, 0.0, False), st(0.0, -0.1, False), st(1.0, 0.0, True)]}]
+    out = tt(eps, "cpu")
+    assert out["done"].tolist() == [[1, 0, 0], [0, 0, 1]] and out["mask"].tolist() == [[1, 0, 0], [1, 1, 1]]
+    assert out["r_env"].tolist() == [[0, 0, 0], [0, 0, 1]]
+    assert torch.allclose(out["r_aux"], torch.tensor([[-0.2, 0, 0], [0, -0.1, 0]]))
 
 
 def test_iql_losses_by_hand(stages):
@@ -144,6 +210,27 @@ def test_iql_losses_by_hand(stages):
     assert target.weight.grad is None                             # the target head is not trained here
     _, info = iql(lambda batch: (h, v_all, q), target, None, traj, w, tau, g, False)  # without r_aux
     assert info["loss_q"] == pytest.approx((0.12 ** 2 + 3 * 0.1 ** 2) / 4)
+
+
+def test_iql_losses_on_padding_and_the_q_gradient_by_hand(stages):
+    """A batch of two trajectories, the second one step long (its step 1 padding, weight 0): the padding adds nothing,
+    and L_Q's gradient on Q(s_t, a_t) is -2 w_t u_t / sum(w)."""
+    h = torch.tensor([[[1.0], [1.0]], [[2.0], [0.0]]])            # Qbar = h (weight 1)
+    v_all = torch.tensor([[0.2, 0.5, 0.0], [0.4, 0.7, 0.0]], requires_grad=True)
+    q = torch.tensor([[0.3, 0.6], [0.1, 5.0]], requires_grad=True)
+    target = torch.nn.Linear(1, 1, bias=False)
+    target.weight.data.fill_(1.0)
+    traj = {"r_env": torch.tensor([[0.0, 1.0], [0.0, 0.0]]), "r_aux": torch.zeros(2, 2),
+            "done": torch.tensor([[0.0, 1.0], [1.0, 0.0]]), "mask": torch.tensor([[1.0, 1.0], [1.0, 0.0]])}
+    w = torch.tensor([[1.0, 2.0], [1.0, 0.0]])
+    loss, info = stages["03_critic"].iql_losses(lambda batch: (h, v_all, q), target, None, traj, w, 0.5, 0.9, True)
+    u = [0.9 * 0.5 - 0.3, 1.0 - 0.6, 0.0 - 0.1]                 # TD errors of the three real steps
+    assert info["loss_q"] == pytest.approx((u[0] ** 2 + 2 * u[1] ** 2 + u[2] ** 2) / 4)
+    # tau 0.5: L_V = 0.5 * the weighted mean of (Qbar - V)^2, Qbar - V = 0.8, 0.5, 1.6
+    assert info["loss_v"] == pytest.approx(0.5 * (0.8 ** 2 + 2 * 0.5 ** 2 + 1.6 ** 2) / 4)
+    assert (info["v_mean"], info["q_mean"]) == pytest.approx(((0.2 + 0.5 + 0.4) / 3, (0.3 + 0.6 + 0.1) / 3))
+    loss.backward()
+    assert q.grad.flatten().tolist() == pytest.approx([-2 * u[0] / 4, -2 * 2 * u[1] / 4, -2 * u[2] / 4, 0.0])
 
 
 def test_td_error_without_the_critics_aux_rewards_gives_the_penalty_back(stages):
@@ -278,6 +365,17 @@ def test_retro_label_rules_and_precedence(stages):
     assert retro_label("go to x", "a", "b", False) == "ok"
 
 
+def test_retro_label_reads_the_observations_not_the_command(stages):
+    """A repeat is an observation that did not change, whatever the command; a new observation is ok even for a
+    command given twice; a format error is 'format' whatever the observations."""
+    retro_label = stages["02_collect"].retro_label
+    assert retro_label("look", "You see a pan.", "You see a pan.", False) == "repeat"
+    assert retro_label("take pan", "You see a pan.", "You take the pan.", False) == "ok"
+    assert retro_label("look", "look", "You see a pan.", False) == "ok"
+    assert retro_label(None, "a", "b", False) == "format"
+    assert retro_label("use pan", "a", "b", True) == "invalid"
+
+
 def test_parse_action(stages):
     parse_action = stages["02_collect"].parse_action
     assert parse_action("Thought: hmm\nAction: go to  cabinet 1") == "go to cabinet 1"
@@ -354,12 +452,33 @@ def test_kl_to_ref_is_zero_for_the_same_policy_and_positive_otherwise(stages):
     assert np.isclose(kl_to_ref(p, r).item(), expected / 2, atol=1e-6)  # the mean over the 2 tokens
 
 
+def test_kl_to_ref_by_hand_the_mean_over_tokens_of_the_sum_over_the_vocabulary(stages):
+    """Two tokens over a vocabulary of 3: KL(pi_theta || pi_ref) of each by hand, their mean; logits or
+    log-probabilities alike."""
+    kl_to_ref = stages["05_bppo"].kl_to_ref
+    p = torch.tensor([[0.5, 0.25, 0.25], [0.8, 0.1, 0.1]])
+    r = torch.tensor([[1 / 3, 1 / 3, 1 / 3], [0.5, 0.25, 0.25]])
+    by_hand = [sum(pi * np.log(pi / ri) for pi, ri in zip(pr, rr)) for pr, rr in zip(p.tolist(), r.tolist())]
+    assert kl_to_ref(p.log(), r.log()).item() == pytest.approx(np.mean(by_hand), abs=1e-6)
+    assert kl_to_ref(p.log() + 3.0, r.log() - 1.0).item() == pytest.approx(np.mean(by_hand), abs=1e-6)  # logits
+
+
 def test_token_advantages_broadcast_each_step_to_its_tokens(stages):
     token_advantages = stages["05_bppo"].token_advantages
     batch = {"action_step": torch.tensor([[-1, 0, 0, -1, 1, 1, -1], [-1, 0, -1, -1, -1, -1, -1]]),
              "step_mask": torch.tensor([[1.0, 1.0], [1.0, 0.0]])}
     adv = token_advantages(batch, torch.tensor([[0.5, -2.0], [3.0, 0.0]]))
     assert torch.equal(adv, torch.tensor([0.5, 0.5, -2.0, -2.0, 3.0]))  # one per reply token, row-major
+
+
+def test_token_advantages_by_hand_rows_of_different_lengths(stages):
+    """Three rows: one token for step 0 of row 0, three replies of one or two tokens in row 1, padding in row 2; A of
+    each reply token in row-major order (what reply_logits keeps)."""
+    token_advantages = stages["05_bppo"].token_advantages
+    batch = {"action_step": torch.tensor([[-1, 0, -1, -1, -1, -1], [-1, 0, 0, 1, -1, 2], [-1, -1, 0, 0, -1, -1]]),
+             "step_mask": torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])}
+    step_adv = torch.tensor([[1.0, 9.0, 9.0], [2.0, 3.0, 4.0], [-5.0, 9.0, 9.0]])
+    assert token_advantages(batch, step_adv).tolist() == [1.0, 2.0, 2.0, 3.0, 4.0, -5.0, -5.0]
 
 
 def test_reply_logits_are_the_full_logits_at_the_reply_tokens(stages):
@@ -425,6 +544,15 @@ def test_bc_loss_is_the_mean_nll_of_the_reply_tokens(stages):
     assert info == {"loss": pytest.approx(loss.item())}
 
 
+def test_bc_loss_gradient_is_minus_one_over_the_token_count(stages):
+    """Descending L_BC raises every reply token's log-probability, each by the same step: dL/dlogp = -1/N."""
+    logp = torch.log(torch.tensor([0.5, 0.5, 0.25, 0.125])).requires_grad_()
+    loss, info = stages["01_bc"].bc_loss(logp)
+    loss.backward()
+    assert logp.grad.tolist() == pytest.approx([-0.25] * 4)
+    assert isinstance(info["loss"], float) and info["loss"] == pytest.approx(np.log(2) * 7 / 4)
+
+
 def test_policy_loss_reports_clip_fractions_ratio_and_kl(stages):
     """05's policy_loss: the BPPO loss plus alpha * KL, and the diagnostics the stage prints, by hand."""
     pp = stages["05_bppo"]
@@ -473,6 +601,21 @@ def test_take_step_labels_inside_the_rollout(stages):
     assert step["done"] and step["r_env"] > 0 and won
 
 
+def test_take_step_at_the_step_limit(stages):
+    """The step limit ends the episode (over) but is not a terminal: done stays False, r_env 0, not won; every step
+    before it goes on."""
+    import envs
+    c = stages["02_collect"]
+    aux = {"ok": 0.0, "invalid": -0.1, "repeat": -0.3, "format": -0.2}
+    env = envs.make("household", max_steps=3)
+    obs, _ = env.reset(env.task_ids("train")[0])
+    for t in range(3):
+        step, over, won = c.take_step(env, "Action: fly to the moon", obs, aux)
+        assert over == (t == 2) and not step["done"] and step["r_env"] == 0.0 and step["label"] == "invalid"
+        obs = step["obs"]
+    assert not won
+
+
 def test_polyak_update_moves_the_target_a_fraction_of_the_way(stages):
     polyak_update = stages["03_critic"].polyak_update
     target, source = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
@@ -482,6 +625,22 @@ def test_polyak_update_moves_the_target_a_fraction_of_the_way(stages):
     assert torch.allclose(target.weight, torch.full((1, 2), 1.5)) and torch.allclose(target.bias, torch.tensor([-0.25]))
     assert torch.allclose(source.weight, torch.full((1, 2), 3.0))  # the source is left as it was
     assert not target.weight.requires_grad or target.weight.grad is None
+
+
+def test_polyak_update_by_hand_twice_and_at_the_ends(stages):
+    """From 0 toward 4 at rate 0.5: 2, then 3; rate 1 copies the source, rate 0 leaves the target."""
+    polyak_update = stages["03_critic"].polyak_update
+    target, source = torch.nn.Linear(1, 1, bias=False), torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        target.weight.fill_(0.0), source.weight.fill_(4.0)
+    polyak_update(target, source, 0.5)
+    assert target.weight.item() == pytest.approx(2.0)
+    polyak_update(target, source, 0.5)
+    assert target.weight.item() == pytest.approx(3.0) and source.weight.item() == 4.0
+    polyak_update(target, source, 0.0)
+    assert target.weight.item() == pytest.approx(3.0)
+    polyak_update(target, source, 1.0)
+    assert target.weight.item() == pytest.approx(4.0)
 
 
 def test_old_logprobs_are_the_policys_reply_token_logprobs_per_trajectory(stages):
@@ -508,6 +667,29 @@ def test_old_logprobs_are_the_policys_reply_token_logprobs_per_trajectory(stages
             want = b5.token_logprobs(policy(input_ids=b["input_ids"]).logits[0, :-1], b["input_ids"][0, 1:])
         assert not lp.requires_grad
         assert torch.allclose(lp, want[torch.tensor(x["action_step"][1:]) >= 0], atol=1e-5)
+
+
+def test_old_logprobs_do_not_depend_on_the_batch_size(stages):
+    """The same log pi_old per trajectory in batches of 1 and of 3 (shortest first, padded), each as long as its reply
+    tokens, from a policy that starts in eval mode too."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    b5 = stages["05_bppo"]
+    torch.manual_seed(1)
+    policy = LlamaForCausalLM(LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
+    xs = [{"input_ids": [1, 2, 3, 4, 5, 6, 7], "action_step": [-1, -1, 0, 0, 0, -1, -1], "state_pos": [1, 6],
+           "action_pos": [4]},
+          {"input_ids": [3, 4, 5], "action_step": [-1, 0, -1], "state_pos": [0, 2], "action_pos": [1]},
+          {"input_ids": [9, 8, 7, 6, 5], "action_step": [-1, 0, -1, 1, -1], "state_pos": [0, 2, 4],
+           "action_pos": [1, 3]}]
+    data = [({"steps": [{"adv": 0.0}] * len(x["action_pos"])}, x) for x in xs]
+    policy.eval()
+    one, three = (b5.old_logprobs(policy, data, 0, n, torch.device("cpu"), None) for n in (1, 3))
+    assert policy.training and [len(lp) for lp in one] == [3, 1, 2]
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(one, three))
+    with torch.no_grad():
+        logits = policy(input_ids=torch.tensor([xs[1]["input_ids"]])).logits[0]
+    assert one[1].item() == pytest.approx(torch.log_softmax(logits[0], -1)[4].item(), abs=1e-5)  # token 4 after 3
 
 
 def test_05_adv_norm_centres_and_standardizes_over_the_buffer_by_hand(stages):

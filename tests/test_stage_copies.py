@@ -135,3 +135,66 @@ def test_help_leads_with_the_algorithm(stages, capsys):
         assert starts == sorted(starts), name
         assert "--seed" in out[starts[0]:starts[1]] and "--out" in out[starts[1]:starts[2]], name
         assert "--threads" in out[starts[2]:], name
+
+
+def test_the_import_graph_has_no_cycle():
+    """No module of the checkout imports a module that imports it, directly or through others (distributed.py once
+    took plumbing.die inside a function while plumbing imported it): every `import`, at the top or inside a function,
+    and importlib.import_module("NAME"), between the checkout's modules (its .py files and packages)."""
+    import glob
+    files = [f for f in glob.glob("**/*.py", root_dir=ROOT, recursive=True)
+             if not f.startswith((".venv", "tests", "runs", ".git"))]
+    name = {f: f[:-3].replace(os.sep, ".").removesuffix(".__init__") for f in files}
+    modules = set(name.values())
+
+    def local(mod):  # the checkout's module a dotted import names, if any ("envs.kitchen" -> itself, "torch" -> None)
+        while mod and mod not in modules:
+            mod = mod.rpartition(".")[0]
+        return mod or None
+
+    graph = {}
+    for f in files:
+        edges = set()
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, f)).read())):
+            if isinstance(node, ast.Import):
+                edges |= {local(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                edges |= {local(node.module)} | {local(f"{node.module}.{a.name}") for a in node.names}
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module" and node.args \
+                    and isinstance(node.args[0], ast.Constant):
+                edges.add(local(node.args[0].value))
+        graph[name[f]] = edges - {None, name[f]}
+    assert graph["plumbing"] >= {"distributed"} and "rerank" in graph and graph["rerank"] >= {"04_gae"}
+
+    def cycle_from(start):  # a path start -> ... -> start, or None (depth first)
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    return path + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+        return None
+    cycles = [c for c in map(cycle_from, sorted(graph)) if c]
+    assert not cycles, cycles
+
+
+def test_each_training_step_reads_forward_loss_backward_clip_step_in_its_stage():
+    """In every stage that trains (and ETO's), main() holds the step in this order: parts() (torchrun's bookkeeping
+    and --grad-accum's micro-batches, behind one call), the forward and loss (batch_loss), backward(), the clip, the
+    optimizer's step. Stage files stay at most 300 lines, each main() at most 50."""
+    for name in STAGES + ["eto"]:
+        src = open(os.path.join(ROOT, f"{name}.py")).read()
+        main = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "main")
+        assert main.end_lineno - main.lineno + 1 <= 50, f"{name}: main() has {main.end_lineno - main.lineno + 1} lines"
+        assert name == "eto" or len(src.splitlines()) <= 300, f"{name}.py has {len(src.splitlines())} lines"
+        if name in ("02_collect", "04_gae"):
+            continue
+        calls = sorted((n.lineno, n.col_offset, ast.get_source_segment(src, n.func)) for n in ast.walk(main)
+                       if isinstance(n, ast.Call))
+        order = [c for _, _, c in calls if c in ("parts", "batch_loss", "torch.nn.utils.clip_grad_norm_",
+                                                 "optimizer.step") or c.endswith(".backward")]
+        assert [c if not c.endswith(".backward") else "backward" for c in order] == \
+            ["parts", "batch_loss", "backward", "torch.nn.utils.clip_grad_norm_", "optimizer.step"], (name, order)

@@ -192,7 +192,7 @@ def main():
     p.add_argument("--episodes", type=int, default=8, help="collection: episodes, all in lockstep")
     p.add_argument("--demos", type=int, default=16, help="expert demonstrations to train on")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--out", default="bench/results/model_throughput.md", help="markdown output")
+    p.add_argument("--out", default="runs/model_throughput.md", help="markdown output")
     p.add_argument("--budget", default="100,2,40,20,1",
                    help="the reduced chain to estimate: demos, BC epochs, self episodes, eval tasks per split, "
                         "critic epochs (the default chain's first iteration, %s, is estimated too)"

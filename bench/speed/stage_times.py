@@ -59,7 +59,7 @@ def read_lines(path):
 def main():
     p = parser(__doc__)
     p.add_argument("--run", default="runs/timed", help="the run directory (RUN)")
-    p.add_argument("--out", default="bench/results/stage_times.md", help="the markdown table to write")
+    p.add_argument("--out", default="runs/stage_times.md", help="the markdown table to write")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the matmul peak (run_all.sh's THREADS)")
     p.add_argument("--table-only", action="store_true", help="do not run; tabulate RUN/launches.log")
     args = p.parse_args()

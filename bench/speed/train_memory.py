@@ -28,7 +28,7 @@ def main():
     p.add_argument("--flags", default="", help="extra flags for both stages")
     p.add_argument("--batch-size", type=int, default=16, help="trajectories in the step (the lab's: 16)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="bench/results/train_memory.md")
+    p.add_argument("--out", default="runs/train_memory.md")
     a = check_flags(p.parse_args(), batch_size="at least 1", threads="non-negative")
     out = table_out(a.out, markdown=False)  # before the runs: a table a bench script wrote, or a new file
     model, B = os.path.abspath(a.model), a.batch_size
