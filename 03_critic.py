@@ -27,7 +27,6 @@ V and Q share one transformer: one forward pass over a trajectory gives every V 
 import bisect
 import copy
 import math
-import os
 import random
 
 import torch
@@ -63,14 +62,9 @@ def parse_args(argv=None):
     a.add_argument("--seed", type=int, default=0, help="random seed")
     add_machine_flags(m, training=True)  # --threads, --precision, --grad-accum, --fsdp
     d.add_argument("--metrics", default="", help="append per-epoch metrics to this JSONL file")
-    args = check_flags(p.parse_args(argv), tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]",  # before any work
+    return check_flags(p.parse_args(argv), tau="in (0, 1)", gamma="in [0, 1]", polyak="in (0, 1]",  # before any work
                        epochs="at least 1", batch_size="at least 1", grad_accum="at least 1", lr="positive",
                        grad_clip="positive", seed="a seed in [0, 2**32)", threads="non-negative", holdout="in [0, 1]")
-    real = [os.path.realpath(path) for path in args.data]
-    twice = next((path for i, path in enumerate(args.data) if real[i] in real[:i]), None)
-    if twice is not None:  # its episodes would count twice in the buffer
-        die(f"--data names {twice} twice; name each episode file once")
-    return args
 
 
 # ----------------------------------------------------------------------------------------

@@ -444,11 +444,14 @@ def held_out(ep, share):
 def read_episodes(paths, step_keys=STEP_KEYS):
     """Episode JSONL files -> a list of episodes; a bad line (or a binary file) is one error naming file and
     line. One collection (an episode's policy, seed and split) gives every step of a label the same r_aux
-    (02's --r-fmt / --r-inv / --r-repeat): a step that disagrees with an earlier one is refused too."""
-    episodes, aux = [], {}
-    for path in paths:
+    (02's --r-fmt / --r-inv / --r-repeat): a step that disagrees with an earlier one is refused too, and so is a file
+    named twice."""
+    episodes, aux, real = [], {}, [os.path.realpath(p) for p in paths]
+    for i, path in enumerate(paths):
         if not os.path.isfile(path):
             die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
+        if real[i] in real[:i]:  # its episodes would count twice in the buffer
+            die(f"--data names {path} twice; name each episode file once")
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
