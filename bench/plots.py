@@ -364,10 +364,10 @@ def paper(args, table):
                                   squeeze=False)
     for ax, pattern in zip(axes[0], args.runs):
         bc = mean(found[pattern, "bc"][0][2][args.splits[0]])
-        for key, _, name in PAPER:
+        for key, _, name in [m for m in PAPER if found[pattern, m[0]]]:  # the methods the runs have
             pts = found[pattern, key]
             x = [0] * (key != "bc") + [mean(st) for _, st, _ in pts]
-            m, h = zip(*[ci(ok[args.splits[0]]) for _, _, ok in pts]) if pts else ((), ())
+            m, h = zip(*[ci(ok[args.splits[0]]) for _, _, ok in pts])
             y, h = [bc] * (key != "bc") + list(m), [0] * (key != "bc") + list(h)
             if key == "bc":
                 ax.axhline(bc, color=COLOUR[key], lw=1, label=name)
@@ -376,7 +376,9 @@ def paper(args, table):
             ax.fill_between(x, [a - b for a, b in zip(y, h)], [a + b for a, b in zip(y, h)], color=COLOUR[key],
                             alpha=0.15, lw=0)
         ax.axhline(0.9 * best[args.splits[0]], color="black", lw=0.6, ls="--", label="90% of the optimum")
-        ax.set(title=pattern, xlabel="online environment steps", ylim=(0, 100))
+        made = read_json(os.path.join(ROOT, pattern.format(seed=seeds[0]), "settings.json")) or {}
+        ax.set(title=f"{pattern}: DEMOS={made.get('DEMOS', 'all')}, {made.get('N_SELF', '?')} episodes an iteration",
+               xlabel="online environment steps", ylim=(0, 100))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"{args.splits[0]} success (%): mean, 95% band")
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # off the data
