@@ -61,9 +61,8 @@ def results_table(run, k, worlds, algos, splits):
             per_world = " / ".join(f"{x['success_rate']:.0%}" for x in e)
             cells.append(f"{mean([x['success_rate'] for x in e]):.1%} | {mean([x['avg_reward'] for x in e]):.3f} | "
                          f"{per_world}")
-        m = e[0]["candidates"]  # QLASS's replies sampled a step (1 for a greedy evaluation)
         name = "policy_0 (BC)" if i == 0 else f"{tag}policy_{i} ({names[algo]} iter {i})" if algo != "qlass" else \
-            f"qlass_policy_1 (QLASS: BC and its QNet, {m} candidates a step)"
+            f"qlass_policy_1 (QLASS: BC and its QNet, {e[0].get('candidates')} candidates a step)"
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
     demos = load("data/expert.json")
     kept = demos.get("kept", demos["episodes"])

@@ -137,7 +137,8 @@ def test_run_all_end_to_end_then_resume(tmp_path):
     """The smoke chain with one iteration of every method, evaluated in worlds 0 and 1; then resume."""
     run = tmp_path / "a run"  # a space in RUN: run_all.sh quotes every path
     out = run_all(run, K="1", ALGOS="qevolve eto qlass rft outcome")
-    bases = list((tmp_path / "base").iterdir())  # the pretrained base, cached outside the run
+    bases = [p for p in (tmp_path / "base").iterdir() if p.is_dir()]  # the pretrained base, cached outside the run
+    assert (tmp_path / "base" / "CACHEDIR.TAG").is_file()  # the cache's stamp: a folder run_all.sh made
     assert len(bases) == 1 and (bases[0] / "model.safetensors").exists()
     assert json.load(open(run / "policy_0" / "args.json"))["model"] == str(bases[0])
     for artifact in ["data/expert.jsonl", "policy_0/model.safetensors", "iter_1/self.jsonl",
