@@ -65,9 +65,10 @@ def results_table(run, k, worlds, algos, splits):
             f"qlass_policy_1 (QLASS: BC and its QNet, {e[0].get('candidates')} candidates a step)"
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {steps} |")
     demos = load("data/expert.json")
-    kept = demos.get("kept", demos["episodes"])
-    table = "\n".join(rows) + "\n" + f"\nDemonstrations: {kept} of the demonstrator's {demos['episodes']} train " \
-        f"episodes ({'its successes' if 'kept' in demos else 'all'}), {demos['env_steps']} env steps (not online).\n"
+    n = demos.get("episodes", "?")
+    table = "\n".join(rows) + "\n" + f"\nDemonstrations: {demos.get('kept', n)} of the demonstrator's {n} train " \
+        f"episodes ({'its successes' if 'kept' in demos else 'all'}), {demos.get('env_steps', '?')} env steps (not " \
+        "online).\n"
     if "dev" in splits:  # the one-line check: did an iteration lose ground? (dev, where settings are tuned)
         dev = lambda tag, i: mean([load(f"eval/world{w}/{tag}policy_{i}_dev.json")["success_rate"] for w in worlds])
         for algo in algos:
