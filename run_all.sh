@@ -11,7 +11,7 @@
 #
 #   RUN=runs/default  K=2  SEED=0  ENV=kitchen (the credit world; household: the habit world, the control)
 #   ENV_KWARGS (household, shop: their miniatures below; kitchen and others: '{}', the environment's defaults)
-#   N_EXPERT=1000 expert demos (household: every train task), N_SELF=300 self trajectories per iteration,
+#   N_EXPERT=1000 train tasks the demonstrator plays (DEMOS below keeps its successes or all), N_SELF=300 self trajectories per iteration,
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="dev seen unseen" (tune on dev, report seen / unseen;
 #   environments without a dev split: "seen unseen"),
 #   EVAL_WORLDS: the world seeds every policy is evaluated in (household, kitchen: "0 1 2 3" - training uses world 0,
@@ -59,7 +59,7 @@
 #   others is refused. bash run_all.sh --check checks every setting (and that record), and runs nothing. The script's
 #   own variables (QEVOLVE_STARTED, QEVOLVE_LOCKED) skip no check when set from outside: they count with RUN's lock held.
 #
-#   bash run_all.sh                      # the default run (7.6 min on 2 quiet CPU cores with the base cached: README)
+#   bash run_all.sh                      # the default run (README: its time, not re-timed this round)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
 #   SMOKE=1 bash run_all.sh              # a one-minute check of the whole chain (runs/smoke)
 #   BASE=smollm2 bash run_all.sh         # the real model on a GPU (runs/smollm2-kitchen)
