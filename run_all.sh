@@ -11,7 +11,8 @@
 #
 #   RUN=runs/default  K=2  SEED=0  ENV=kitchen (the credit world; household: the habit world, the control)
 #   ENV_KWARGS (household, shop: their miniatures below; kitchen and others: '{}', the environment's defaults)
-#   N_EXPERT=1000 train tasks the demonstrator plays (DEMOS below keeps its successes or all), N_SELF=300 self trajectories per iteration,
+#   N_EXPERT=1000 train tasks the demonstrator plays (DEMOS below keeps its successes or all),
+#   N_SELF=300 self trajectories per iteration,
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="dev seen unseen" (tune on dev, report seen / unseen;
 #   environments without a dev split: "seen unseen"),
 #   EVAL_WORLDS: the world seeds every policy is evaluated in (household, kitchen: "0 1 2 3" - training uses world 0,
