@@ -10,7 +10,7 @@
 # environment variables (defaults = the fast CPU configuration):
 #
 #   RUN=runs/default  K=2  SEED=0  ENV=kitchen (the credit world; household: the habit world, the control)
-#   ENV_KWARGS (household, shop: their miniatures below; kitchen and others: '{}', the environment's defaults)
+#   ENV_KWARGS (household, shop: their miniatures below; kitchen: '{"careless": 0.85}'; others: '{}')
 #   N_EXPERT=1000 train tasks the demonstrator plays (DEMOS below keeps its successes or all),
 #   N_SELF=300 self trajectories per iteration,
 #   N_EVAL=0 eval tasks per split (0 = all), EVAL_SPLITS="dev seen unseen" (tune on dev, report seen / unseen;
