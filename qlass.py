@@ -35,7 +35,7 @@ from transformers import AutoModel
 
 import envs
 from machine import Progress, add_machine_flags, autocast, start
-from plumbing import (check_flags, check_out, die, fit_context, length_batches, load_model, load_tokenizer,
+from plumbing import (check_flags, check_out, die, finite, fit_context, length_batches, load_model, load_tokenizer,
                       parse_env_kwargs, read_episodes, save_critic, save_episodes, stage_parser)
 from rollout import run_lockstep
 
@@ -246,7 +246,7 @@ def main(argv=None):
             with autocast(device, amp):
                 _, _, q_pred = qnet(batch)  # (B, T): Q_phi at every action
             loss, info = qnet_loss(q_pred, q_target, new)  # forward -> loss
-            loss.backward()
+            finite(loss, log.step).backward()  # a non-finite loss stops here, one line (as the stages)
             torch.nn.utils.clip_grad_norm_(qnet.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
