@@ -54,8 +54,10 @@ def assert_same_metrics(path_a, path_b):
 
 @pytest.fixture(scope="module")
 def bc_one_rank(tiny_run):
-    """One BC step on 1 rank: 19 training trajectories (1 held out) in one global batch."""
+    """One BC step on 1 rank: 19 training trajectories (1 held out) in one global batch. A module fixture
+    can run again in the same session (pytest-xdist returns to a module), and --metrics appends: start clean."""
     out = tiny_run / "dist_bc_1"
+    (tiny_run / "dist_bc_1.jsonl").unlink(missing_ok=True)
     run_ranks(1, "01_bc", "--data", tiny_run / "expert.jsonl", "--out", out, "--epochs", 1, "--batch-size", 64,
               "--metrics", tiny_run / "dist_bc_1.jsonl", *TINY)
     return out
@@ -86,6 +88,7 @@ def test_bc_step_with_gradient_accumulation_matches_one_batch(tiny_run, bc_one_r
 @pytest.fixture(scope="module")
 def critic_one_rank(tiny_run):
     out = tiny_run / "dist_critic_1"
+    (tiny_run / "dist_critic_1.jsonl").unlink(missing_ok=True)  # as bc_one_rank
     run_ranks(1, "03_critic", "--data", tiny_run / "expert.jsonl", "--policy", tiny_run / "policy_0", "--out", out,
               "--epochs", 1, "--batch-size", 64, "--threads", 1, "--metrics", tiny_run / "dist_critic_1.jsonl")
     return out
