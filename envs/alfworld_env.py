@@ -1,7 +1,8 @@
 """alfworld: ALFWorld's text engine (Shridhar et al., 2021) behind the TextEnv API.
 
 Needs `pip install alfworld` (base package: TextWorld's PDDL engine + fast-downward; no THOR, no vision). Importing
-alfworld creates the folder $ALFWORLD_DATA (default ~/.cache/alfworld).
+alfworld creates the folder $ALFWORLD_DATA: the env points it at the games' data (checked first), or, for the tiny
+games, at a folder in the project's cache.
 
 Engine. Each game is an ALFWorld game file (game.tw-pddl: the ALFRED PDDL domain, the text grammar and a PDDL
 problem) with its traj_data.json beside it, played by TextWorld's PddlEnv wrapped with ALFWorld's AlfredDemangler
@@ -42,6 +43,7 @@ are unchanged (a test compares them) and a step takes ~20 ms.
 import copy
 import functools
 import glob
+import importlib.util
 import json
 import os
 import random
@@ -228,14 +230,25 @@ class ALFWorldEnv(TextEnv):
     def __init__(self, seed=0, games="data", data_dir=None, task_types=TASK_TYPES, max_steps=50, expert="planner",
                  n_train=500, n_seen=50, n_unseen=50, n_receptacles=10, n_distractors=6, cache_dir=None,
                  fast_text=True):
+        if importlib.util.find_spec("alfworld") is None:
+            raise ImportError("env 'alfworld' needs the alfworld package: pip install -r requirements-envs.txt")
+        if games not in ("data", "tiny"):
+            raise ValueError(f"unknown games {games!r}; valid: data, tiny")
+        # Importing alfworld creates $ALFWORLD_DATA: the data folder, checked first, or one in the project's cache.
+        given = data_dir if games == "data" else None
+        root = (given or os.environ.get("ALFWORLD_DATA")
+                or (os.path.expanduser("~/.cache/alfworld") if games == "data" else
+                    os.path.join(cache_root(cache_dir), "alfworld-data")))
+        if games == "data" and not os.path.isdir(os.path.join(root, "json_2.1.1")):
+            raise ValueError(f"ALFWorld data not found at {os.path.join(root, 'json_2.1.1')}; download it with "
+                             "`alfworld-download` (sets up $ALFWORLD_DATA) or use envs.make('alfworld', games='tiny')")
+        os.environ["ALFWORLD_DATA"] = root
         try:
-            import alfworld.info  # noqa: F401  (creates $ALFWORLD_DATA)
+            import alfworld.info  # noqa: F401
             import textworld
             from textworld.envs import PddlEnv  # noqa: F401
         except ImportError as e:
             raise ImportError("env 'alfworld' needs the alfworld package: pip install -r requirements-envs.txt") from e
-        if games not in ("data", "tiny"):
-            raise ValueError(f"unknown games {games!r}; valid: data, tiny")
         if expert not in ("planner", "handcoded"):
             raise ValueError(f"unknown expert {expert!r}; valid: planner, handcoded")
         bad = [t for t in task_types if t not in TASK_TYPES]
@@ -254,11 +267,7 @@ class ALFWorldEnv(TextEnv):
         if fast_text:
             enable_parse_cache(True)
         if games == "data":
-            self.data_dir = os.path.join(data_dir or os.environ.get("ALFWORLD_DATA") or alfworld.info.ALFWORLD_DATA,
-                                         "json_2.1.1")
-            if not os.path.isdir(self.data_dir):
-                raise ValueError(f"ALFWorld data not found at {self.data_dir}; download it with `alfworld-download` "
-                                 "(sets up $ALFWORLD_DATA) or use envs.make('alfworld', games='tiny')")
+            self.data_dir = os.path.join(root, "json_2.1.1")
             self._files = {}
         else:
             self.n_tasks = {"train": n_train, "seen": n_seen, "unseen": n_unseen}

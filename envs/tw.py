@@ -194,7 +194,12 @@ class TextWorldEnv(TextEnv):
             opt.nb_rooms, opt.nb_objects, opt.quest_length = spec["nb_rooms"], spec["nb_objects"], spec["quest_length"]
             opt.path = os.path.join(tmp, "game.z8")
             opt.force_recompile = True
-            compile_game(make_game(opt), opt)
+            home = os.environ.get("HOME")
+            os.environ["HOME"] = self.cache_dir  # Inform 7 writes ~/Inform (its settings): into the cache, not home
+            try:
+                compile_game(make_game(opt), opt)
+            finally:
+                os.environ.pop("HOME") if home is None else os.environ.update(HOME=home)
 
         build_dir_atomically(spec["dir"], build)
         return os.path.join(spec["dir"], "game.z8")

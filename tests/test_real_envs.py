@@ -288,6 +288,22 @@ def test_alfworld_data_layout(alf, alf_dirs, tmp_path):
     env.close()
 
 
+def test_real_envs_leave_home_alone(tmp_path):
+    """TextWorld's Inform 7 writes ~/Inform, and importing alfworld creates ~/.cache/alfworld: a game built, the
+    missing data refused and a tiny game played under a fresh HOME leave it empty (all goes into the cache)."""
+    need("textworld")
+    need("alfworld")
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    home.mkdir()
+    code = ("import envs\n"
+            f"envs.make('textworld', cache_dir={str(cache)!r}, n_train=1).game_file('train/00000')\n"
+            "try:\n    envs.make('alfworld')\nexcept ValueError as e:\n    assert 'not found' in str(e), e\n"
+            f"envs.make('alfworld', games='tiny', cache_dir={str(cache)!r}, n_train=1).reset('train/00000')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("ALFWORLD_DATA", "QEVOLVE_CACHE", "XDG_CACHE_HOME")}
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**env, "HOME": str(home)})
+    assert list(home.iterdir()) == []
+
+
 def run_lockstep(pool, task_ids):
     """Step several instances alternately (as the collector does); returns how many won."""
     for env, tid in zip(pool, task_ids):
