@@ -3,10 +3,11 @@ the test process (in_process; run_stage starts a real process, as a user does, f
 and a tiny expert buffer + freshly trained tiny policy that several tests reuse. `--stages DIR` grades
 another folder's stage files (course/make_exercises.py): the tests then load and run DIR's 0X_*.py.
 Tests marked `slow` (torchrun, SmolLM2, the real environments, the course round trip, the GPU check's
-dry run, LoRA end to end, one environment sweep) run only with `--slow`, as CI does:
-`python -m pytest -q --slow tests`. The default run keeps every equation, every stage's bad input and
-the smoke chain. pyproject.toml's `-n auto` spreads a run of the suite over pytest-xdist workers
-(pytest_xdist_auto_num_workers below)."""
+dry run, LoRA end to end, one environment sweep, the smoke chain with every method, and the checks that start
+run_all.sh or its settings check many times over) run only with `--slow`, as CI does:
+`python -m pytest -q --slow tests`. The default run keeps every equation, every stage's bad input, a few of
+run_all.sh's refusals and the smoke chain of Q-Evolve. pyproject.toml's `-n auto` spreads a run of the suite
+over pytest-xdist workers (pytest_xdist_auto_num_workers below)."""
 import importlib.util
 import inspect
 import os
@@ -37,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
     # pytest-xdist the other workers meanwhile take the many short ones, instead of waiting for it at the end.
     def longest_first(item):
         runs_slow = config.getoption("--slow") and "slow" in item.keywords
-        return not runs_slow, item.nodeid != "tests/test_chain.py::test_run_all_end_to_end_then_resume"
+        return not runs_slow, not item.nodeid.startswith("tests/test_chain.py::test_run_all_end_to_end_then_resume")
     items.sort(key=longest_first)
 
 

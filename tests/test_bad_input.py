@@ -600,6 +600,11 @@ def test_a_kill_between_the_two_renames_is_undone_by_the_next_check_out(stages, 
 
 
 # ---- issue 61: the probes that still broke the promise, one test per cause (each failed on 8cc99f4)
+def slow_after(n, cases):
+    """The first n cases run in the default suite, the rest with --slow (CI): each case starts the stages' checks."""
+    return [case if i < n else pytest.param(*case, marks=pytest.mark.slow) for i, case in enumerate(cases)]
+
+
 def one_line(proc):
     lines = proc.stderr.strip().splitlines()
     return (proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
@@ -637,6 +642,7 @@ def test_cause_1_the_results_table_keeps_the_rule(tmp_path, in_process):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
     """The GPU script wrote LAB/<env>.log over what was there, and ENVS='..' wrote outside LAB; a DRY or K that is
     not a number is refused before bash's arithmetic could run what it holds; so is a switch that is not 0 or 1, a
@@ -719,6 +725,7 @@ def test_cause_3_run_all_help_arguments_and_a_cpu(tmp_path):
     assert sorted(os.listdir(tmp_path)) == (["model"] if not torch.cuda.is_available() else [])
 
 
+@pytest.mark.slow
 def test_cause_3_ctrl_c_is_one_line_and_exit_130(tmp_path):
     """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) mid-stage: one line, exit 130, no
     traceback of the stage."""
@@ -863,6 +870,7 @@ def test_a_stage_that_starts_deletes_no_append_in_progress(tmp_path):
     assert len(open(path).read().splitlines()) == 200
 
 
+@pytest.mark.slow
 def test_the_lab_checks_every_setting_before_anything_runs(tmp_path):
     """Cause 1: bench/gpu_lab.sh read DEADLINE with bash's arithmetic, unchecked (DEADLINE='K[$(touch FILE)0]' ran the
     command; 'abc' failed after the lab had written its first logs), took --help for a start, and met ENVS=nosuch,
@@ -896,6 +904,7 @@ def _python_stub(tmp_path, stage):
     return str(stub)
 
 
+@pytest.mark.slow
 def test_one_run_at_a_time_in_a_folder_and_a_killed_one_resumes(tmp_path):
     """Cause 3: two run_all.sh on one RUN both ran every stage, and every metrics record was written twice. A run now
     holds RUN (RUN/.lock) while it runs: a second one is one error line and exit 2; the lock of a run killed with
@@ -926,6 +935,7 @@ def test_one_run_at_a_time_in_a_folder_and_a_killed_one_resumes(tmp_path):
                 proc.wait()
 
 
+@pytest.mark.slow
 def test_a_resume_with_other_settings_is_refused(tmp_path):
     """Cause 4: resuming a run with SEED=5 N_EXPERT=3 KEEP_OLD=1 skipped every stage and rewrote results.md as if the
     run had those settings. Its first start now records the settings that shape the run (RUN/settings.json); a resume
@@ -957,7 +967,9 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
                   "EVAL_WORLDS": "0 1", "N_EVAL": "4"}
 
 
-@pytest.mark.parametrize("setting, message", [
+@pytest.mark.parametrize("setting, message", slow_after(4, [
+    ("PRETRAIN_ARGS=--metrics m.jsonl", "run_all.sh owns --metrics"),
+    ("BC_ARGS=--epochs\u00a01", "holds the whitespace character '\\xa0'"),
     ("EVAL_SPLITS=seen bogus", "unknown split 'bogus' for env 'household'"),
     ("N_EVAL=100000", "N_EVAL=100000: household's split 'seen' has 100 tasks"),
     ("N_EXPERT=5000", "N_EXPERT=5000: household's split 'train' has 1000 tasks"),
@@ -984,12 +996,11 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("CRITIC_ARGS=--init *", "CRITIC_ARGS='--init *': no glob characters"),
     ("GAE_ARGS=--advantage outcome", "04_gae.py refuses it: --critic is required, except with --advantage outcome"),
     # issue 94: what a stage refused after --check had called the settings good, or a file written outside RUN
-    ("PRETRAIN_ARGS=--metrics m.jsonl", "run_all.sh owns --metrics"), ("THREADS=5000", "THREADS=5000: the stages take"),
+    ("THREADS=5000", "THREADS=5000: the stages take"),
     ("NPROC=999999999", "NPROC=999999999: more processes than this machine's"),
-    ("BC_ARGS=--epochs\u00a01", "holds the whitespace character '\\xa0'"),
     ("LATER_ARGS=--lr\v1e-4", "holds the whitespace character '\\x0b'"),
     ("COLLECT_ARGS=--max-new-tokens 100000", "replies of --max-new-tokens 100000 leave no room for a prompt"),
-    ("PRETRAIN_ARGS=--max-len 4", "in the model's context of 4 tokens (PRETRAIN_ARGS' --max-len 4)")])
+    ("PRETRAIN_ARGS=--max-len 4", "in the model's context of 4 tokens (PRETRAIN_ARGS' --max-len 4)")]))
 def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
     """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
     default run), OUTCOME_ARGS='--bogus 1' after 02 and 04 with argparse's 12-line usage, and no other *_ARGS was
@@ -1003,6 +1014,7 @@ def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_pr
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_stages_flags_that_run_all_does_not_set_pass(in_process, tmp_path):
     """Issue 83's refusals refuse no more: a stage's own flags pass, --model too where BASE=tiny leaves 01 its tiny
     model's flags, and a critic of 03 as --init."""
@@ -1025,6 +1037,7 @@ def smoke_start(run, **changes):
     return ["start", str(run), *[f"{k}={v}" for k, v in {**SMOKE_SETTINGS, **changes}.items()]]
 
 
+@pytest.mark.slow
 def test_run_goes_through_the_write_rule(in_process, tmp_path, monkeypatch):
     """Issue 83: RUN=/, $HOME, ., .., envs and a user's folder took a whole run; a RUN with {split} put 02's outputs
     outside it; a regular file passed --check. RUN is a new folder, an empty one (but for a killed start's .lock) or
@@ -1055,6 +1068,7 @@ def test_run_goes_through_the_write_rule(in_process, tmp_path, monkeypatch):
         assert proc.returncode == 0 and proc.stderr == "", (run, proc.stderr)
 
 
+@pytest.mark.slow
 def test_run_all_refuses_a_users_folder_before_any_work(tmp_path):
     """The issue's probe as a user runs it: SMOKE=1 K=0 RUN='my proj ü' (a folder with notes.txt and a results.md)
     wrote the expert data, BC and its evaluation there, then refused results.md."""
@@ -1071,10 +1085,10 @@ def test_run_all_refuses_a_users_folder_before_any_work(tmp_path):
         assert proc.stdout == "" and snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("edit, message", [
-    ({"SEED": 1}, "SEED is not a string"), ({"SEED": ["0"]}, "SEED is not a string"),
-    ({"SEED": None}, "SEED is missing"), ({"N_SELF": 6}, "N_SELF is not a string"),
-    ({"SEED": "0"}, "was made with SEED=0; this run has SEED=5")])
+@pytest.mark.parametrize("edit, message", slow_after(2, [
+    ({"SEED": 1}, "SEED is not a string"), ({"SEED": "0"}, "was made with SEED=0; this run has SEED=5"),
+    ({"SEED": ["0"]}, "SEED is not a string"), ({"SEED": None}, "SEED is missing"),
+    ({"N_SELF": 6}, "N_SELF is not a string")]))
 def test_settings_json_is_read_strictly(edit, message, in_process, tmp_path):
     """Issue 83: a hand-edited RUN/settings.json - "SEED": 1 or ["0"] was a TypeError traceback, "SEED": 0 was reported
     as SEED='', and a missing key let a resume with SEED=5 through. Every key is there and a string, or one line."""
@@ -1089,6 +1103,7 @@ def test_settings_json_is_read_strictly(edit, message, in_process, tmp_path):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_run_all_checks_the_stages_flags_as_a_user_sees_it(tmp_path):
     env = {**os.environ, "RUN": str(tmp_path / "run"), "BASE_CACHE": str(tmp_path / "base"), "SMOKE": "1",
            "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "OUTCOME_ARGS": "--bogus 1"}
@@ -1169,6 +1184,7 @@ def test_settings_that_mean_nothing_are_refused_and_a_table_says_what_made_it(st
     assert "| Q-Evolve iter 1 (policy_1) | " in table and "policy_2" not in table and "not run" not in table, table
 
 
+@pytest.mark.slow
 def test_the_readme_test_command_passes_without_the_optional_packages(tmp_path):
     """Cause 8: after `pip install -r requirements.txt` alone, the README's test command failed two tests that need
     matplotlib (requirements-plot.txt is optional). The test files that touch an optional package, run with every one
@@ -1265,6 +1281,7 @@ def test_bench_scripts_check_every_input_before_work(tmp_path, in_process, monke
         assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_bench_runs_check_run_alls_settings_before_any_run(tmp_path):
     """Issue 83: seeds.py with a bad ENV_KWARGS exited 1, its error only in its log; stage_times.py left launches.log
     behind on a refused start, so every retry was refused. Both ask run_all.sh --check first: one line, exit 2."""
@@ -1277,6 +1294,7 @@ def test_bench_runs_check_run_alls_settings_before_any_run(tmp_path):
         assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("record, message", [
     ("not json{", "is not a run's settings recorded by run_all.sh"),
     ({k: v for k, v in SMOKE_SETTINGS.items() if k not in ("SEED", *run_support.EVAL_ONLY)}, "SEED is missing"),
@@ -1298,6 +1316,7 @@ def test_probe83_a_bad_record_is_refused_before_the_lock(record, message, tmp_pa
         assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_probe83_base_names_a_model_directory(in_process, tmp_path, monkeypatch, tiny_run):
     """Probe campaign: BASE=/nonexistent CPU_OK=1 passed --check; 01 refused it after the expert demos were written.
     Issue 94: so did a directory that does not load (its config.json '{}'), and SMOLLM2_DIR's. A policy passes."""
@@ -1412,6 +1431,7 @@ def test_every_bench_script_refuses_a_count_below_one(script, args, message, tmp
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_base_cache_is_a_folder_of_its_own(in_process, tmp_path, monkeypatch):
     """Issue 94: BASE_CACHE=../thesis (a user's folder), BASE_CACHE=.. and a file were taken, the base model written
     into them; a base model 00 built for household under kitchen's key answered for kitchen. BASE_CACHE is a new
@@ -1447,6 +1467,7 @@ def test_the_base_cache_is_a_folder_of_its_own(in_process, tmp_path, monkeypatch
     assert start(tmp_path / "new").returncode == 0  # its own cache, with a folder in it
 
 
+@pytest.mark.slow
 def test_run_alls_own_variables_skip_no_check(tmp_path):
     """Issue 94: QEVOLVE_STARTED=<a user's folder> RUN=<that folder> skipped every check and wrote a run into it;
     QEVOLVE_LOCKED did the same for run_support.py start. They count only where RUN's lock is held."""

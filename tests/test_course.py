@@ -138,6 +138,7 @@ def test_the_kit_grades_itself_has_no_solution_and_put_back_is_the_reference(tmp
     assert (ex / "runs" / "smoke" / "results.md").exists()
 
 
+@pytest.mark.slow
 def test_the_kit_is_written_outside_the_checkout_only(tmp_path):
     """make_exercises.py keeps the write rule: a folder inside the checkout (whose tests and files would take the kit's
     for theirs; envs/ex would even be copied into it) is one `error:` line, exit 2, before anything is copied; so is

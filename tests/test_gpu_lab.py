@@ -61,6 +61,7 @@ def _mps_stub(folder):
     return stub
 
 
+@pytest.mark.slow
 def test_the_lab_runs_without_mps_where_a_cuda_program_fails_under_it(tmp_path):
     """MPS=1: the daemon starts, a first CUDA program under it fails (here a python that refuses the lab's probe), so
     the daemon is stopped before any run and the lab says it ran without MPS (the same python fails every run's start,
