@@ -166,13 +166,13 @@ class Critic(torch.nn.Module):
 def prepare_critic(args, device):
     """--data and --policy -> (tokenizer, the critic on the device, [(episode, tokenize_episode)])."""
     episodes, tokenizer = read_episodes(args.data), load_tokenizer(args.policy)
+    if args.init and not owned(args.init, "critic"):
+        die(f"--init {args.init} is not a critic directory of 03_critic.py")
     kept = [ep for ep in episodes if not held_out(ep, args.holdout)]  # 04 reports the critic on the others
     if not kept:
         die(f"--holdout {args.holdout} leaves no episode to train on")
     print(f"03_critic: {len(episodes) - len(kept)} self episodes held out of training (--holdout {args.holdout})")
     episodes = kept
-    if args.init and not owned(args.init, "critic"):
-        die(f"--init {args.init} is not a critic directory of 03_critic.py")
     critic = Critic(grad_checkpointing(load_model(AutoModel, args.init or args.policy), args))
     if args.init:  # the V and Q heads too (checked as 04 checks them); the transformer came from --init above
         load_heads(critic, args.init)

@@ -176,16 +176,16 @@ def old_logprobs(policy, data, pad_id, batch_size, device, amp):
 def prepare_bppo(args, device):
     """--data, --policy, --ref -> (tokenizer, pi_theta (= pi_old at first), pi_ref frozen, [(episode, tokens)])."""
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
-    adv = [s["adv"] for ep in episodes for s in ep["steps"]]
-    print(f"05_bppo: A_t as read: mean {sum(adv) / len(adv):+.3f}, {sum(a > 0 for a in adv) / len(adv):.0%} of steps "
-          f"above 0; --adv-norm {args.adv_norm}")
-    episodes = normalize_advantages(episodes, args.adv_norm)
     tokenizer, ref_tokenizer = load_tokenizer(args.policy), load_tokenizer(args.ref)
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
         die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
             "their next-token distributions token by token, so both must share one (pass the BC policy)")
     policy = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.policy), args), args.lora).to(device)
     ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
+    adv = [s["adv"] for ep in episodes for s in ep["steps"]]  # the first line, once every input has loaded
+    print(f"05_bppo: A_t as read: mean {sum(adv) / len(adv):+.3f}, {sum(a > 0 for a in adv) / len(adv):.0%} of steps "
+          f"above 0; --adv-norm {args.adv_norm}")
+    episodes = normalize_advantages(episodes, args.adv_norm)
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], policy.config)
     print(f"05_bppo: {len(data)} trajectories ({sum(ep['source'] == 'expert' for ep, _ in data)} expert), objective "
           f"{args.objective}, eps_low {args.eps_low}, eps_high {args.eps_high}, kl_coef {args.kl_coef}")

@@ -4,12 +4,12 @@ quotes, its smallest and largest value over every log given (and every iteration
     RUN=runs/paperS SEED=S ALGOS="qevolve eto qlass" bash run_all.sh > runs/logs/paperS.log 2>&1   # S = 0..4
     python bench/printout_ranges.py runs/logs/paper0.log runs/logs/paper1.log ...
 """
-import argparse
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from bench.runner import parser  # noqa: E402
 from plumbing import die  # noqa: E402
 
 N = r"([-+]?\d+\.?\d*)"
@@ -65,7 +65,7 @@ def ranges(paths):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("logs", nargs="+", help="saved stdout of bash run_all.sh, one file a run")
     args = p.parse_args(argv)
     for path in args.logs:
