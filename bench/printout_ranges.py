@@ -17,12 +17,18 @@ N = r"([-+]?\d+\.?\d*)"
 ROWS = [
     ("00 train loss at the end", rf"^00_pretrain: wrote .*train loss {N}"),
     ("02 expert: success %", rf"^02_collect: expert on .*success {N}%"),
-    ("01 val replies reproduced %, last epoch", rf"^01_bc: wrote .*val episodes reproduced {N}%"),
+    ("01 per epoch: val loss, val replies %, val episodes % reproduced",
+     rf"^epoch \d+: train loss \S+  val loss {N}  greedy reproduces {N}% of val replies, {N}% of val episodes"),
     ("02 BC greedy success % (policy_0, each world and split)",
-     rf"^02_collect: policy_0 on \S+/(?:dev|seen|unseen) .*success {N}%"),
-    ("02 sampled on train: success %", rf"^02_collect: policy_\d on \S+/train .*success {N}%"),
-    ("02 sampled on train: invalid / repeat / format, % of steps",
-     rf"^02_collect: policy_\d on \S+/train .*labels ok {N} invalid {N} repeat {N} format {N}"),
+     rf"^02_collect: policy_0 on \S+/(?:dev|seen|unseen) .*success {N}%(?!.*reranked)"),
+    ("02 QLASS: Q-reranked success % (each world and split)", rf"^02_collect: .*success {N}%.*Q-reranked"),
+    ("02 sampled on train (BC, Q-Evolve): success %",
+     rf"^02_collect: policy_\d on \S+/train .*success {N}%.*[0-9]/iter_"),
+    ("02 sampled on train (BC, Q-Evolve): invalid / repeat / format, % of steps",
+     rf"^02_collect: policy_\d on \S+/train .*labels ok {N} invalid {N} repeat {N} format {N}.*[0-9]/iter_"),
+    ("02 sampled on train (ETO): invalid / repeat / format, % of steps",
+     rf"^02_collect: policy_\d on \S+/train .*labels ok {N} invalid {N} repeat {N} format {N}.*/eto/iter_"),
+    ("03 epoch 1: L_V, L_Q", rf"^epoch 1: L_V {N}  L_Q {N}"),
     ("03 last epoch: L_V, L_Q", rf"^03_critic: L_V {N}  L_Q {N} in the last"),
     ("04 mean A_t by source: expert, self", rf"^04_gae: mean A_t by source: expert {N}  self {N}"),
     ("04 in-sample explained variance", rf"^04_gae: in-sample, explained variance of the return {N}"),
@@ -74,7 +80,8 @@ def main(argv=None):
     print(f"Each number's range over {len(args.logs)} logs (every iteration, epoch, world and split in them):\n")
     print("| printout | range |\n|---|---|")
     for name, cols in ranges(args.logs).items():
-        cell = "not printed" if cols is None else " / ".join(f"{min(c):.3g} to {max(c):.3g}" for c in cols)
+        fmt = lambda v: f"{v:.0f}" if abs(v) >= 1000 else f"{v:.3g}"  # noqa: E731
+        cell = "not printed" if cols is None else " / ".join(f"{fmt(min(c))} to {fmt(max(c))}" for c in cols)
         print(f"| {name} | {cell} |")
 
 

@@ -8,7 +8,7 @@ import json
 import os
 import re
 
-from conftest import ROOT
+from conftest import ROOT, load_module
 
 PAGES = ["README.md"] + sorted(glob.glob("docs/*.md", root_dir=ROOT))
 
@@ -139,7 +139,8 @@ def quoted_fragments(line):
 
 def test_the_printout_guide_quotes_what_the_stages_print():
     sources = " ".join(" ".join(open(os.path.join(ROOT, f)).read().split()) for f in
-                       glob.glob("0*.py", root_dir=ROOT) + ["critic_report.py", "plumbing.py", "rollout.py"])
+                       glob.glob("0*.py", root_dir=ROOT) + ["critic_report.py", "plumbing.py", "rollout.py", "eto.py",
+                                                            "qlass.py"])
     sources = re.sub(r"[\"']\s*f?[\"']", "", sources)  # "a " f"b": the implicit concatenation of two literals
     lines = guide_lines(open(os.path.join(ROOT, "docs", "printout.md")).read())
     assert len(lines) >= 20
@@ -148,6 +149,15 @@ def test_the_printout_guide_quotes_what_the_stages_print():
             assert fragment in sources, f"docs/printout.md quotes {line!r}: no stage prints {fragment!r}"
     made_up = quoted_fragments("epoch 3: train loss 0.12  greedy reproduces no replies at all")
     assert made_up == ["greedy reproduces no replies at all"] and made_up[0] not in sources  # the check can fail
+
+
+def test_the_printout_ranges_read_the_lines_the_guide_quotes():
+    """bench/printout_ranges.py gives the guide its ranges: each of its rows reads one line the guide quotes (a row
+    that reads none would print 'not printed'; a line format the stages change breaks the row and this test)."""
+    rows = load_module("bench/printout_ranges.py", "printout_ranges").ROWS
+    lines = guide_lines(open(os.path.join(ROOT, "docs", "printout.md")).read())
+    unread = [name for name, pattern in rows if not any(re.match(pattern, line) for line in lines)]
+    assert not unread, unread
 
 
 def test_every_results_file_cites_scripts_that_exist():
