@@ -35,7 +35,7 @@ def test_the_readme_file_table_and_reading_order_name_functions_that_exist():
     """README's 'The algorithm, file by file' and 'The order to read the files': each `file.py:name`, and each
     identifier after a `file.py` in a row or item (`parse_action`, ...), is a function or class of that file."""
     text = open(os.path.join(ROOT, "README.md")).read()
-    section = text[text.index("## The algorithm, file by file"):text.index("## What to look at in each printout")]
+    section = text[text.index("## The algorithm, file by file"):text.index("## A real language model")]
     defs = {}  # file -> the names of its functions and classes, each file parsed once
     defined = lambda f: defs.setdefault(f, {n.name for n in ast.walk(ast.parse(open(os.path.join(ROOT, f)).read()))
                                             if isinstance(n, (ast.FunctionDef, ast.ClassDef))})
@@ -149,6 +149,14 @@ def test_the_printout_guide_quotes_what_the_stages_print():
             assert fragment in sources, f"docs/printout.md quotes {line!r}: no stage prints {fragment!r}"
     made_up = quoted_fragments("epoch 3: train loss 0.12  greedy reproduces no replies at all")
     assert made_up == ["greedy reproduces no replies at all"] and made_up[0] not in sources  # the check can fail
+
+
+def test_the_readme_is_read_in_one_sitting():
+    """At most 200 lines, and the lesson opens README and lessons.md with the same paragraph."""
+    readme, lessons = (open(os.path.join(ROOT, f)).read() for f in ("README.md", "docs/lessons.md"))
+    assert len(readme.splitlines()) <= 200
+    lesson = re.search(r"^\*\*The lesson\.\*\*.*?\n\n", readme, re.S | re.M)
+    assert lesson and lesson[0] in lessons
 
 
 def test_the_printout_ranges_read_the_lines_the_guide_quotes():
