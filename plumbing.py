@@ -513,11 +513,16 @@ def load_model(auto_class, path):
     broken or missing a tensor (transformers would fill that in with random weights)."""
     if not os.path.isfile(os.path.join(path, "config.json")):
         die(f"{path}: no config.json; pass a model directory from 01_bc.py / 05_bppo.py")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # no load report of many lines before a refusal of one
     try:
         model, info = auto_class.from_pretrained(path, local_files_only=True, dtype=torch.float32,
                                                  output_loading_info=True)
     except Exception as e:  # safetensors, JSON and transformers errors all mean: this directory is broken
-        die(f"{path}: cannot load the model ({e})")
+        why = "tensors of other shapes than its config.json gives" if "mismatch" in str(e) else e
+        die(f"{path}: cannot load the model ({why})")
+    finally:
+        hf_logging.set_verbosity(verbosity)
     if info["missing_keys"]:
         die(f"{path}: the checkpoint lacks {len(info['missing_keys'])} tensors ({min(info['missing_keys'])}, ...)")
     check_finite(model.parameters(), path, loaded=True)

@@ -110,6 +110,9 @@ def world(tiny_run, stages, tmp_path_factory):
     (policy_copy("no_tokenizer_json") / "tokenizer.json").unlink()
     (policy_copy("broken_config") / "config.json").write_text("{not json")
     (policy_copy("empty_config") / "config.json").write_text("{}")
+    wider = json.loads((R / "policy_0/config.json").read_text())  # issue 94: transformers' load report, 17 lines
+    wider["intermediate_size"] *= 2
+    (policy_copy("other_shapes") / "config.json").write_text(json.dumps(wider))
     other = policy_copy("other_tokenizer")
     tok = AutoTokenizer.from_pretrained(other)
     tok.add_tokens(["<|other|>"])
@@ -314,6 +317,8 @@ PROBES = {
     "01_model_broken_config": (BC + ["--model", "{B}/broken_config", "--out", "{T}/new"], "broken_config: cannot load"),
     "05_ref_empty_config": (BPPO[:-1] + ["{B}/empty_config", "--out", "{T}/p"], "model_type"),
     "05_ref_truncated_weights": (BPPO[:-1] + ["{B}/truncated", "--out", "{T}/p"], "truncated: cannot load"),
+    "05_policy_other_shapes": (BPPO[:4] + ["{B}/other_shapes", "--ref", POLICY, "--out", "{T}/p"],
+                               "other_shapes: cannot load the model (tensors of other shapes than its config.json"),
     "04_critic_without_args": (["04_gae", "--data", EXPERT, "--critic", "{B}/critic_no_args", "--out", "{T}/a.jsonl"],
                                "is not a critic directory"),
     "04_critic_args_without_gamma": (["04_gae", "--data", EXPERT, "--critic", "{B}/critic_no_gamma",
