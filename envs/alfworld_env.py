@@ -47,6 +47,7 @@ import importlib.util
 import json
 import os
 import random
+from unittest import mock
 
 from envs._common import build_dir_atomically, cache_root, fill_room, normalize_command, parse_task_id, split_pairings
 from envs.base import TextEnv
@@ -235,16 +236,17 @@ class ALFWorldEnv(TextEnv):
         if games not in ("data", "tiny"):
             raise ValueError(f"unknown games {games!r}; valid: data, tiny")
         # Importing alfworld creates $ALFWORLD_DATA: the data folder, checked first, or one in the project's cache.
-        given = data_dir if games == "data" else None
-        root = (given or os.environ.get("ALFWORLD_DATA")
-                or (os.path.expanduser("~/.cache/alfworld") if games == "data" else
-                    os.path.join(cache_root(cache_dir), "alfworld-data")))
-        if games == "data" and not os.path.isdir(os.path.join(root, "json_2.1.1")):
-            raise ValueError(f"ALFWorld data not found at {os.path.join(root, 'json_2.1.1')}; download it with "
-                             "`alfworld-download` (sets up $ALFWORLD_DATA) or use envs.make('alfworld', games='tiny')")
-        os.environ["ALFWORLD_DATA"] = root
+        if games == "data":
+            root = data_dir or os.environ.get("ALFWORLD_DATA") or os.path.expanduser("~/.cache/alfworld")
+            if not os.path.isdir(os.path.join(root, "json_2.1.1")):
+                raise ValueError(f"ALFWorld data not found at {os.path.join(root, 'json_2.1.1')}; download it with "
+                                 "`alfworld-download` (sets up $ALFWORLD_DATA) or use envs.make('alfworld', "
+                                 "games='tiny')")
+        else:
+            root = os.environ.get("ALFWORLD_DATA") or os.path.join(cache_root(cache_dir), "alfworld-data")
         try:
-            import alfworld.info  # noqa: F401
+            with mock.patch.dict(os.environ, ALFWORLD_DATA=root):
+                import alfworld.info  # noqa: F401
             import textworld
             from textworld.envs import PddlEnv  # noqa: F401
         except ImportError as e:

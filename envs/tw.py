@@ -41,6 +41,7 @@ import os
 import random
 import re
 import warnings
+from unittest import mock
 
 from envs._common import build_dir_atomically, cache_root, normalize_command, parse_task_id
 from envs.base import TextEnv
@@ -194,12 +195,8 @@ class TextWorldEnv(TextEnv):
             opt.nb_rooms, opt.nb_objects, opt.quest_length = spec["nb_rooms"], spec["nb_objects"], spec["quest_length"]
             opt.path = os.path.join(tmp, "game.z8")
             opt.force_recompile = True
-            home = os.environ.get("HOME")
-            os.environ["HOME"] = self.cache_dir  # Inform 7 writes ~/Inform (its settings): into the cache, not home
-            try:
+            with mock.patch.dict(os.environ, HOME=self.cache_dir):  # Inform 7 writes ~/Inform: into the cache
                 compile_game(make_game(opt), opt)
-            finally:
-                os.environ.pop("HOME") if home is None else os.environ.update(HOME=home)
 
         build_dir_atomically(spec["dir"], build)
         return os.path.join(spec["dir"], "game.z8")
