@@ -106,6 +106,24 @@ def torchrun(argv):
 
 # ---- run_all.sh's start: every setting checked, one run at a time in a folder, the run's settings recorded
 LOCKS = []  # the folder locks this process holds, until it becomes its command (become)
+LOCK_STAMP = f"{STAMP}run_support.py lock\n"  # FOLDER/.lock once lock took it: a killed start's, not a stranger's
+
+
+def stray_lock(folder):
+    """Whether FOLDER/.lock exists and is not one lock wrote (LOCK_STAMP): another tool's; the folder is not empty."""
+    try:
+        with open(os.path.join(folder, ".lock"), encoding="utf-8") as f:
+            return f.read(len(LOCK_STAMP) + 1) != LOCK_STAMP
+    except FileNotFoundError:
+        return False
+    except (OSError, UnicodeDecodeError):
+        return True
+
+
+def stamp_lock(fd):
+    """filelock's on_acquired: the lock's file inherited by the command this process becomes, and stamped as ours."""
+    os.set_inheritable(fd, True)
+    os.pwrite(fd, LOCK_STAMP.encode(), 0)
 
 
 def holds(folder):
@@ -139,7 +157,7 @@ def lock(folders):
     for folder in folders:
         if os.path.realpath(folder) in held:
             continue
-        held_lock = FileLock(os.path.join(folder, ".lock"), on_acquired=lambda fd: os.set_inheritable(fd, True))
+        held_lock = FileLock(os.path.join(folder, ".lock"), on_acquired=stamp_lock)
         try:
             held_lock.acquire(timeout=0)
         except Timeout:
@@ -276,7 +294,7 @@ def check_base_cache(cache):
     if os.path.lexists(cache) and not os.path.isdir(cache):
         die(f"{said} is not a folder; name a new folder, e.g. runs/base")
     try:
-        names = set(os.listdir(cache)) - {".lock"} if os.path.isdir(cache) else set()
+        names = set(os.listdir(cache)) - {*([] if stray_lock(cache) else [".lock"])} if os.path.isdir(cache) else set()
     except OSError as e:
         die(f"cannot read {said} ({e.strerror})")
     if CACHE_TAG in names and stamped(os.path.join(cache, CACHE_TAG)):
@@ -444,7 +462,8 @@ def check_run(run):
     if os.path.lexists(run) and not os.path.isdir(run):
         die(f"RUN={run} is not a folder; pick a new folder")
     try:
-        names = set(os.listdir(run)) - {".lock", "launches.log"} if os.path.isdir(run) else set()
+        names = set(os.listdir(run)) - {"launches.log", *([] if stray_lock(run) else [".lock"])} if os.path.isdir(run) \
+            else set()
     except OSError as e:
         die(f"cannot read RUN={run} ({e.strerror})")
     if names and "settings.json" not in names:

@@ -1045,8 +1045,8 @@ def smoke_start(run, **changes):
 @pytest.mark.slow
 def test_run_goes_through_the_write_rule(in_process, tmp_path, monkeypatch):
     """Issue 83: RUN=/, $HOME, ., .., envs and a user's folder took a whole run; a RUN with {split} put 02's outputs
-    outside it; a regular file passed --check. RUN is a new folder, an empty one (but for a killed start's .lock) or
-    one a run made (its settings.json): under --check (here) and before any work alike."""
+    outside it; a regular file passed --check. RUN is a new folder, an empty one (but for a killed start's stamped
+    .lock; another tool's .lock is a file) or one a run made (its settings.json): under --check and before any work."""
     monkeypatch.chdir(ROOT)  # as run_all.sh runs it
     mine = tmp_path / "my proj ü"
     mine.mkdir()
@@ -1065,10 +1065,18 @@ def test_run_goes_through_the_write_rule(in_process, tmp_path, monkeypatch):
     assert snapshot(tmp_path) == before
     (tmp_path / "empty").mkdir()
     (tmp_path / "killed").mkdir()
-    (tmp_path / "killed/.lock").write_text("")
+    (tmp_path / "killed/.lock").write_text(run_support.LOCK_STAMP)
+    (tmp_path / "stranger").mkdir()  # another tool's lock: not empty (issue 94)
+    (tmp_path / "stranger/.lock").write_text("")
+    proc = in_process(run_support, *smoke_start(tmp_path / "stranger"), check=False)
+    assert one_line(proc) and "holds files that no run of run_all.sh made" in proc.stderr, proc.stderr
     (tmp_path / "own/data").mkdir(parents=True)
     (tmp_path / "own/settings.json").write_text(json.dumps({"stage": "run_all.sh", **SMOKE_SETTINGS}))
-    for run in ("new", "empty", "killed", "own"):
+    (tmp_path / "locked").mkdir()  # a lock taken, then let go: its .lock stamped, so the folder still counts as empty
+    subprocess.run([sys.executable, "run_support.py", "lock", str(tmp_path / "locked"), "--", "true"], cwd=ROOT,
+                   check=True)
+    assert (tmp_path / "locked/.lock").read_text() == run_support.LOCK_STAMP
+    for run in ("new", "empty", "killed", "locked", "own"):
         proc = in_process(run_support, *smoke_start(tmp_path / run), check=False)
         assert proc.returncode == 0 and proc.stderr == "", (run, proc.stderr)
 
