@@ -4,23 +4,29 @@
 # run TO, whose settings record is FROM's with the settings given after TO, then one iteration of ALGOS evaluated on
 # dev (run_all.sh with K=1 EVAL_SPLITS=dev). The tuning table: bench/plots.py paper --splits dev over the runs.
 #
-#   bash bench/tune_dev.sh runs/paper0 runs/tuneA_0 BPPO_ARGS="--epochs 2 --kl-coef 0.0125" QLASS_M=4
+#   ALGOS="qevolve eto" bash bench/tune_dev.sh runs/paper0 runs/tuneA_0 CRITIC_ARGS="--epochs 8" ETO_ARGS="--beta 0.3"
 set -euo pipefail
-[ $# -ge 2 ] && [ -e "$1/settings.json" ] && [ ! -e "$2" ] \
-  || { echo "error: bench/tune_dev.sh FROM TO [VAR=VALUE ...]: FROM a run (its settings.json), TO a new folder" >&2; exit 2; }
+bad() { echo "error: $1" >&2; exit 2; }
+[ $# -ge 2 ] && [ -f "$1/settings.json" ] && [ ! -e "$2" ] \
+  || bad "bench/tune_dev.sh FROM TO [VAR=VALUE ...]: FROM a run (its settings.json), TO a new folder"
 from=$1 to=$2; shift 2
-mkdir -p "$to/iter_1"
+keys=$(python -c "import json, sys; print(*json.load(open(sys.argv[1])))" "$from/settings.json")
+for kv in "$@"; do [[ " $keys " == *" ${kv%%=*} "* && $kv == *=* ]] || bad "bench/tune_dev.sh: '$kv' is not VAR=VALUE \
+of a setting FROM's settings.json records (others, such as ALGOS, come from the environment)"; done
+seed=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['SEED'])" "$from/settings.json")
+setting() { env "$@" RUN="$to" SEED="$seed" K=1 EVAL_SPLITS=dev bash run_all.sh "${check[@]}"; }
+mkdir -p "$to"
+python - "$from/settings.json" "$to/settings.json" "$@" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s.update(kv.split("=", 1) for kv in sys.argv[3:])
+json.dump(s, open(sys.argv[2], "w"), indent=2)
+EOF
+check=(--check)  # TO's record and every setting checked before anything else is written (a refusal: TO removed)
+setting "$@" >/dev/null || { rm -r -- "$to"; exit 2; }
+mkdir "$to/iter_1"
 for p in data policy_0 iter_1/self.jsonl iter_1/self.json $([ "${QLASS_TREES:-0}" = 1 ] && echo qlass); do
   cp -al "$from/$p" "$to/$p"
 done
 for w in "$from"/eval/world*; do mkdir -p "$to/eval/${w##*/}" && ln "$w"/policy_0_dev.* "$to/eval/${w##*/}/"; done
-python - "$from/settings.json" "$to/settings.json" "$@" <<'EOF'
-import json, sys
-s = json.load(open(sys.argv[1]))
-for kv in sys.argv[3:]:
-    k, v = kv.split("=", 1)
-    s[k] = v
-json.dump(s, open(sys.argv[2], "w"), indent=2)
-EOF
-env "$@" RUN="$to" SEED="$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['SEED'])" "$from/settings.json")" \
-  K=1 EVAL_SPLITS=dev bash run_all.sh
+check=() && setting "$@"
