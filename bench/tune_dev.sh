@@ -15,6 +15,8 @@ for kv in "$@"; do [[ " $keys " == *" ${kv%%=*} "* && $kv == *=* ]] || bad "benc
 of a setting FROM's settings.json records (others, such as ALGOS, come from the environment)"; done
 seed=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['SEED'])" "$from/settings.json")
 setting() { env "$@" RUN="$to" SEED="$seed" K=1 EVAL_SPLITS=dev bash run_all.sh "${check[@]}"; }
+parts=(data policy_0 iter_1/self.jsonl iter_1/self.json $([ "${QLASS_TREES:-0}" = 1 ] && echo qlass))
+for p in "${parts[@]}"; do [ -e "$from/$p" ] || bad "bench/tune_dev.sh: $from has no $p yet; run it first (K=1)"; done
 mkdir -p "$to"
 python - "$from/settings.json" "$to/settings.json" "$@" <<'EOF'
 import json, sys
@@ -25,8 +27,6 @@ EOF
 check=(--check)  # TO's record and every setting checked before anything else is written (a refusal: TO removed)
 setting "$@" >/dev/null || { rm -r -- "$to"; exit 2; }
 mkdir "$to/iter_1"
-for p in data policy_0 iter_1/self.jsonl iter_1/self.json $([ "${QLASS_TREES:-0}" = 1 ] && echo qlass); do
-  cp -al "$from/$p" "$to/$p"
-done
+for p in "${parts[@]}"; do cp -al "$from/$p" "$to/$p"; done
 for w in "$from"/eval/world*; do mkdir -p "$to/eval/${w##*/}" && ln "$w"/policy_0_dev.* "$to/eval/${w##*/}/"; done
 check=() && setting "$@"
