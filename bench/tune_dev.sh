@@ -15,7 +15,7 @@ for kv in "$@"; do [[ " $keys " == *" ${kv%%=*} "* && $kv == *=* ]] || bad "benc
 of a setting FROM's settings.json records (others, such as ALGOS, come from the environment)"; done
 seed=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['SEED'])" "$from/settings.json")
 setting() { env "$@" RUN="$to" SEED="$seed" K=1 EVAL_SPLITS=dev bash run_all.sh "${check[@]}"; }
-parts=(data policy_0 iter_1/self.jsonl iter_1/self.json $([ "${QLASS_TREES:-0}" = 1 ] && echo qlass))
+parts=(data policy_0 iter_1/self.jsonl iter_1/self.json $([ "${QLASS_TREES:-0}" != 1 ] || echo qlass))
 for p in "${parts[@]}"; do [ -e "$from/$p" ] || bad "bench/tune_dev.sh: $from has no $p yet; run it first (K=1)"; done
 mkdir -p "$to"
 python - "$from/settings.json" "$to/settings.json" "$@" <<'EOF'
