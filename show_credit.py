@@ -20,6 +20,7 @@ so the bars of A_t are the per-step process rewards that 05_bppo.py trains on.
     python show_credit.py runs/default/iter_1/adv.jsonl --index 0          # the first line (an expert demo)
 """
 import argparse
+import importlib.util
 import os
 
 from critic_report import verdicts
@@ -191,9 +192,7 @@ def check_png(path, buffer):
     """--png, before any work: a new .png or a PNG this script wrote (its Software text chunk), never a file of the
     checkout (docs/img/credit_kitchen.png), the buffer nor any other file (a model's weights, a JSONL, someone's
     picture) that a mistyped path would destroy."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:  # found, not imported: a refusal leaves no matplotlib config
         die("--png needs matplotlib: pip install -r requirements-plot.txt")
     if not path.endswith(".png") or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         die(f"--png {path}: " + ("its directory does not exist" if path.endswith(".png") else "must end in .png"))
