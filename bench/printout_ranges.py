@@ -77,6 +77,8 @@ def main(argv=None):
     for path in args.logs:
         if not os.path.isfile(path):
             die(f"no such log {path!r}")
+        if not any(ranges([path]).values()):
+            die(f"{path}: not a log of bash run_all.sh (none of its printouts' lines is in it)")
     print(f"Each number's range over {len(args.logs)} logs (every iteration, epoch, world and split in them):\n")
     print("| printout | range |\n|---|---|")
     for name, cols in ranges(args.logs).items():

@@ -168,6 +168,13 @@ def test_the_printout_ranges_read_the_lines_the_guide_quotes():
     assert not unread, unread
 
 
+def test_the_printout_ranges_refuse_a_file_that_is_no_run_log(in_process):
+    """A probe: bench/printout_ranges.py README.md printed a table of 'not printed' rows and exit 0."""
+    proc = in_process(load_module("bench/printout_ranges.py", "printout_ranges"), "README.md", check=False)
+    assert proc.returncode == 2 and proc.stderr == "error: README.md: not a log of bash run_all.sh (none of its " \
+        "printouts' lines is in it)\n", proc.stderr
+
+
 def test_every_results_file_cites_scripts_that_exist():
     """The first line of each table in bench/results/ and docs/img/ says how it was measured: every `python X.py` in
     it names a script of the current code (a script since moved or deleted is cited by name and commit, without
