@@ -17,7 +17,7 @@ seed=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['SEED'])"
 setting() { env "$@" RUN="$to" SEED="$seed" K=1 EVAL_SPLITS=dev bash run_all.sh "${check[@]}"; }
 parts=(data policy_0 iter_1/self.jsonl iter_1/self.json $([ "${QLASS_TREES:-0}" != 1 ] || echo qlass))
 for p in "${parts[@]}"; do [ -e "$from/$p" ] || bad "bench/tune_dev.sh: $from has no $p yet; run it first (K=1)"; done
-mkdir -p "$to"
+mkdir -- "$to" 2>/dev/null || bad "bench/tune_dev.sh: cannot make $to (its parent folder must exist)"
 python - "$from/settings.json" "$to/settings.json" "$@" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
