@@ -1506,3 +1506,18 @@ def test_a_non_finite_loss_stops_the_step_before_its_backward(capsys):
             plumbing.finite(torch.tensor(bad), 7)
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and err == [f"error: loss became {bad} at step 7; lower --lr"]
+
+
+def test_tune_dev_refuses_before_it_writes(tmp_path):
+    """bench/tune_dev.sh (a tuning point from a run's BC part): a setting FROM's record lacks and a FROM with no BC
+    part yet are each one error line and exit 2, with nothing written."""
+    run = tmp_path / "from"
+    run.mkdir()
+    (run / "settings.json").write_text(json.dumps({"stage": "run_all.sh", **SMOKE_SETTINGS}))
+    before = snapshot(tmp_path)
+    for to, extra, message in [(tmp_path / "to", ["CRITC_ARGS=--epochs 8"], "'CRITC_ARGS=--epochs 8' is not VAR=VALUE"),
+                               (tmp_path / "to", ["CRITIC_ARGS=--epochs 8"], "has no data yet; run it first")]:
+        proc = subprocess.run(["bash", "bench/tune_dev.sh", str(run), str(to), *extra], cwd=ROOT, capture_output=True,
+                              text=True)
+        assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
