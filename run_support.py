@@ -123,7 +123,8 @@ def stray_lock(folder):
 def stamp_lock(fd):
     """filelock's on_acquired: the lock's file inherited by the command this process becomes, and stamped as ours."""
     os.set_inheritable(fd, True)
-    os.pwrite(fd, LOCK_STAMP.encode(), 0)
+    if os.pread(fd, len(LOCK_STAMP) + 1, 0) != LOCK_STAMP.encode():  # a resume rewrites nothing
+        os.pwrite(fd, LOCK_STAMP.encode(), 0)
 
 
 def holds(folder):

@@ -20,9 +20,11 @@ for p in "${parts[@]}"; do [ -e "$from/$p" ] || bad "bench/tune_dev.sh: $from ha
 mkdir -- "$to" 2>/dev/null || bad "bench/tune_dev.sh: cannot make $to (its parent folder must exist)"
 python - "$from/settings.json" "$to/settings.json" "$@" <<'EOF'
 import json, sys
+sys.path.insert(0, ".")
+from plumbing import save_text
 s = json.load(open(sys.argv[1]))
 s.update(kv.split("=", 1) for kv in sys.argv[3:])
-json.dump(s, open(sys.argv[2], "w"), indent=2)
+save_text(sys.argv[2], json.dumps(s, indent=2) + "\n")
 EOF
 check=(--check)  # TO's record and every setting checked before anything else is written (a refusal: TO removed)
 setting "$@" >/dev/null || { rm -r -- "$to"; exit 2; }
