@@ -325,7 +325,7 @@ def paper(args, table):
         ours = {i: ok for i, _, ok in found[pattern, "qevolve"]}
         for key, _, name in PAPER:
             for i, _, ok in found[pattern, key]:
-                for j in sorted(ours) if key in ("bc", "qlass") else [i] if key != "qevolve" else []:
+                for j in sorted(ours) if key in ("bc", "qlass") else [i] if key != "qevolve" and i in ours else []:
                     cells = []
                     for sp in args.splits:
                         m, h = ci([a - b for a, b in zip(ours[j][sp], ok[sp])])
