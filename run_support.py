@@ -295,9 +295,10 @@ def check_base_cache(cache):
     if os.path.lexists(cache) and not os.path.isdir(cache):
         die(f"{said} is not a folder; name a new folder, e.g. runs/base")
     try:
-        names = set(os.listdir(cache)) - {*([] if stray_lock(cache) else [".lock"])} if os.path.isdir(cache) else set()
+        names = set(os.listdir(cache)) - {".lock"} if os.path.isdir(cache) else set()
     except OSError as e:
         die(f"cannot read {said} ({e.strerror})")
+    names |= {".lock"} if stray_lock(cache) else set()  # another tool's .lock: a file like any other
     if CACHE_TAG in names and stamped(os.path.join(cache, CACHE_TAG)):
         return
     temporary = lambda n: os.path.join(cache, n) in temporaries(os.path.join(cache, n[1:].split(".qevolve-tmp-")[0]))
@@ -463,10 +464,10 @@ def check_run(run):
     if os.path.lexists(run) and not os.path.isdir(run):
         die(f"RUN={run} is not a folder; pick a new folder")
     try:
-        names = set(os.listdir(run)) - {"launches.log", *([] if stray_lock(run) else [".lock"])} if os.path.isdir(run) \
-            else set()
+        names = set(os.listdir(run)) - {".lock", "launches.log"} if os.path.isdir(run) else set()
     except OSError as e:
         die(f"cannot read RUN={run} ({e.strerror})")
+    names |= {".lock"} if stray_lock(run) else set()  # another tool's .lock: a file like any other
     if names and "settings.json" not in names:
         die(f"RUN={run} holds files that no run of run_all.sh made (it has no settings.json); a run writes into a new "
             "folder or its own: pick another RUN")
