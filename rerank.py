@@ -53,8 +53,17 @@ class Reranker:
         self.critic, self.tokenizer = gae.load_critic(path, self.device)  # in eval mode
         self.m, self.batch_size = args.candidates, args.critic_batch_size
 
-    @torch.no_grad()
     def q_values(self, episodes, texts):
+        """Q of reply texts[k] as the next step of episodes[k] (score). A peaked policy samples the same reply
+        many times: each distinct (episode, reply) is scored once."""
+        first = {}
+        for k, key in enumerate(zip(map(id, episodes), texts)):
+            first.setdefault(key, k)
+        q = dict(zip(first, self.score([episodes[k] for k in first.values()], [texts[k] for k in first.values()])))
+        return [q[key] for key in zip(map(id, episodes), texts)]
+
+    @torch.no_grad()
+    def score(self, episodes, texts):
         """Q of reply texts[k] as the next step of episodes[k], at the last action position of the
         episode plus the candidate step. The candidate's observation is not known yet and is left
         empty: in a causal model Q at the action position comes before it and cannot depend on it."""

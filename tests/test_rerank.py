@@ -57,6 +57,24 @@ def test_candidate_q_is_q_of_the_step_in_the_whole_episode(collect, critic_dir, 
     assert len(set(round(v, 4) for v in q)) > 1  # the random heads do tell the steps apart
 
 
+def test_q_values_scores_each_distinct_candidate_once(collect, critic_dir, tiny_run, monkeypatch):
+    """Repeated replies of one environment are scored once and get that one Q; the same reply after another
+    episode is scored again (its Q depends on the episode)."""
+    monkeypatch.setattr(rerank, "pick_device", lambda precision: (torch.device("cpu"), None))
+    reranker = collect.Reranker(str(critic_dir), argparse.Namespace(candidates=3, critic_batch_size=2,
+                                                                    precision="fp32"))
+    lines = open(tiny_run / "expert.jsonl").readlines()
+    a, b = (dict(json.loads(line), steps=[]) for line in lines[:2])
+    scored = []
+    real_score = collect.Reranker.score
+    monkeypatch.setattr(collect.Reranker, "score", lambda self, eps, texts: scored.append(texts) or
+                        real_score(self, eps, texts))
+    q = reranker.q_values([a, a, a, b, b, b], ["go", "look", "go", "go", "go", "go"])
+    assert scored == [["go", "look", "go"]]
+    s = real_score(reranker, [a, a, b], ["go", "look", "go"])
+    assert q == [s[0], s[1], s[0], s[2], s[2], s[2]] and s[0] != s[1]
+
+
 def test_rerank_executes_the_candidate_the_critic_prefers(collect, critic_dir, tiny_run, tmp_path, monkeypatch):
     """A hand-made Q that always prefers the last of the m candidates: that reply must be the executed step."""
     seen = []
