@@ -281,7 +281,8 @@ evaluate() {
 
 # ---- the base language model, shared by every run with the same environment and settings
 if [ "$BASE" = pretrained ]; then
-  stage "$base_dir" $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads "$THREADS" $PRETRAIN_ARGS
+  stage "$base_dir" $PYTHON run_support.py build "$base_dir" -- \
+    $PYTHON 00_pretrain.py "${ENVARGS[@]}" --out "$base_dir" --threads "$THREADS" $PRETRAIN_ARGS  # one build at a time
   MODEL=(--model "$base_dir" --lr 1e-3)
 elif [ "$BASE" = tiny ]; then
   MODEL=(--model tiny)

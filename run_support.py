@@ -171,6 +171,23 @@ def lock(folders):
     os.environ["QEVOLVE_LOCKED"] = "\n".join(held)
 
 
+def build(entry, command):
+    """run_all.sh's base model, `python run_support.py build ENTRY -- COMMAND...`: one build at a time in a base cache.
+    Its lock (BASE_CACHE/.lock) waited for; an ENTRY another run built meanwhile is used as it is, else this process
+    becomes COMMAND (00_pretrain.py) holding the lock until it ends."""
+    held = FileLock(os.path.join(os.path.dirname(entry), ".lock"), on_acquired=stamp_lock)
+    try:
+        held.acquire(timeout=0)
+    except Timeout:
+        print(f"run_support.py: waiting for another run to build {entry}", file=sys.stderr, flush=True)
+        held.acquire()
+    if os.path.exists(entry):
+        print(f"== skip (built meanwhile by another run): {entry}", flush=True)
+        sys.exit(0)
+    LOCKS.append(held)
+    become(command)
+
+
 def become(command, **env):
     """Replace this process by command (exec), env added to its environment; the locks taken stay held."""
     os.environ.update(env)
@@ -529,10 +546,10 @@ def start_run(run, settings, command):
 def main(argv):
     """results RUN K WORLDS ALGOS SPLIT...: run_all.sh's table. save KIND PATH WRITER: stdin into PATH after check_out,
     atomically, its first line stamped. check KIND PATH...: check_out each. start RUN NAME=VALUE... [-- COMMAND...]:
-    run_all.sh's start (start_run). lock FOLDER... -- COMMAND...: COMMAND run holding each folder's lock (lock,
-    become). torchrun ARGS...: above."""
+    run_all.sh's start (start_run). build ENTRY -- COMMAND...: the base model (build). lock FOLDER... -- COMMAND...:
+    COMMAND run holding each folder's lock (lock, become). torchrun ARGS...: above."""
     command, *rest = argv or ["help"]
-    cut = rest.index("--") if "--" in rest else len(rest)  # start / lock: what comes before COMMAND
+    cut = rest.index("--") if "--" in rest else len(rest)  # start / build / lock: what comes before COMMAND
     if command == "results" and len(rest) >= 5 and rest[1].isdigit():
         results_table(rest[0], int(rest[1]), rest[2].split(), rest[3].split(), rest[4:])
     elif command == "save" and len(rest) == 3 and rest[0] == "run_log":
@@ -543,6 +560,8 @@ def main(argv):
             check_out(path, rest[0])
     elif command == "start" and rest and all("=" in a for a in rest[1:cut]):
         start_run(rest[0], dict(a.split("=", 1) for a in rest[1:cut]), rest[cut + 1:])
+    elif command == "build" and len(rest[:cut]) == 1 and rest[cut + 1:]:
+        build(rest[0], rest[cut + 1:])
     elif command == "lock" and rest[cut + 1:]:
         lock(rest[:cut])
         become(rest[cut + 1:])

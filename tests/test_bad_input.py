@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -938,6 +939,26 @@ def test_one_run_at_a_time_in_a_folder_and_a_killed_one_resumes(tmp_path):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def test_two_runs_build_one_base_model(tmp_path):
+    """Two run_all.sh started at once on one BASE_CACHE both built its base model. The build now holds the cache's
+    lock: the second run waits for it, then uses the entry the first built (its command never runs)."""
+    entry, count, go = tmp_path / "base/kitchen-key", tmp_path / "count", tmp_path / "go"
+    (tmp_path / "base").mkdir()
+    build = [sys.executable, "run_support.py", "build", str(entry), "--", "sh", "-c",
+             f"echo built >> {count}; while [ ! -e {go} ]; do sleep 0.05; done; mkdir {entry}"]
+    first = subprocess.Popen(build, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not count.exists():  # the first holds the lock and builds until go
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.05)
+    second = subprocess.Popen(build, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "waiting for another run to build" in second.stderr.readline()
+    go.touch()
+    assert first.wait(timeout=60) == 0 and second.wait(timeout=60) == 0
+    assert count.read_text() == "built\n" and entry.is_dir()
+    assert "skip (built meanwhile" in second.stdout.read()
+    assert (tmp_path / "base/.lock").read_text() == run_support.LOCK_STAMP  # ours: the cache still counts as its own
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
         env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS}
         env.update(SMOKE="1", RUN=str(tmp_path / "run"), BASE_CACHE=str(tmp_path / "base"), PYTHON="echo")
         out = subprocess.run(["bash", "run_all.sh"], cwd=repo, env=env, capture_output=True, text=True).stdout
-        line = next(c for c in out.splitlines() if c.startswith("== echo 00_pretrain.py"))
+        line = next(c for c in out.splitlines() if c.startswith("== echo run_support.py build"))
         return line.split("--out ")[1].split()[0]
     first = base_dir()
     assert base_dir() == first  # same code and settings: the same cache entry
