@@ -34,11 +34,12 @@
 #   N_EXPERT tasks, about half in kitchen) or all (its failures too: outcome-labelled demonstrations, the contrast)
 #   ALGOS=qevolve: the algorithms that evolve policy_0, each K iterations from the same BC policy and iteration-1
 #   episodes - qevolve, and the baselines rft (iterated rejection fine-tuning: 01 on expert + successful own episodes;
-#   RFT_ARGS="--epochs 2 --lr 1e-3"), outcome (05 on the episode's return - the mean: 04 --advantage outcome;
-#   OUTCOME_ARGS, 05's flags after BPPO_ARGS; kitchen: "--epochs 6"), eto (the paper's baseline: DPO on success /
-#   failure pairs of a task, eto.py; ETO_ARGS) and qlass (the paper's baseline, once: exploration trees of policy_0 on
-#   train tasks, a QNet, then policy_0 with the QNet's argmax of QLASS_M=2 sampled replies a step, qlass.py;
-#   QLASS_ARGS="--tasks 100", its tree's --width and --depth)
+#   RFT_ARGS="--epochs 2 --lr 1e-3", kitchen: "--epochs 24 --lr 1e-3"), outcome (05 on the episode's return - the
+#   mean: 04 --advantage outcome; OUTCOME_ARGS, 05's flags after BPPO_ARGS; kitchen: "--epochs 6 --kl-coef 0.025"),
+#   eto (the paper's baseline: DPO on success / failure pairs of a task, eto.py; ETO_ARGS, kitchen: "--beta 0.3") and
+#   qlass (the paper's baseline, once: exploration trees of policy_0 on train tasks, a QNet, then policy_0 with the
+#   QNet's argmax of QLASS_M=2 sampled replies a step (kitchen: 32), qlass.py; QLASS_ARGS="--tasks 100", its
+#   tree's --width and --depth). Kitchen's Q-Evolve: CRITIC_ARGS="--epochs 8", BPPO_ARGS="--epochs 2"
 #   NPROC=1: processes per stage; > 1 runs 01, 02, 03 and 05 under torchrun, one GPU each (docs/distributed.md): at most
 #   the GPUs torch sees, or on a machine without one the CPU cores this process may use
 #   CPU_OK=0: 1 runs a real model on a machine without a GPU (else the run stops first with what it would cost)
@@ -107,6 +108,7 @@ if [ "$SMOKE" = 1 ]; then
   PRETRAIN_ARGS=${PRETRAIN_ARGS:-"--episodes 16 --epochs 1 --d-model 32 --n-layers 1 --n-heads 2 --vocab-size 400"}
   BC_ARGS=${BC_ARGS:-"--epochs 1"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 1"} BPPO_ARGS=${BPPO_ARGS:-"--epochs 1"}
   OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 1"} ETO_ARGS=${ETO_ARGS:-"--epochs 1"}
+  RFT_ARGS=${RFT_ARGS:-"--epochs 1 --lr 1e-3"} QLASS_M=${QLASS_M:-2}
   QLASS_ARGS=${QLASS_ARGS:-"--tasks 4 --epochs 1 --max-new-tokens 16 --num-envs 6"}
   COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 16 --num-envs 6"}
 fi
@@ -120,6 +122,7 @@ if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ]; then
   RUN=${RUN:-runs/$(basename -- "$BASE")-$ENV}
   BC_ARGS=${BC_ARGS:-"--epochs 3 --lr 5e-5 --batch-size 16"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2 --lr 1e-5 --batch-size 16"}
   BPPO_ARGS=${BPPO_ARGS:-"--lr 2e-6 --batch-size 16"} OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 1"}  # not tuned here
+  RFT_ARGS=${RFT_ARGS:-$BC_ARGS}  # RFT is BC on the successes: BC's budget
   if [ "$ENV" = shop ]; then COLLECT_ARGS=${COLLECT_ARGS:-"--num-envs 128 --max-new-tokens 64"}; fi
   COLLECT_ARGS=${COLLECT_ARGS:-"--num-envs 128"}
 fi
@@ -134,11 +137,13 @@ if [ "$ENV" = household ]; then  # from iteration 2 on, half the lr and twice th
   ENV_KWARGS=${ENV_KWARGS:-$HOUSEHOLD_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} LATER_ARGS=${LATER_ARGS-"--lr 1.5e-4 \
 --kl-coef 0.1"}
 elif [ "$ENV" = kitchen ]; then  # the credit world (docs/design.md, 'The default miniature'): careless 0.85, so that the
-  # flaw stays the demonstrations' mode among the successes alone (bench/demos.py: the rule, by simulation only); 05's
-  # epochs chosen on dev (bench/results/kitchen_tuning_dev.md): two for Q-Evolve, six for the outcome-level PG; no
-  # LATER_ARGS (household's slows the outcome-level PG on dev: bench/results/kitchen_later_dev.md)
+  # flaw stays the demonstrations' mode among the successes alone (bench/demos.py: the rule, by simulation only). Each
+  # method's best on dev (docs/results.md, 'Tuning on dev'): 03 eight epochs for Q-Evolve (05 two); six epochs of 05
+  # at KL weight 0.025 for the outcome-level PG; ETO beta 0.3; RFT 24 epochs; QLASS 32 candidates a step.
+  # No LATER_ARGS (household's slows the outcome-level PG on dev: bench/results/kitchen_later_dev.md)
   ENV_KWARGS=${ENV_KWARGS:-'{"careless": 0.85}'} EVAL_WORLDS=${EVAL_WORLDS:-"0 1 2 3"} BPPO_ARGS=${BPPO_ARGS-"--epochs 2"}
-  OUTCOME_ARGS=${OUTCOME_ARGS-"--epochs 6"}
+  CRITIC_ARGS=${CRITIC_ARGS-"--epochs 8"} OUTCOME_ARGS=${OUTCOME_ARGS-"--epochs 6 --kl-coef 0.025"}
+  ETO_ARGS=${ETO_ARGS-"--beta 0.3"} RFT_ARGS=${RFT_ARGS-"--epochs 24 --lr 1e-3"} QLASS_M=${QLASS_M:-32}
 elif [ "$ENV" = shop ]; then  # longer episodes: budgets that fit ~20 minutes, replies of up to 64 tokens
   ENV_KWARGS=${ENV_KWARGS:-$SHOP_KWARGS} EVAL_WORLDS=${EVAL_WORLDS:-0} BC_ARGS=${BC_ARGS:-"--epochs 4"}
   CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2"} COLLECT_ARGS=${COLLECT_ARGS:-"--max-new-tokens 64"}

@@ -86,11 +86,15 @@ def test_default_run_is_the_kitchen_credit_world_with_two_iterations(tmp_path):
     assert all("--env-seed" not in c for c in kitchen if "--greedy" not in c)  # training stays in world 0
     assert any("05_bppo.py" in c and "--out " + str(tmp_path / "run" / "policy_2") in c for c in kitchen)
     assert not any("policy_3" in c for c in kitchen)
-    # the credit world's settings chosen on dev reach 05: two epochs for Q-Evolve, six for the outcome-level PG
-    both = commands(ALGOS="qevolve outcome")
-    bppo = [c for c in both if "05_bppo.py" in c]
+    # the credit world's settings chosen on dev (docs/results.md, 'Tuning on dev') reach their stages
+    every = commands(ALGOS="qevolve eto qlass rft outcome")
+    bppo = [c for c in every if "05_bppo.py" in c]
     assert len(bppo) == 4 and all(c.endswith("--epochs 2") for c in bppo if "/outcome/" not in c)
-    assert all(c.endswith("--epochs 2 --epochs 6") for c in bppo if "/outcome/" in c)  # OUTCOME_ARGS after BPPO_ARGS
+    assert all(c.endswith("--epochs 2 --epochs 6 --kl-coef 0.025") for c in bppo if "/outcome/" in c)  # after BPPO's
+    assert [c.endswith("--epochs 8") for c in every if "03_critic.py" in c] == [True, True]
+    assert [c.endswith("--beta 0.3") for c in every if " eto.py " in c] == [True, True]
+    assert [c.endswith("--epochs 24 --lr 1e-3") for c in every if "01_bc.py" in c and "/rft/" in c] == [True, True]
+    assert sum("--candidates 32 " in c for c in every if "--rerank" in c) == 1
     assert all(c.endswith("--epochs 3") for c in commands(BPPO_ARGS="--epochs 3") if "05_bppo.py" in c)
     household = commands(ENV="household")
     assert not any("--epochs" in c for c in household if "05_bppo.py" in c and "outcome" not in c)
