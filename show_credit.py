@@ -24,6 +24,7 @@ import importlib.util
 import os
 
 from critic_report import verdicts
+from envs._common import cache_root
 from plumbing import STAMP, STEP_KEYS, Parser, check_out, die, field_error, read_episodes, write_atomic
 from run_support import tracked
 
@@ -136,6 +137,7 @@ def table(ep, index, args):
 
 def plot(ep, index, args):
     """V(s_t) as a line (Q as dots when present), A_t as bars; non-ok steps marked by colour."""
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(cache_root(), "matplotlib"))  # not ~/.config, ~/.cache
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -18,6 +18,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # the stages import envs
+from envs._common import cache_root  # noqa: E402
 from plumbing import STAMP, Parser, check_out, die, save_text, write_atomic  # noqa: E402
 
 # The methods, once: key (run_all.sh's ALGOS word; bc: policy_0), the prefix of its policies' evaluations
@@ -209,7 +210,9 @@ def expert_demos(out, n, env=None, seed=None):
 
 
 def pyplot():
-    """matplotlib's pyplot without a display, or one error line that says what to install."""
+    """matplotlib's pyplot without a display, or one error line that says what to install. Its config and font cache
+    go into the project's cache (envs/_common.py), not the home's ~/.config and ~/.cache; MPLCONFIGDIR set wins."""
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(cache_root(), "matplotlib"))
     try:
         import matplotlib
         matplotlib.use("Agg")

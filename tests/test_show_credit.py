@@ -247,3 +247,18 @@ def test_png_never_replaces_a_figure_of_the_checkout(buffer, tmp_path):
     proc = show_as_a_user(buffer, "--index", 0, "--png", figure, env={"HOME": str(tmp_path / "home")})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is a file of the checkout" in proc.stderr
     assert open(figure, "rb").read() == before and os.listdir(tmp_path / "home") == []
+
+
+def test_png_leaves_matplotlib_in_the_projects_cache(buffer, tmp_path):
+    """Issue 94: a plot made matplotlib's config and font cache in the home (~/.config/matplotlib, ~/.cache/matplotlib).
+    They now go into the project's cache folder ($QEVOLVE_CACHE, else ~/.cache/qevolve), as the games do."""
+    pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install -r requirements-plot.txt)")
+    (tmp_path / "home").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+    env.update(HOME=str(tmp_path / "home"), QEVOLVE_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    for command in (["show_credit.py", buffer, "--index", "0", "--png", tmp_path / "credit.png"],
+                    ["-c", "import bench.runner; bench.runner.pyplot().figure()"]):  # bench/plots.py's pyplot
+        proc = subprocess.run([sys.executable, *map(str, command)], cwd=ROOT, capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert os.listdir(tmp_path / "home") == [] and os.listdir(tmp_path / "cache") == ["matplotlib"]
+    assert (tmp_path / "credit.png").stat().st_size > 0
