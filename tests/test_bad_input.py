@@ -926,7 +926,11 @@ def test_one_run_at_a_time_in_a_folder_and_a_killed_one_resumes(tmp_path):
         return started[-1]
     try:
         first = start()
-        assert first.stdout.readline().startswith("== ")  # its first stage runs
+        assert first.stdout.readline().startswith("== ")  # its first stage runs: the base model's build, which
+        for _ in range(600):  # takes the base cache's lock (base/.lock) before its stub sleeps
+            if (tmp_path / "base/.lock").exists():
+                break
+            time.sleep(0.1)
         before = snapshot(tmp_path)
         second = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert one_line(second) and "is in use: a run holds its lock" in second.stderr and second.stdout == ""
