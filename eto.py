@@ -13,7 +13,7 @@ its reply tokens only (observations are read, never scored):
     L_DPO = - E_{(tau_w, tau_l)} log sigma( beta [ log pi/pi_ref (tau_w) - log pi/pi_ref (tau_l) ] )      (ETO eq. 5)
 
 No critic, no step credit: the whole winning trajectory is pushed up and the whole losing one down, each of its
-steps alike.
+steps alike. A buffer without a pair (every own failure on a task nobody won) keeps the policy as it is.
 
     python eto.py --data runs/demo/data/expert.jsonl runs/demo/iter_1/self.jsonl --policy runs/demo/policy_0 \
         --ref runs/demo/policy_0 --out runs/demo/eto/policy_1
@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM
 
 from distributed import average_info, distribute, parts
 from machine import Progress, add_lora, add_machine_flags, autocast, grad_checkpointing, save_trained, start
-from plumbing import (check_flags, die, finite, fit_context, load_model, load_tokenizer, read_episodes,
+from plumbing import (check_flags, finite, fit_context, load_model, load_tokenizer, read_episodes,
                       save_policy, stage_parser)
 
 bppo = importlib.import_module("05_bppo")  # the reply tokens as 05 reads them: tokenize_episode, collate, reply_logits
@@ -87,10 +87,11 @@ def prepare_eto(args, device, amp):
     """--data, --policy, --ref -> (tokenizer, pi_theta, the pairs that fit the context, batch_of(pair indices): the
     winners' rows then the losers', log pi_ref(tau) of every pair (2, P): winners and losers)."""
     pairs = make_pairs(read_episodes(args.data))
-    if not pairs:
-        die("no pair: no failed own episode in --data has a success on its task (demonstration or own)")
     tokenizer = load_tokenizer(args.policy)
     policy = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.policy), args), args.lora).to(device)
+    if not pairs:  # every own failure is on a task nobody won: nothing to contrast
+        print("eto: no pair (no failed own episode in --data has a success on its task): the policy is kept as it is")
+        return tokenizer, policy, [], None, None
     ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
     tokens = {id(ep): x for ep, x in fit_context([(ep, bppo.tokenize_episode(tokenizer, ep))
                                                   for pair in pairs for ep in pair], policy.config)}
@@ -109,10 +110,16 @@ def main(argv=None):
     args = parse_args(argv)
     world, device, amp = start(args, "policy", args.data + [args.policy, args.ref])
     tokenizer, policy, pairs, batch_of, ref_lp = prepare_eto(args, device, amp)
+
+    def save(state):
+        save_policy(args.out, policy, tokenizer, args, "eto", state)
+        print(f"eto: wrote {args.out} ({log.elapsed():.0f}s)")
+    log = Progress("eto", args.epochs * math.ceil(len(pairs) / args.batch_size), device)
+    if not pairs:
+        return save_trained(policy, args, "the policy", save, [])
     train_policy = distribute(policy, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the policy itself
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     rng, records = random.Random(args.seed), []
-    log = Progress("eto", args.epochs * math.ceil(len(pairs) / args.batch_size), device)
 
     def batch_loss(ids):  # forward -> loss, on pairs `ids`
         b = batch_of(ids)
@@ -141,10 +148,6 @@ def main(argv=None):
         tqdm.write(f"epoch {epoch + 1}: DPO loss {r['loss']:.4f}  pairs ranked right {r['accuracy']:.1%}  "
                    f"mean margin {r['margin']:+.3f}")
     log.bar.close()
-
-    def save(state):
-        save_policy(args.out, policy, tokenizer, args, "eto", state)
-        print(f"eto: wrote {args.out} ({log.elapsed():.0f}s)")
     save_trained(policy, args, "the updated policy", save, records)
 
 

@@ -129,3 +129,14 @@ def test_qnet_loss_is_the_mse_over_each_node_once():
     new = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # the last entry: a node an earlier branch wrote (or padding)
     loss, info = qlass.qnet_loss(q_pred, q_target, new)
     assert loss.item() == pytest.approx((0.25 + 0.0 + 0.04) / 3) and info["loss"] == pytest.approx(loss.item())
+
+
+def test_a_buffer_without_a_pair_keeps_the_policy_as_it_is(tiny_run, in_process, tmp_path):
+    """Only demonstrations (no own failure): ETO has nothing to contrast and writes pi_{k-1} unchanged."""
+    from safetensors.torch import load_file
+    out = tmp_path / "policy_1"
+    proc = in_process(eto, "--data", tiny_run / "expert.jsonl", "--policy", tiny_run / "policy_0",
+                      "--ref", tiny_run / "policy_0", "--out", out, "--threads", 1)
+    assert "no pair" in proc.stdout
+    before, after = (load_file(d / "model.safetensors") for d in (tiny_run / "policy_0", out))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
