@@ -162,7 +162,6 @@ def show(summary, out):
             for k in VERDICTS))
     h = summary["heldout"]
     if h:
-        share = lambda mine, best: f" ({mine / best:.2f} of it)" if best == best and abs(best) > 1e-9 else ""
         best = h.get("bayes") or {}
         ev, gap = evf(h["explained_variance"]), f(h["v_gap"])
         if best:
@@ -180,6 +179,13 @@ def show(summary, out):
             print("04_gae: warning: on episodes it never saw the critic barely beats a constant (explained variance "
                   "< 0.1 or AUC <= 0.6): its step credit here is mostly noise")
     print(f"04_gae: -> {out}")
+
+
+def share(mine, best):
+    """' (mine / best of it)': the critic's figure as a share of the exact Bayes critic's; '' where the Bayes
+    figure is NaN or under 0.01 in size (a world whose held-out returns the Bayes critic barely explains: a share of
+    nearly nothing is noise, e.g. -20.71)."""
+    return f" ({mine / best:.2f} of it)" if best == best and abs(best) >= 0.01 else ""
 
 
 def env_kwargs_of(paths):

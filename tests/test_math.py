@@ -342,6 +342,13 @@ def test_critic_report_by_hand():
     assert np.isnan(explained_variance([0.2, 0.9], [1.0, 1.0]))  # every return equal: nothing to explain
 
 
+def test_the_share_of_the_bayes_critics_figure_only_where_the_bayes_critic_has_one():
+    """Seed 2's held-out report printed '(-20.71 of it)' against a Bayes explained variance of -0.002."""
+    from critic_report import share
+    assert share(0.145, 0.410) == " (0.35 of it)" and share(-0.106, -0.336) == " (0.32 of it)"
+    assert share(0.044, -0.002) == share(0.1, float("nan")) == ""
+
+
 def test_auc_by_hand_and_against_pair_counting():
     from critic_report import auc
     # positives 0.9, 0.4; negatives 0.5, 0.1: pairs won 2 + 1 of 4
