@@ -53,12 +53,17 @@ ROWS = [
 
 
 def ranges(paths):
-    """-> {row name: [[values of group 1], [values of group 2], ...]} over every matching line of every log."""
+    """-> {row name: [[values of group 1], [values of group 2], ...]} over every matching line of every log. The
+    lines under a command that writes into RUN/rft/ or RUN/outcome/ are the project's own baselines' (their 01 and 05
+    print BC's and BPPO's lines): the guide is not about them, so they are skipped."""
     found = {name: None for name, _ in ROWS}
     for path in paths:
         text = open(path, errors="replace").read().replace("\r", "\n")  # tqdm's bars end in \r
+        baseline = False
         for line in text.splitlines():
-            for name, pattern in ROWS:
+            if line.startswith("== "):  # run_all.sh's echo of the next command
+                baseline = re.search(r" --out \S*/(rft|outcome)/", line) is not None
+            for name, pattern in ROWS if not baseline else ():
                 m = re.match(pattern, line)
                 if m:
                     values = [float(v) for v in m.groups()]

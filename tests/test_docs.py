@@ -168,6 +168,22 @@ def test_the_printout_ranges_read_the_lines_the_guide_quotes():
     assert not unread, unread
 
 
+def test_the_printout_ranges_skip_the_projects_own_baselines(tmp_path):
+    """RFT's 01 and the outcome-level PG's 05 print BC's and BPPO's lines; the guide's ranges are BC's, Q-Evolve's."""
+    log = tmp_path / "run.log"
+    log.write_text("== python 01_bc.py --data e.jsonl --out runs/r/policy_0\n"
+                   "epoch 1: train loss 0.2  val loss 0.1000  greedy reproduces 80.0% of val replies, 25.0% of val "
+                   "episodes\n"
+                   "== python 01_bc.py --data e.jsonl --filter success --out runs/r/rft/policy_1\n"
+                   "epoch 1: train loss 0.2  val loss 0.0100  greedy reproduces 99.0% of val replies, 90.0% of val "
+                   "episodes\n"
+                   "== python 05_bppo.py --data x --out runs/r/outcome/policy_1\n"
+                   "epoch 1: loss +0.1  clip low 0.500 high 0.500  approx KL(old) 0.5  KL(ref) 0.5  mean ratio 1.5\n")
+    found = load_module("bench/printout_ranges.py", "printout_ranges").ranges([log])
+    assert found["01 per epoch: val loss, val replies %, val episodes % reproduced"] == [[0.1], [80.0], [25.0]]
+    assert found["05 per epoch: clip low, clip high, KL(old), KL(ref), mean ratio"] is None
+
+
 def test_the_printout_ranges_refuse_a_file_that_is_no_run_log(in_process):
     """A probe: bench/printout_ranges.py README.md printed a table of 'not printed' rows and exit 0."""
     proc = in_process(load_module("bench/printout_ranges.py", "printout_ranges"), "README.md", check=False)
