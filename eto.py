@@ -90,7 +90,8 @@ def prepare_eto(args, device, amp):
     tokenizer = load_tokenizer(args.policy)
     policy = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.policy), args), args.lora).to(device)
     if not pairs:  # every own failure is on a task nobody won: nothing to contrast
-        print("eto: no pair (no failed own episode in --data has a success on its task): the policy is kept as it is")
+        print(f"eto: no pair (no failed own episode in --data has a success on its task): the policy is written "
+              f"unchanged to {args.out}")
         return tokenizer, policy, [], None, None
     ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
     tokens = {id(ep): x for ep, x in fit_context([(ep, bppo.tokenize_episode(tokenizer, ep))
@@ -110,16 +111,13 @@ def main(argv=None):
     args = parse_args(argv)
     world, device, amp = start(args, "policy", args.data + [args.policy, args.ref])
     tokenizer, policy, pairs, batch_of, ref_lp = prepare_eto(args, device, amp)
-
-    def save(state):
-        save_policy(args.out, policy, tokenizer, args, "eto", state)
-        print(f"eto: wrote {args.out} ({log.elapsed():.0f}s)")
-    log = Progress("eto", args.epochs * math.ceil(len(pairs) / args.batch_size), device)
-    if not pairs:
-        return save_trained(policy, args, "the policy", save, [])
+    if not pairs:  # nothing to contrast: pi_k = pi_{k-1}
+        return save_trained(policy, args, "the policy",
+                            lambda state: save_policy(args.out, policy, tokenizer, args, "eto", state), [])
     train_policy = distribute(policy, world, args.fsdp)  # torchrun: DDP or FSDP2; alone: the policy itself
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     rng, records = random.Random(args.seed), []
+    log = Progress("eto", args.epochs * math.ceil(len(pairs) / args.batch_size), device)
 
     def batch_loss(ids):  # forward -> loss, on pairs `ids`
         b = batch_of(ids)
@@ -148,6 +146,10 @@ def main(argv=None):
         tqdm.write(f"epoch {epoch + 1}: DPO loss {r['loss']:.4f}  pairs ranked right {r['accuracy']:.1%}  "
                    f"mean margin {r['margin']:+.3f}")
     log.bar.close()
+
+    def save(state):
+        save_policy(args.out, policy, tokenizer, args, "eto", state)
+        print(f"eto: wrote {args.out} ({log.elapsed():.0f}s)")
     save_trained(policy, args, "the updated policy", save, records)
 
 

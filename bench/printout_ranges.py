@@ -63,7 +63,9 @@ def ranges(paths):
         for line in text.splitlines():
             if line.startswith("== "):  # run_all.sh's echo of the next command
                 baseline = re.search(r" --out \S*/(rft|outcome)/", line) is not None
-            for name, pattern in ROWS if not baseline else ():
+            if baseline:
+                continue
+            for name, pattern in ROWS:
                 m = re.match(pattern, line)
                 if m:
                     values = [float(v) for v in m.groups()]
