@@ -14,10 +14,12 @@ the optimum (the good item always) and Q-Evolve's paired gap to each method.
     for S in 0 1 2 3 4; do RUN=runs/e$S SEED=$S ALGOS="qevolve rft outcome" bash run_all.sh; done
     python bench/plots.py efficiency --runs 'runs/n50-s{seed}' 'runs/e{seed}' --seeds 0 1 2 3 4
 paper: the paper's table in miniature (BC, ETO, QLASS, Q-Evolve and the project's baselines) and success against each
-method's online environment steps, one panel a regime (one run pattern each); 95% intervals over seeds (t):
+method's online environment steps: a table a run pattern (a budget), one panel a regime (the runs' DEMOS), its
+budgets' points on one curve a method; 95% intervals over seeds (t):
 
     for S in 0 1 2 3 4; do RUN=runs/paper$S SEED=$S ALGOS="qevolve eto qlass rft outcome" bash run_all.sh; done
-    python bench/plots.py paper --runs 'runs/paper{seed}' --seeds 0 1 2 3 4
+    for S in 0 1 2 3 4; do RUN=runs/n50_$S SEED=$S N_SELF=50 ALGOS="qevolve eto rft outcome" bash run_all.sh; done
+    python bench/plots.py paper --runs 'runs/paper{seed}' 'runs/n50_{seed}' --seeds 0 1 2 3 4
 """
 import json
 import os
@@ -332,53 +334,61 @@ def paper(args, table):
                         cells.append(f"{m:+.1f} [{m - h:+.1f}, {m + h:+.1f}]{' shown' if abs(m) > h else ''}")
                     lines.append(f"| {j} | {name}{'' if key in ('bc', 'qlass') else f' iteration {i}'} | "
                                  + " | ".join(cells) + " |")
-        lines += ["", "Online env steps to 90% of the optimum on " + args.splits[0] + ": per seed, the fewest steps of "
-                  "a point at or above it ('>N': not reached); Q-Evolve's steps over each method's where both reached "
-                  "it.", "", "| method | " + " | ".join(f"seed {s}" for s in seeds) + " | Q-Evolve / method |",
+    # a regime (its runs' DEMOS) is one panel; its runs' budgets (N_SELF, QLASS's trees) are points on one curve
+    made = {p: read_json(os.path.join(ROOT, p.format(seed=seeds[0]), "settings.json")) or {} for p in args.runs}
+    regimes = {}
+    for pattern in args.runs:
+        regimes.setdefault(made[pattern].get("DEMOS", "all"), []).append(pattern)
+    sp = args.splits[0]
+    for demos, patterns in regimes.items():  # each method's points over the regime's budgets, by their mean steps
+        pts = {key: sorted((p for pattern in patterns for p in found[pattern, key]), key=lambda p: mean(p[1]))
+               for key, _, _ in PAPER[1:]}
+        pts["bc"] = found[patterns[0], "bc"]
+        lines += [f"### DEMOS={demos}: {', '.join(patterns)}", "", f"Online env steps to 90% of the optimum on {sp}: "
+                  "per seed, the fewest steps of a point at or above it, over these runs ('>N': not reached); "
+                  "Q-Evolve's steps over each method's where both reached it.", "",
+                  "| method | " + " | ".join(f"seed {s}" for s in seeds) + " | Q-Evolve / method |",
                   "|---|" + "---|" * len(seeds) + "---|"]
-        need, ours = {}, None  # each method's steps to 90% per seed (None: not reached)
-        for key, _, _ in PAPER[1:]:
-            need[key] = [min((st[n] for _, st, ok in found[pattern, key]
-                              if ok[args.splits[0]][n] >= 0.9 * best[args.splits[0]]), default=None)
-                         for n in range(len(seeds))]
-        ours = need.get("qevolve", [None] * len(seeds))
-        for key, _, name in [m for m in PAPER[1:] if found[pattern, m[0]]]:  # the methods the runs have
+        need = {key: [min((st[n] for _, st, ok in pts[key] if ok[sp][n] >= 0.9 * best[sp]), default=None)
+                      for n in range(len(seeds))] for key, _, _ in PAPER[1:]}  # None: not reached
+        ours = need["qevolve"]
+        for key, _, name in [m for m in PAPER[1:] if pts[m[0]]]:  # the methods the runs have
             ratio = [a / b for a, b in zip(ours, need[key]) if a and b]
-            cells = [f"{x}" if x is not None else f">{max([st[n] for _, st, _ in found[pattern, key]], default=0)}"
+            cells = [f"{x}" if x is not None else f">{max([st[n] for _, st, _ in pts[key]], default=0)}"
                      for n, x in enumerate(need[key])]
             lines.append(f"| {name} | " + " | ".join(cells) + " | "
                          + (f"{mean(ratio):.2f} ({len(ratio)} seeds)" if ratio and key != "qevolve" else "-") + " |")
-        if found[pattern, "qlass"] and found[pattern, "qevolve"]:  # the paper's claim: QLASS's success, 1/30 the steps
-            sp, ((_, q_steps, q_ok),) = args.splits[0], found[pattern, "qlass"]
-            lines += ["", f"The paper's claim (QLASS's success with 1/30 of its online samples): per seed, QLASS's "
-                      f"{sp} success and online steps, the fewest online steps at which Q-Evolve is at or above that "
-                      "success, and their ratio ('-': Q-Evolve never is).", "",
+        if pts["qlass"] and pts["qevolve"]:  # the paper's claim: QLASS's success, 1/30 the steps
+            lines += ["", "The paper's claim (QLASS's success with 1/30 of its online samples): per seed, QLASS's "
+                      f"best {sp} success and its online steps, the fewest online steps at which Q-Evolve is at or "
+                      "above that success, and their ratio ('-': Q-Evolve never is).", "",
                       "| seed | QLASS success | QLASS steps | Q-Evolve steps | Q-Evolve / QLASS |",
                       "|---|---|---|---|---|"]
             for n, seed in enumerate(seeds):
-                hit = min((st[n] for _, st, ok in found[pattern, "qevolve"] if ok[sp][n] >= q_ok[sp][n]), default=None)
-                lines.append(f"| {seed} | {q_ok[sp][n]:.1f} | {q_steps[n]} | {'-' if hit is None else hit} | "
-                             + ("-" if hit is None else f"{hit / q_steps[n]:.2f}") + " |")
+                q_ok, q_steps = max((ok[sp][n], -st[n]) for _, st, ok in pts["qlass"])
+                hit = min((st[n] for _, st, ok in pts["qevolve"] if ok[sp][n] >= q_ok), default=None)
+                lines.append(f"| {seed} | {q_ok:.1f} | {-q_steps} | {'-' if hit is None else hit} | "
+                             + ("-" if hit is None else f"{hit / -q_steps:.2f}") + " |")
         lines.append("")
-    fig, axes = pyplot().subplots(1, len(args.runs), figsize=(5.2 * len(args.runs) + 2.2, 3.8), sharey=True,
+        regimes[demos] = pts
+    fig, axes = pyplot().subplots(1, len(regimes), figsize=(5.2 * len(regimes) + 2.2, 3.8), sharey=True,
                                   squeeze=False)
-    for ax, pattern in zip(axes[0], args.runs):
-        bc = mean(found[pattern, "bc"][0][2][args.splits[0]])
-        for key, _, name in [m for m in PAPER if found[pattern, m[0]]]:  # the methods the runs have
-            pts = found[pattern, key]
-            x = [0] * (key != "bc") + [mean(st) for _, st, _ in pts]
-            m, h = zip(*[ci(ok[args.splits[0]]) for _, _, ok in pts])
-            y, h = [bc] * (key != "bc") + list(m), [0] * (key != "bc") + list(h)
-            if key == "bc":
-                ax.axhline(bc, color=COLOUR[key], lw=1, label=name)
-                continue
+    for ax, (demos, pts) in zip(axes[0], regimes.items()):
+        bc = mean(pts["bc"][0][2][sp])
+        ax.axhline(bc, color=COLOUR["bc"], lw=1, label="BC")
+        for key, _, name in [m for m in PAPER[1:] if pts[m[0]]]:  # the methods the runs have
+            x = [0] + [mean(st) for _, st, _ in pts[key]]
+            m, h = zip(*[ci(ok[sp]) for _, _, ok in pts[key]])
+            y, h = [bc] + list(m), [0] + list(h)
             ax.plot(x, y, color=COLOUR[key], marker="o", ms=4, lw=2, label=name)
             ax.fill_between(x, [a - b for a, b in zip(y, h)], [a + b for a, b in zip(y, h)], color=COLOUR[key],
                             alpha=0.15, lw=0)
-        ax.axhline(0.9 * best[args.splits[0]], color="black", lw=0.6, ls="--", label="90% of the optimum")
-        made = read_json(os.path.join(ROOT, pattern.format(seed=seeds[0]), "settings.json")) or {}
-        ax.set(title=f"{pattern}: DEMOS={made.get('DEMOS', 'all')}, {made.get('N_SELF', '?')} episodes an iteration",
-               xlabel="online environment steps", ylim=(0, 100))
+        ax.axhline(0.9 * best[sp], color="black", lw=0.6, ls="--", label="90% of the optimum")
+        budgets = sorted({made[p].get("N_SELF", "?") for p in args.runs
+                          if made[p].get("DEMOS", "all") == demos}, key=lambda v: int(v) if v.isdigit() else 0)
+        ax.set(title=f"DEMOS={demos}: {', '.join(budgets)} episodes an iteration", xlabel="online environment steps",
+               ylim=(0, 100))
+        ax.set_xscale("symlog", linthresh=100)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"{args.splits[0]} success (%): mean, 95% band")
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # off the data
@@ -408,8 +418,8 @@ def main(argv=None):
     plots["sweep"].add_argument("--iteration", type=int, default=1, help="the iteration k of each method plotted")
     plots["efficiency"].add_argument("--runs", nargs="+", required=True, help="one run folder pattern per N_SELF, "
                                      "{seed} = the seed")
-    plots["paper"].add_argument("--runs", nargs="+", required=True, help="one run folder pattern per regime (a panel), "
-                                "{seed} = the seed")
+    plots["paper"].add_argument("--runs", nargs="+", required=True, help="one run folder pattern per budget "
+                                "(those of one DEMOS share a panel), {seed} = the seed")
     args = p.parse_args(argv)
     if not args.out.endswith(".png"):
         die(f"--out must end in .png, got {args.out!r}")
