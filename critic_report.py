@@ -147,6 +147,11 @@ def show(summary, out):
     print(f"04_gae: A_t = {summary['how']}{ret}\n"
           f"04_gae: mean A_t by source: " + "  ".join(f"{k} {v:+.3f}" for k, v in summary["adv_mean_by_source"].items())
           + f"\n04_gae: mean A_t by label:  {lab}")
+    view = summary["mistakes_self"]
+    if view["steps_correct"]:  # the credit world's verdicts: the outcome's A_t too (course experiment 7)
+        print("04_gae: A_t at the self episodes' choices (mean +- std): " + ", ".join(
+            f"{k} {f(view[f'adv_{k}'])} +- {f(view[f'adv_{k}_std'], '.3f')} (n={view[f'steps_{k}']})"
+            for k in VERDICTS))
     if summary["advantage"] == "outcome":
         return print(f"04_gae: -> {out}")
     crit = "  ".join(f"{k} V {c['v_mean']:+.3f}+-{c['v_std']:.3f} Q {c['q_mean']:+.3f}+-{c['q_std']:.3f} (return "
@@ -155,11 +160,6 @@ def show(summary, out):
     print(f"04_gae: in-sample, explained variance of the return {evf(summary['explained_variance'])}; {crit}\n"
           f"04_gae: AUC of V(s_t) for a self episode's success: {aucs}, every state "
           f"{f(summary['auc_v_self_every_state'], '.3f')} (n/a: one class only)")
-    view = summary["mistakes_self"]
-    if view["steps_correct"]:
-        print("04_gae: A_t at the self episodes' choices (mean +- std): " + ", ".join(
-            f"{k} {f(view[f'adv_{k}'])} +- {f(view[f'adv_{k}_std'], '.3f')} (n={view[f'steps_{k}']})"
-            for k in VERDICTS))
     h = summary["heldout"]
     if h:
         best = h.get("bayes") or {}

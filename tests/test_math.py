@@ -775,3 +775,16 @@ def test_heldout_report_and_the_view_of_a_mistake_by_hand():
     assert (double["corr_bayes"], double["spread_bayes"], double["spread_bayes_s0"]) == pytest.approx((1.0, 0.5, 0.5))
     flipped = report(eps, 0.5, bayes=[[-0.5, -0.8], [-0.4, -0.1]])  # V* = -V: the opposite order
     assert (flipped["corr_bayes"], flipped["spread_bayes"]) == pytest.approx((-1.0, 1.0))
+
+
+def test_the_outcome_report_shows_its_credit_at_the_choices_too(capsys):
+    """Course experiment 7 reads 04's `A_t at the self episodes' choices` for R - mean(R) beside the critic's: the
+    outcome's report prints it as well (it once returned before it)."""
+    from critic_report import show
+    view = {f"{p}{k}{q}": x for k, (m, s, n) in {"harmful": (-0.5, 0.4, 2), "recoverable": (-0.2, 0.1, 1),
+                                                 "correct": (0.1, 0.3, 5)}.items()
+            for p, q, x in (("adv_", "", m), ("adv_", "_std", s), ("steps_", "", n))}
+    show({"how": "R - mean(R)", "advantage": "outcome", "adv_mean_by_source": {"self": -0.1},
+          "adv_mean_by_label": {"ok": 0.0}, "steps_by_label": {"ok": 8}, "mistakes_self": view}, "x.jsonl")
+    assert ("A_t at the self episodes' choices (mean +- std): harmful -0.500 +- 0.400 (n=2), recoverable -0.200 +- "
+            "0.100 (n=1), correct +0.100 +- 0.300 (n=5)") in capsys.readouterr().out
