@@ -15,10 +15,15 @@ import signal
 import subprocess
 import sys
 
-from filelock import FileLock, Timeout
+try:  # a python without the project's packages (run_all.sh's PYTHON): one line, not a traceback
+    from filelock import FileLock, Timeout
 
-from plumbing import (ARTIFACTS, LIMITS, STAMP, STAMPED, check_out, check_path, die, inside, owned,
-                      parse_env_kwargs, read_json, save_text, temporaries)
+    from plumbing import (ARTIFACTS, LIMITS, STAMP, STAMPED, check_out, check_path, die, inside, owned,
+                          parse_env_kwargs, read_json, save_text, temporaries)
+except ImportError as e:
+    print(f"error: {sys.executable} lacks the project's requirements ({e}): pip install -r requirements.txt",
+          file=sys.stderr)
+    sys.exit(2)
 
 
 def open_log(path, writer, note=""):
@@ -201,6 +206,8 @@ EVAL_ONLY = ("EVAL_SPLITS", "EVAL_WORLDS", "N_EVAL")  # settings that only add e
 # settings checked before any work but not in a run's record: how it runs (THREADS, NPROC) and where its base model is
 # kept (BASE_CACHE, its entry BASE_DIR for these settings, SMOLLM2_DIR); run_all.sh passes them, a caller may not
 CHECK_ONLY = ("THREADS", "NPROC", "BASE_CACHE", "BASE_DIR", "SMOLLM2_DIR")
+NEEDED = ("ENV", "ENV_KWARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS", "BASE")  # check_settings reads them
+INTEGERS = ("SEED", "N_EXPERT", "N_SELF", "N_EVAL", "THREADS", "NPROC", "QLASS_M")  # as run_all.sh reads them
 UNRECORDED = (*EVAL_ONLY, *CHECK_ONLY)
 COMMON = ["--seed", "--threads", "--precision", "--metrics"]  # run_all.sh's COMMON, given to every stage but 00
 # each *_ARGS -> the stage that takes its flags, and the flags run_all.sh sets itself in that stage's calls: refused in
@@ -361,6 +368,14 @@ def check_settings(s):
     glob, a flag run_all.sh sets itself (STAGE_FLAGS) or a critic a flag names (--init, --rerank) that is not one, and
     with replies (--max-new-tokens) that leave room for a prompt in the model's context."""
     import envs
+    missing = next((name for name in NEEDED if name not in s), None)  # run_all.sh passes each (its settings)
+    if missing:
+        die(f"{missing} is missing: python run_support.py start RUN NAME=VALUE... takes run_all.sh's settings; "
+            "run bash run_all.sh --check")
+    for name in INTEGERS:
+        if name in s and not re.fullmatch(r"0|[1-9][0-9]{0,8}", s[name]):
+            die(f"{name} must be a non-negative integer (decimal, no leading zero, at most 9 digits), got "
+                f"{shlex.quote(s[name])}")
     s = {**{name: "" for name in STAGE_FLAGS}, **s}  # an *_ARGS not given: none (run_all.sh gives each)
     for name, value in s.items():
         if name != "ENV_KWARGS":

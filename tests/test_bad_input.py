@@ -1044,6 +1044,26 @@ def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_pr
     assert os.listdir(tmp_path) == []
 
 
+def test_start_without_run_alls_settings_is_one_line(in_process, tmp_path):
+    """Probes U11, U14: python run_support.py start RUN FOO=bar (or SEED=abc THREADS=1 NPROC=1) was a KeyError
+    traceback; a setting check_settings reads that is missing, or an integer that is not one, is one line now."""
+    for args, message in ((["FOO=bar"], "ENV is missing"), (["SEED=abc", "THREADS=1", "NPROC=1"], "ENV is missing"),
+                          ([f"{k}={v}" for k, v in {**SMOKE_SETTINGS, "THREADS": "abc"}.items()],
+                           "THREADS must be a non-negative integer")):
+        proc = in_process(run_support, "start", tmp_path / "run", *args, check=False)
+        assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_run_support_on_a_python_without_the_requirements_is_one_line():
+    """Probe E32: PYTHON=/usr/bin/python3 bash run_all.sh --check was a ModuleNotFoundError traceback, exit 1 (here
+    python -S: no site-packages)."""
+    proc = subprocess.run([sys.executable, "-S", "run_support.py", "start", "x"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert one_line(proc) and "lacks the project's requirements" in proc.stderr, proc.stderr
+    assert "pip install -r requirements.txt" in proc.stderr
+
+
 @pytest.mark.slow
 def test_the_stages_flags_that_run_all_does_not_set_pass(in_process, tmp_path):
     """Issue 83's refusals refuse no more: a stage's own flags pass, --model too where BASE=tiny leaves 01 its tiny
