@@ -6,6 +6,8 @@ its stage's own parse_args, in a child process, so that this module imports no s
 torchrun of NPROC > 1 (torchrun), and for bench/ a live run log (open_log) and the write rule from a shell (save,
 check). A stage never imports this module.
 """
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -305,6 +307,24 @@ def base_entry(path):
     return owned(path, "policy") and read_json(os.path.join(path, "args.json")).get("stage") == "00_pretrain"
 
 
+def check_writable(said, path):
+    """RUN or BASE_CACHE: a folder this user may make or write in, else a run fails later (cannot lock, cannot write):
+    its nearest existing folder writable (os.access), and a new one's first folder made and removed there (root passes
+    os.access in /proc too)."""
+    top, first = os.path.abspath(path), None
+    while not os.path.lexists(top):
+        top, first = os.path.dirname(top), top
+    try:
+        if not (os.path.isdir(top) and os.access(top, os.W_OK)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        if first:
+            os.mkdir(first)
+            with contextlib.suppress(OSError):  # a run that started meanwhile may have written into it
+                os.rmdir(first)
+    except OSError as e:
+        die(f"{said}: cannot write in {top} ({e.strerror}); pick a folder you may write in")
+
+
 def check_base_cache(cache):
     """BASE_CACHE, by RUN's rule: a new folder, an empty one, or one this project made - its CACHEDIR.TAG (CACHE_STAMP),
     or (a cache of an earlier version) only base models of 00_pretrain.py and write_atomic's temporaries; never /, the
@@ -318,6 +338,7 @@ def check_base_cache(cache):
             "above them, the checkout or one of its folders), e.g. runs/base")
     if os.path.lexists(cache) and not os.path.isdir(cache):
         die(f"{said} is not a folder; name a new folder, e.g. runs/base")
+    check_writable(said, cache)
     try:
         names = set(os.listdir(cache)) - {".lock"} if os.path.isdir(cache) else set()
     except OSError as e:
@@ -495,6 +516,7 @@ def check_run(run):
             "e.g. runs/NAME")
     if os.path.lexists(run) and not os.path.isdir(run):
         die(f"RUN={run} is not a folder; pick a new folder")
+    check_writable(f"RUN={run}", run)
     try:
         names = set(os.listdir(run)) - {".lock", "launches.log"} if os.path.isdir(run) else set()
     except OSError as e:
@@ -528,6 +550,11 @@ def start_run(run, settings, command):
     written. A RUN held by the caller (bench/gpu_lab.sh; held_folders) had its settings checked by the caller
     (run_all.sh --check), which starts many runs of it."""
     check_run(run)
+    cache = settings.get("BASE_CACHE")
+    if cache and (inside(os.path.realpath(run), os.path.realpath(cache)) or
+                  inside(os.path.realpath(cache), os.path.realpath(run))):  # else a run waits on its own lock
+        die(f"RUN={run} and BASE_CACHE={cache} are one folder or one holds the other; each is a folder of its own, "
+            "e.g. runs/NAME and runs/base")
     if os.path.realpath(run) not in held_folders():  # else gpu_lab.sh's: checked by its run_all.sh --check
         check_settings(settings)
     path, record = os.path.join(run, "settings.json"), {k: v for k, v in settings.items() if k not in UNRECORDED}

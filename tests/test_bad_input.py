@@ -1064,6 +1064,19 @@ def test_run_support_on_a_python_without_the_requirements_is_one_line():
     assert "pip install -r requirements.txt" in proc.stderr
 
 
+def test_run_and_base_cache_are_folders_of_their_own_to_write_in(in_process, tmp_path):
+    """Probes R28, R25, B14: RUN=runs/q BASE_CACHE=runs/q passed --check, then the run waited on its own lock; a RUN or
+    BASE_CACHE in /proc passed, then could not be locked or written. Each is one line at the start now."""
+    nested = "are one folder or one holds the other"
+    for run, cache, message in ((tmp_path / "q", tmp_path / "q", nested), (tmp_path / "r", tmp_path / "r/b", nested),
+                                (tmp_path / "c/r", tmp_path / "c", nested),
+                                ("/proc/qevolve_run", tmp_path / "b", "RUN=/proc/qevolve_run: cannot write in"),
+                                (tmp_path / "r", "/proc/qevolve_b", "BASE_CACHE=/proc/qevolve_b: cannot write in")):
+        proc = in_process(run_support, *smoke_start(run, BASE_CACHE=cache), check=False)
+        assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_the_stages_flags_that_run_all_does_not_set_pass(in_process, tmp_path):
     """Issue 83's refusals refuse no more: a stage's own flags pass, --model too where BASE=tiny leaves 01 its tiny
