@@ -218,7 +218,7 @@ STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "--env", "--env-kwargs
                "BC_ARGS": ("01_bc", ["--data", "--out", "--model", *COMMON]),
                "RFT_ARGS": ("01_bc", ["--data", "--filter", "--model", "--out", *COMMON]),
                "COLLECT_ARGS": ("02_collect", ["--policy", "--out", "--env", "--env-kwargs", "--env-seed", "--split",
-                                               "--episodes", *COMMON]),
+                                               "--episodes", "--candidates", *COMMON]),  # QLASS's: --candidates
                "CRITIC_ARGS": ("03_critic", ["--data", "--policy", "--out", *COMMON]),
                "GAE_ARGS": ("04_gae", ["--data", "--critic", "--out", *COMMON]),
                "BPPO_ARGS": ("05_bppo", ["--data", "--policy", "--ref", "--out", *COMMON]),
@@ -386,8 +386,9 @@ def check_settings(s):
     their tasks, THREADS and NPROC against the stages' ceiling and this machine, a BASE that names a directory (a
     model's: loaded) and SMOLLM2_DIR, the base cache (check_base_cache) and this run's entry in it (check_base_entry),
     and each *_ARGS that gives a stage flags by that stage (stage_args), split as bash splits it (bash_words), without a
-    glob, a flag run_all.sh sets itself (STAGE_FLAGS) or a critic a flag names (--init, --rerank) that is not one, and
-    with replies (--max-new-tokens) that leave room for a prompt in the model's context."""
+    glob, a flag run_all.sh sets itself (STAGE_FLAGS; COLLECT_ARGS' --rerank, and --greedy with QLASS) or a critic
+    --init names that is not one, and with replies (--max-new-tokens) that leave room for a prompt in the model's
+    context; QLASS_M within 02's --candidates."""
     import envs
     missing = next((name for name in NEEDED if name not in s), None)  # run_all.sh passes each (its settings)
     if missing:
@@ -414,6 +415,9 @@ def check_settings(s):
     threads, nproc = int(s.get("THREADS", "1")), int(s.get("NPROC", "1"))
     if threads > LIMITS["threads"]:
         die(f"THREADS={threads}: the stages take at most {LIMITS['threads']} torch threads (their --threads)")
+    if int(s.get("QLASS_M", "1")) > LIMITS["candidates"]:  # QLASS's evaluation: 02 --candidates QLASS_M
+        die(f"QLASS_M={s['QLASS_M']}: 02_collect.py takes at most {LIMITS['candidates']} candidates a step (its "
+            "--candidates)")
     base = s.get("BASE", "pretrained")  # a model directory: checked here, not by 01 after the expert demos
     if base not in ("pretrained", "tiny", "smollm2") and not all(
             os.path.isfile(os.path.join(base, f)) for f in ("config.json", "tokenizer_config.json")):
@@ -454,9 +458,14 @@ def check_settings(s):
             if args[name][0][f[2:].replace("-", "_")] == args[name][1][f[2:].replace("-", "_")]:
                 die(f"{said}: run_all.sh sets {f} itself (bash run_all.sh --help names the setting for it)" if
                     f != "--metrics" else f"{said}: run_all.sh owns --metrics (a run's go to RUN/metrics.jsonl)")
-        for f in ("init", "rerank"):
-            if args[name][0].get(f) and not owned(args[name][0][f], "critic"):
-                die(f"{said}: --{f} {args[name][0][f]} is not {ARTIFACTS['critic'][0]}")
+        if args[name][0].get("init") and not owned(args[name][0]["init"], "critic"):
+            die(f"{said}: --init {args[name][0]['init']} is not {ARTIFACTS['critic'][0]}")
+        # COLLECT_ARGS follow the evaluations' --greedy (which refuses --rerank) and QLASS's --rerank QNET: ALGOS is
+        # not among the settings passed, but a user's ALGOS reaches this process (bash exports what it was given)
+        if name == "COLLECT_ARGS" and args[name][0]["rerank"]:
+            die(f"{said}: run_all.sh sets --rerank itself (QLASS's evaluation, ALGOS=qlass; the others are greedy)")
+        if name == "COLLECT_ARGS" and args[name][0]["greedy"] and "qlass" in os.environ.get("ALGOS", "").split():
+            die(f"{said}: QLASS's evaluation (ALGOS=qlass) samples QLASS_M replies a step, which --greedy refuses")
     if nproc > 1:  # one process per GPU (distributed.py), or on a CPU at most one per core
         gpus = parsed[-1]
         most, what = (gpus, f"this machine's {gpus} GPU(s): one process per GPU") if gpus else \
