@@ -8,6 +8,7 @@ check). A stage never imports this module.
 """
 import contextlib
 import errno
+import importlib.util
 import json
 import logging
 import os
@@ -376,6 +377,11 @@ def check_base_entry(entry, built, expected):
                 "it again) or pick another BASE_CACHE")
 
 
+def peft_installed():
+    """Whether peft is there for --lora (01, 05, eto.py: machine.add_lora, which says so only once the stage runs)."""
+    return importlib.util.find_spec("peft") is not None
+
+
 def cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -386,9 +392,9 @@ def check_settings(s):
     their tasks, THREADS and NPROC against the stages' ceiling and this machine, a BASE that names a directory (a
     model's: loaded) and SMOLLM2_DIR, the base cache (check_base_cache) and this run's entry in it (check_base_entry),
     and each *_ARGS that gives a stage flags by that stage (stage_args), split as bash splits it (bash_words), without a
-    glob, a flag run_all.sh sets itself (STAGE_FLAGS; COLLECT_ARGS' --rerank, and --greedy with QLASS) or a critic
-    --init names that is not one, and with replies (--max-new-tokens) that leave room for a prompt in the model's
-    context; QLASS_M within 02's --candidates."""
+    glob, a flag run_all.sh sets itself (STAGE_FLAGS; COLLECT_ARGS' --rerank, and --greedy with QLASS), a critic
+    --init names that is not one or --lora without peft, and with replies (--max-new-tokens) that leave room for a
+    prompt in the model's context; QLASS_M within 02's --candidates."""
     import envs
     missing = next((name for name in NEEDED if name not in s), None)  # run_all.sh passes each (its settings)
     if missing:
@@ -458,6 +464,8 @@ def check_settings(s):
             if args[name][0][f[2:].replace("-", "_")] == args[name][1][f[2:].replace("-", "_")]:
                 die(f"{said}: run_all.sh sets {f} itself (bash run_all.sh --help names the setting for it)" if
                     f != "--metrics" else f"{said}: run_all.sh owns --metrics (a run's go to RUN/metrics.jsonl)")
+        if args[name][0].get("lora") and not peft_installed():
+            die(f"{said}: --lora needs the peft package: pip install -r requirements-smollm2.txt")
         if args[name][0].get("init") and not owned(args[name][0]["init"], "critic"):
             die(f"{said}: --init {args[name][0]['init']} is not {ARTIFACTS['critic'][0]}")
         # COLLECT_ARGS follow the evaluations' --greedy (which refuses --rerank) and QLASS's --rerank QNET: ALGOS is

@@ -1094,6 +1094,14 @@ def test_qlass_evaluation_settings_are_checked_before_any_work(setting, algos, m
     assert os.listdir(tmp_path) == []
 
 
+def test_lora_without_peft_is_refused_before_any_work(in_process, tmp_path, monkeypatch):
+    """Probe A19: BC_ARGS='--lora 4' passed --check without peft; 01 said so only once it ran, after 00 and 02."""
+    monkeypatch.setattr(run_support, "peft_installed", lambda: False)
+    proc = in_process(run_support, *smoke_start(tmp_path / "run", BC_ARGS="--lora 4"), check=False)
+    assert one_line(proc) and "BC_ARGS='--lora 4': --lora needs the peft package" in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_the_stages_flags_that_run_all_does_not_set_pass(in_process, tmp_path, monkeypatch):
     """Issue 83's refusals refuse no more: a stage's own flags pass, --model too where BASE=tiny leaves 01 its tiny
