@@ -199,7 +199,7 @@ def main(argv=None):
     _, device, amp = start(args, "critic", [args.policy, args.trees] + args.data)
     try:
         all_ids = envs.make(args.env, seed=0, **env_kwargs).task_ids("train")
-    except ValueError as e:
+    except (ValueError, ImportError) as e:  # as 02: an unknown env, a keyword it does not take, a package
         die(e)
     if args.tasks > len(all_ids):
         die(f"--tasks {args.tasks} exceeds the {len(all_ids)} train tasks")

@@ -834,6 +834,26 @@ def test_cause_5_scripts_outside_the_stages_say_one_line(script, args, env, mess
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("script, args", [
+    ("qlass.py", ["--policy", "{d}/p", "--trees", "{d}/t.jsonl", "--out", "{d}/q", "--env", "textworld",
+                  "--threads", "1"]),
+    ("bench/speed/real_env_speed.py", ["--envs", "textworld", "--episodes", "1"])])
+def test_an_env_without_its_package_is_one_line(script, args, tmp_path, in_process, monkeypatch):
+    """Probes S706, BX3: qlass.py --env textworld and real_env_speed.py --envs textworld without the textworld package
+    ended in a traceback, exit 1: 02_collect.py's line now (here envs.make says the package is missing)."""
+    import envs
+
+    def missing(name, **kwargs):
+        raise ImportError(f"env {name!r} needs the textworld package: pip install -r requirements-envs.txt")
+    monkeypatch.setattr(envs, "make", missing)
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "alfworld"))  # real_env_speed.py sets it where unset
+    monkeypatch.chdir(ROOT)
+    module = load_module(script, os.path.splitext(os.path.basename(script))[0])
+    proc = in_process(module, *[a.format(d=tmp_path) for a in args], check=False)
+    assert one_line(proc) and "env 'textworld' needs the textworld package" in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_cause_5_under_torchrun_one_rank_reports(tmp_path):
     """NPROC > 1: every rank printed the error, then torchrun ~40 lines of traceback. Through run_support.py's

@@ -15,7 +15,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
 import envs  # noqa: E402
 from bench.runner import parser, row  # noqa: E402
-from plumbing import check_flags  # noqa: E402
+from plumbing import check_flags, die  # noqa: E402
 
 
 def ms(xs):
@@ -116,7 +116,10 @@ def main():
                            "alfworld": lambda: bench_alfworld(args.episodes, tmp)}
         for name in args.envs:
             t0 = time.time()
-            rows += bench[name]()
+            try:
+                rows += bench[name]()
+            except ImportError as e:  # its package (envs.make says which), before that env's first step
+                die(e)
             print(f"{name}: {time.time() - t0:.0f}s", file=sys.stderr)
     print("| env | episodes | expert wins | generate game (ms) | reset (ms) | step (ms) | expert_action (ms) |\n"
           + "|---" * 7 + "|\n" + "\n".join(row(*r) for r in rows))
