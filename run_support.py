@@ -100,7 +100,10 @@ def torchrun(argv):
     from torch.distributed.run import get_args_parser, run
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
-        run(get_args_parser().parse_args(argv))
+        args = get_args_parser().parse_args(argv)
+        if not (args.module or args.no_python) and not os.path.isfile(args.training_script):  # not a line per rank
+            die(f"torchrun: {args.training_script}: no such script")
+        run(args)
     except SignalException:  # run_all.sh's Ctrl-C stops it (SIGTERM): torchrun stopped its processes
         sys.exit(130)
     except ValueError as e:  # torchrun's own settings (--nproc_per_node abc)

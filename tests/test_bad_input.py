@@ -854,6 +854,13 @@ def test_an_env_without_its_package_is_one_line(script, args, tmp_path, in_proce
     assert os.listdir(tmp_path) == []
 
 
+def test_torchrun_of_a_missing_script_is_one_line(in_process):
+    """Probe U17: python run_support.py torchrun --nproc_per_node 2 /nonexistent.py printed torchrun's banner and each
+    rank's line (6 lines): the script is looked for first."""
+    proc = in_process(run_support, "torchrun", "--nproc_per_node", "2", "/nonexistent.py", check=False)
+    assert one_line(proc) and "torchrun: /nonexistent.py: no such script" in proc.stderr, proc.stderr
+
+
 @pytest.mark.slow
 def test_cause_5_under_torchrun_one_rank_reports(tmp_path):
     """NPROC > 1: every rank printed the error, then torchrun ~40 lines of traceback. Through run_support.py's
