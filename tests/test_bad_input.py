@@ -818,6 +818,11 @@ def test_cause_5_one_line_where_a_traceback_was(tmp_path, capfd, monkeypatch):
      "not a PNG written by this project"),
     ("bench/speed/decode_step.py", ["--model", "{d}/run0", "--random"], {}, "no config.json there"),
     ("bench/speed/decode_step.py", ["--model", "models/smollm2-135m", "--batch", "0"], {}, "must be at least 1"),
+    # probes BW3, BW5: a --stages folder without the stages was a traceback; --flags '--out x' wrote x/ at the root
+    ("bench/speed/train_memory.py", ["--stages", "{d}/none", "--out", "{d}/t.md"], {}, "no 01_bc.py there"),
+    ("bench/speed/train_memory.py", ["--flags", "--ou x", "--out", "{d}/t.md"], {}, "sets --out itself"),
+    ("bench/speed/train_memory.py", ["--flags", "--lora 4 --batch-size=2", "--out", "{d}/t.md"], {},
+     "sets --batch-size itself"),
 ])
 def test_cause_5_scripts_outside_the_stages_say_one_line(script, args, env, message, tmp_path, in_process,
                                                          monkeypatch):

@@ -15,7 +15,10 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from bench.runner import KWARGS, ROOT, expert_demos, must, parser, table_out, write_table  # noqa: E402
-from plumbing import check_flags  # noqa: E402
+from plumbing import check_flags, die  # noqa: E402
+
+# the stages' flags this script sets itself: --flags may not set them again
+SETS = ["--data", "--model", "--policy", "--ref", "--lr", "--out", "--epochs", "--batch-size", "--threads"]
 
 
 def main():
@@ -30,6 +33,14 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="runs/train_memory.md")
     a = check_flags(p.parse_args(), batch_size="at least 1", threads="non-negative")
+    missing = next((f for f in ("01_bc.py", "05_bppo.py") if not os.path.isfile(os.path.join(a.stages, f))), None)
+    if missing:
+        die(f"--stages {a.stages}: no {missing} there; name a checkout")
+    for word in a.flags.split():  # a flag this script sets (however abbreviated): --out wrote into the checkout
+        name = word.split("=")[0]
+        own = next((f for f in SETS if name.startswith("--") and len(name) > 2 and f.startswith(name)), None)
+        if own:
+            die(f"--flags {a.flags!r}: train_memory.py sets {own} itself")
     out = table_out(a.out, markdown=False)  # before the runs: a table a bench script wrote, or a new file
     model, B = os.path.abspath(a.model), a.batch_size
     common = ["--epochs", "1", "--batch-size", str(B), "--threads", str(a.threads), *a.flags.split()]
