@@ -10,7 +10,18 @@ bad() { echo "error: $1" >&2; exit 2; }
 [ $# -ge 2 ] && [ -f "$1/settings.json" ] && [ ! -e "$2" ] \
   || bad "bench/tune_dev.sh FROM TO [VAR=VALUE ...]: FROM a run (its settings.json), TO a new folder"
 from=$1 to=$2; shift 2
-keys=$(python -c "import json, sys; print(*json.load(open(sys.argv[1])))" "$from/settings.json")
+keys=$(python - "$from/settings.json" <<'EOF'  # FROM's record: run_all.sh's (a dict with its SEED), else one line
+import json, sys
+try:
+    s = json.load(open(sys.argv[1], encoding="utf-8"))
+except (OSError, ValueError):
+    s = None
+if not isinstance(s, dict) or not isinstance(s.get("SEED"), str):
+    sys.exit(print(f"error: bench/tune_dev.sh: {sys.argv[1]} is not a run's settings record (run_all.sh's)",
+                   file=sys.stderr) or 2)
+print(*s)
+EOF
+)
 for kv in "$@"; do [[ " $keys " == *" ${kv%%=*} "* && $kv == *=* ]] || bad "bench/tune_dev.sh: '$kv' is not VAR=VALUE \
 of a setting FROM's settings.json records (others, such as ALGOS, come from the environment)"; done
 seed=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['SEED'])" "$from/settings.json")

@@ -1636,4 +1636,10 @@ def test_tune_dev_refuses_before_it_writes(tmp_path):
         proc = subprocess.run(["bash", "bench/tune_dev.sh", str(run), str(to), *extra], cwd=ROOT, capture_output=True,
                               text=True)
         assert one_line(proc) and message in proc.stderr, proc.stderr
+    for record in ("{not json", "[1, 2]", json.dumps({"stage": "run_all.sh"})):  # probes BU2, BU3: a traceback
+        (run / "settings.json").write_text(record)
+        proc = subprocess.run(["bash", "bench/tune_dev.sh", str(run), str(tmp_path / "to")], cwd=ROOT,
+                              capture_output=True, text=True)
+        assert one_line(proc) and "settings.json is not a run's settings record" in proc.stderr, proc.stderr
+    (run / "settings.json").write_text(json.dumps({"stage": "run_all.sh", **SMOKE_SETTINGS}))
     assert snapshot(tmp_path) == before
