@@ -344,7 +344,7 @@ def paper(args, table):
         pts = {key: sorted((p for pattern in patterns for p in found[pattern, key]), key=lambda p: mean(p[1]))
                for key, _, _ in PAPER[1:]}
         pts["bc"] = found[patterns[0], "bc"]
-        lines += [f"### DEMOS={demos}: {', '.join(patterns)}", "", f"Online env steps to 90% of the optimum on {sp}: "
+        lines += ["", f"### DEMOS={demos}: {', '.join(patterns)}", "", f"Online env steps to 90% of the optimum on {sp}: "
                   "per seed, the fewest steps of a point at or above it, over these runs ('>N': not reached); "
                   "Q-Evolve's steps over each method's where both reached it.", "",
                   "| method | " + " | ".join(f"seed {s}" for s in seeds) + " | Q-Evolve / method |",
@@ -389,6 +389,7 @@ def paper(args, table):
         ax.set(title=f"DEMOS={demos}: {', '.join(budgets)} episodes an iteration", xlabel="online environment steps",
                ylim=(0, 100))
         ax.set_xscale("symlog", linthresh=100)
+        ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"{args.splits[0]} success (%): mean, 95% band")
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # off the data
