@@ -8,6 +8,7 @@ check). A stage never imports this module.
 """
 import contextlib
 import errno
+import fcntl
 import importlib.util
 import json
 import logging
@@ -140,19 +141,35 @@ def stamp_lock(fd):
 
 def holds(folder):
     """Whether this process holds folder's lock: one of its open files (inherited from the process that took the lock)
-    is FOLDER/.lock. QEVOLVE_LOCKED set from outside, with no such file, holds nothing."""
+    is FOLDER/.lock, and the lock is taken (a file of its own cannot take it). QEVOLVE_LOCKED set from outside, with
+    no such file or with the file merely open (3<RUN/.lock), holds nothing."""
+    path = os.path.join(folder, ".lock")
     try:
-        want = os.stat(os.path.join(folder, ".lock"))
+        want = os.stat(path)
     except OSError:
         return False
     fds = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
     for fd in os.listdir(fds):
         try:
             if os.path.samestat(os.fstat(int(fd)), want):
-                return True
+                return taken(path)
         except (OSError, ValueError):
             continue
     return False
+
+
+def taken(path):
+    """Whether a process holds the lock on PATH (filelock's flock): a new open file of it cannot take it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def held_folders():

@@ -110,3 +110,18 @@ def test_every_table_writer_owns_its_table():
     writers = {os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(os.path.join(ROOT, "bench"))
                for f in fs if f.endswith(".py") and writes(open(os.path.join(d, f)).read())} - {"bench/runner.py"}
     assert writers and writers <= set(plumbing.ARTIFACTS["table"][1]), writers - set(plumbing.ARTIFACTS["table"][1])
+
+
+def test_a_lock_file_merely_open_holds_nothing(tmp_path, monkeypatch):
+    """QEVOLVE_LOCKED names folders whose lock the caller holds, so their runs skip the settings' checks (gpu_lab.sh).
+    The lock file open on a descriptor (`3<RUN/.lock`), not locked, once passed for holding it: THREADS=5000 passed
+    --check."""
+    from filelock import FileLock
+
+    import run_support
+    (tmp_path / ".lock").write_text("")
+    monkeypatch.setenv("QEVOLVE_LOCKED", str(tmp_path))
+    with open(tmp_path / ".lock"):
+        assert not run_support.holds(str(tmp_path)) and run_support.held_folders() == []
+    with FileLock(str(tmp_path / ".lock")):
+        assert run_support.holds(str(tmp_path)) and run_support.held_folders() == [str(tmp_path)]
