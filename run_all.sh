@@ -175,9 +175,9 @@ DEMOS=${DEMOS:-success}
 [[ $DEMOS =~ ^(success|all)$ ]] || bad "DEMOS must be success (the paper's: successful demonstrations) or all, got \
 '$DEMOS'"
 ALGOS=${ALGOS:-qevolve}
-algo='(qevolve|rft|outcome|eto|qlass)'
-[[ $ALGOS =~ ^[[:space:]]*$algo([[:space:]]+$algo)*[[:space:]]*$ ]] \
-  || bad "ALGOS must be words of: qevolve rft outcome eto qlass, got '$ALGOS'"
+algo='(qevolve|rft|outcome|eto|qlass)' ws=$' \t\n'  # ws: what bash splits words on (a vertical tab it does not)
+[[ $ALGOS =~ ^[$ws]*$algo([$ws]+$algo)*[$ws]*$ ]] \
+  || bad "ALGOS must be words of: qevolve rft outcome eto qlass, got ${ALGOS@Q}"
 CPU_OK=${CPU_OK:-0}
 CUDA_GRAPH=${CUDA_GRAPH:-0}
 need_int SEED K N_EXPERT N_SELF N_EVAL THREADS NPROC QLASS_M
@@ -197,10 +197,10 @@ for d in .ci .git bench course docs envs models tests; do [[ $cache != "$PWD/$d"
 [ "$own" = 1 ] || bad "BASE_CACHE=$BASE_CACHE must be a folder of its own (no {...} field; not /, your home, the \
 checkout or one of its folders), e.g. runs/base"
 [[ $PRECISION =~ ^(auto|fp32|bf16)$ ]] || bad "PRECISION must be auto, fp32 or bf16, got '$PRECISION'"
-words='^[[:space:]]*WORD([[:space:]]+WORD)*[[:space:]]*$'  # one or more WORDs (a pattern) apart
+words="^[$ws]*WORD([$ws]+WORD)*[$ws]*\$"  # one or more WORDs (a pattern) apart
 [[ $EVAL_WORLDS =~ ${words//WORD/$int} ]] || bad "EVAL_WORLDS must be non-negative integers (decimal, no leading \
-zero), got '$EVAL_WORLDS'"
-[[ $EVAL_SPLITS =~ ${words//WORD/[A-Za-z0-9_]+} ]] || bad "EVAL_SPLITS must be split names, got '$EVAL_SPLITS'"
+zero), got ${EVAL_WORLDS@Q}"
+[[ $EVAL_SPLITS =~ ${words//WORD/[A-Za-z0-9_]+} ]] || bad "EVAL_SPLITS must be split names, got ${EVAL_SPLITS@Q}"
 [[ $ENV =~ ^[A-Za-z0-9_]+$ ]] || bad "ENV must be an environment name, got '$ENV'"  # ENV_KWARGS: the stages check
 for v in ALGOS EVAL_WORLDS EVAL_SPLITS; do  # each a column or a row of results.md
   [ -z "$(printf '%s\n' ${!v} | sort | uniq -d)" ] || bad "$v names one twice, got '${!v}'"

@@ -696,7 +696,9 @@ RUN_ALL_PROBES = {"SEED=08": "SEED must be", "SEED=010": "SEED must be", "EVAL_W
                   "SMOKE=2": "SMOKE must be 0 or 1", "KEEP_OLD=2": "KEEP_OLD must be 0 or 1",
                   # issue 83: 0 meant every train task; a duplicate made a column twice
                   "N_SELF=0": "N_EXPERT and N_SELF must be at least 1", "N_EXPERT=0": "N_EXPERT and N_SELF must be",
-                  "EVAL_WORLDS=0 0": "EVAL_WORLDS names one twice", "EVAL_SPLITS=seen seen": "EVAL_SPLITS names one"}
+                  "EVAL_WORLDS=0 0": "EVAL_WORLDS names one twice", "EVAL_SPLITS=seen seen": "EVAL_SPLITS names one",
+                  # a vertical tab is space to a regex, not to bash's split: 'qevolve\veto' ran as one algorithm
+                  "ALGOS=qevolve\veto": "ALGOS must be words of", "EVAL_WORLDS=0\v1": "EVAL_WORLDS must be"}
 
 
 @pytest.mark.parametrize("setting", sorted(RUN_ALL_PROBES))
