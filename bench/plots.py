@@ -344,9 +344,10 @@ def paper(args, table):
         pts = {key: sorted((p for pattern in patterns for p in found[pattern, key]), key=lambda p: mean(p[1]))
                for key, _, _ in PAPER[1:]}
         pts["bc"] = found[patterns[0], "bc"]
-        lines += ["", f"### DEMOS={demos}: {', '.join(patterns)}", "", f"Online env steps to 90% of the optimum on {sp}: "
-                  "per seed, the fewest steps of a point at or above it, over these runs ('>N': not reached); "
-                  "Q-Evolve's steps over each method's where both reached it.", "",
+        lines += ["", f"### DEMOS={demos}: {', '.join(patterns)}", "",
+                  f"Online env steps to 90% of the optimum on {sp}: per seed, the fewest steps of a point at or above "
+                  "it, over these runs ('>N': not reached); Q-Evolve's steps over each method's where both reached it.",
+                  "",
                   "| method | " + " | ".join(f"seed {s}" for s in seeds) + " | Q-Evolve / method |",
                   "|---|" + "---|" * len(seeds) + "---|"]
         need = {key: [min((st[n] for _, st, ok in pts[key] if ok[sp][n] >= 0.9 * best[sp]), default=None)

@@ -210,7 +210,8 @@ def test_course_md_lists_every_exercise_in_order_and_counts_them():
             "seventeen eighteen nineteen twenty".split()
     assert f"{words[len(EXERCISES)]} exercises and {words[len(experiments)]} experiments" in text.splitlines()[0]
     for n, where in experiments:  # each names its world and its run time on 2 cores
-        assert re.search(r"(credit|habit) world, (about )?(\d+(\.\d)? min|seconds)", where), f"experiment {n}: ({where})"
+        assert re.search(r"(credit|habit) world, (about )?(\d+(\.\d)? min|seconds)", where), \
+            f"experiment {n}: ({where})"
     for page in PAGES:  # no development words on a course page
         assert not re.search(r"\bissue", open(os.path.join(ROOT, page)).read(), re.I), page
 
