@@ -160,16 +160,13 @@ def holds(folder):
 
 def taken(path):
     """Whether a process holds the lock on PATH (filelock's flock): a new open file of it cannot take it."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
         return False
-    finally:
-        os.close(fd)
 
 
 def held_folders():
