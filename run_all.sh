@@ -235,7 +235,7 @@ base_dir="$BASE_CACHE/$ENV-$key"
 settings=()
 for v in SEED ENV ENV_KWARGS DEMOS N_EXPERT N_SELF KEEP_OLD BASE REF PRETRAIN_ARGS BC_ARGS COLLECT_ARGS CRITIC_ARGS \
          GAE_ARGS BPPO_ARGS RFT_ARGS OUTCOME_ARGS ETO_ARGS QLASS_ARGS QLASS_M LATER_ARGS EVAL_SPLITS EVAL_WORLDS N_EVAL \
-         THREADS NPROC BASE_CACHE SMOLLM2_DIR; do settings+=("$v=${!v}"); done
+         THREADS NPROC BASE_CACHE SMOLLM2_DIR ALGOS; do settings+=("$v=${!v}"); done
 [ "$BASE" != pretrained ] || settings+=("BASE_DIR=$base_dir")
 # started: this script was started again by run_support.py start (QEVOLVE_STARTED), which holds RUN's lock: one of
 # this shell's open files is RUN/.lock. QEVOLVE_STARTED set from outside holds no lock, and skips no check.

@@ -223,9 +223,10 @@ def become(command, **env):
 
 
 EVAL_ONLY = ("EVAL_SPLITS", "EVAL_WORLDS", "N_EVAL")  # settings that only add evaluations: not in a run's record
-# settings checked before any work but not in a run's record: how it runs (THREADS, NPROC) and where its base model is
-# kept (BASE_CACHE, its entry BASE_DIR for these settings, SMOLLM2_DIR); run_all.sh passes them, a caller may not
-CHECK_ONLY = ("THREADS", "NPROC", "BASE_CACHE", "BASE_DIR", "SMOLLM2_DIR")
+# settings checked before any work but not in a run's record: how it runs (THREADS, NPROC), where its base model is
+# kept (BASE_CACHE, its entry BASE_DIR for these settings, SMOLLM2_DIR) and what evolves policy_0 (ALGOS: a resume may
+# add an algorithm); run_all.sh passes them, a caller may not
+CHECK_ONLY = ("THREADS", "NPROC", "BASE_CACHE", "BASE_DIR", "SMOLLM2_DIR", "ALGOS")
 NEEDED = ("ENV", "ENV_KWARGS", "N_EXPERT", "N_SELF", "N_EVAL", "EVAL_SPLITS", "BASE")  # check_settings reads them
 INTEGERS = ("SEED", "N_EXPERT", "N_SELF", "N_EVAL", "THREADS", "NPROC", "QLASS_M")  # as run_all.sh reads them
 UNRECORDED = (*EVAL_ONLY, *CHECK_ONLY)
@@ -485,11 +486,10 @@ def check_settings(s):
             die(f"{said}: --lora needs the peft package: pip install -r requirements-smollm2.txt")
         if args[name][0].get("init") and not owned(args[name][0]["init"], "critic"):
             die(f"{said}: --init {args[name][0]['init']} is not {ARTIFACTS['critic'][0]}")
-        # COLLECT_ARGS follow the evaluations' --greedy (which refuses --rerank) and QLASS's --rerank QNET: ALGOS is
-        # not among the settings passed, but a user's ALGOS reaches this process (bash exports what it was given)
+        # COLLECT_ARGS follow the evaluations' --greedy (which refuses --rerank) and QLASS's --rerank QNET
         if name == "COLLECT_ARGS" and args[name][0]["rerank"]:
             die(f"{said}: run_all.sh sets --rerank itself (QLASS's evaluation, ALGOS=qlass; the others are greedy)")
-        if name == "COLLECT_ARGS" and args[name][0]["greedy"] and "qlass" in os.environ.get("ALGOS", "").split():
+        if name == "COLLECT_ARGS" and args[name][0]["greedy"] and "qlass" in s.get("ALGOS", "").split():
             die(f"{said}: QLASS's evaluation (ALGOS=qlass) samples QLASS_M replies a step, which --greedy refuses")
     if nproc > 1:  # one process per GPU (distributed.py), or on a CPU at most one per core
         gpus = parsed[-1]

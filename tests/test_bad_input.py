@@ -1116,14 +1116,12 @@ def test_run_and_base_cache_are_folders_of_their_own_to_write_in(in_process, tmp
     ("COLLECT_ARGS=--greedy", "qevolve qlass", "QLASS's evaluation (ALGOS=qlass) samples QLASS_M replies a step"),
     ("COLLECT_ARGS=--candidates 4", "qlass", "COLLECT_ARGS='--candidates 4': run_all.sh sets --candidates itself"),
     ("COLLECT_ARGS=--rerank x", "qevolve", "COLLECT_ARGS='--rerank x': run_all.sh sets --rerank itself")]))
-def test_qlass_evaluation_settings_are_checked_before_any_work(setting, algos, message, in_process, tmp_path,
-                                                                monkeypatch):
+def test_qlass_evaluation_settings_are_checked_before_any_work(setting, algos, message, in_process, tmp_path):
     """Probes A28, A18, A39: QLASS_M=2000 and COLLECT_ARGS=--greedy passed --check, then QLASS's evaluation (02 --rerank
     QNET --candidates QLASS_M, then COLLECT_ARGS) refused them after the whole run; COLLECT_ARGS' --candidates overrode
-    QLASS_M. ALGOS reaches run_support.py from run_all.sh's environment."""
-    monkeypatch.setenv("ALGOS", algos)
+    QLASS_M."""
     name, value = setting.split("=", 1)
-    proc = in_process(run_support, *smoke_start(tmp_path / "run", **{name: value}), check=False)
+    proc = in_process(run_support, *smoke_start(tmp_path / "run", ALGOS=algos, **{name: value}), check=False)
     assert one_line(proc) and message in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == []
 
@@ -1140,7 +1138,6 @@ def test_lora_without_peft_is_refused_before_any_work(in_process, tmp_path, monk
 def test_the_stages_flags_that_run_all_does_not_set_pass(in_process, tmp_path, monkeypatch):
     """Issue 83's refusals refuse no more: a stage's own flags pass, --model too where BASE=tiny leaves 01 its tiny
     model's flags, and a critic of 03 as --init."""
-    monkeypatch.delenv("ALGOS", raising=False)  # not QLASS: --greedy passes
     critic = tmp_path / "critic"
     critic.mkdir()
     (critic / "heads.safetensors").write_bytes(b"")
