@@ -138,7 +138,8 @@ def transcript(env, task_id, rng, p_random, qa):
 def build_corpus(env, n, rng, p_random, qa):
     """n transcripts, cycling through the `train` tasks in order."""
     ids = env.task_ids("train")
-    return [transcript(env, ids[i % len(ids)], rng, p_random, qa) for i in tqdm(range(n), desc="00_pretrain corpus")]
+    bar = tqdm(range(n), desc="00_pretrain corpus", leave=False)  # gone when done: the next line (or a refusal) stays
+    return [transcript(env, ids[i % len(ids)], rng, p_random, qa) for i in bar]
 
 
 def prepare_pretrain(args, rng, device):

@@ -271,7 +271,7 @@ def one_by_one(env, task_ids, policy, args, aux):
     """One run's episodes, one at a time (run_episode) -> (its episodes, its counts)."""
     if policy != "expert":
         policy.start(1)
-    bar = tqdm(task_ids, desc=f"02_collect {args.split}", unit="ep", disable=not is_main())
+    bar = tqdm(task_ids, desc=f"02_collect {args.split}", unit="ep", leave=False, disable=not is_main())
     episodes = [ep for ep in (run_episode(env, tid, policy, args, aux) for tid in bar) if ep is not None]
     env.close()
     return episodes, Counter() if policy == "expert" else policy.take_counts([0])

@@ -21,7 +21,7 @@ gae = importlib.import_module("04_gae")  # the critic as 04 reads it: load_criti
 
 
 def add_rerank_flags(p):
-    p.add_argument("--rerank", default="", metavar="CRITIC_DIR",
+    p.add_argument("--rerank", metavar="CRITIC_DIR",
                    help="Q-guided generation: a critic directory from 03_critic.py scores --candidates sampled "
                         "replies per step and the argmax-Q reply is executed (not with --greedy or --policy expert)")
     p.add_argument("--candidates", type=int, default=4,
@@ -33,6 +33,8 @@ def add_rerank_flags(p):
 def check_rerank(args):
     """The flags above, before any work: one error line for what cannot run."""
     check_flags(args, candidates="at least 1", critic_batch_size="at least 1")
+    if args.rerank == "":
+        die("--rerank needs a critic directory (03_critic.py's --out), got an empty one")
     if args.rerank and args.policy == "expert":
         die("--rerank needs a policy directory to sample candidates from, not --policy expert")
     if args.rerank and args.greedy:

@@ -82,7 +82,7 @@ def run_lockstep(make_env, runs, policy, new_episode, take_step, end_episode, re
     n_slots, run_of, env_of = min(args.num_envs, len(queue)), {}, {}  # slot -> its run; -> (world, environment)
     live, done = {}, [([], Counter()) for _ in runs]  # live: slot -> its episode so far; done: per run
     bar = tqdm(total=len(queue), desc="02_collect " + " ".join(dict.fromkeys(r.split for r, _ in runs)), unit="ep",
-               disable=not is_main())
+               leave=False, disable=not is_main())  # gone when done: the summary line (or a refusal) is what stays
 
     def start(i):  # slot i takes the next task, in an environment of the task's world
         k, tid = queue.pop()

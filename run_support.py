@@ -6,10 +6,10 @@ its stage's own parse_args, in a child process, so that this module imports no s
 torchrun of NPROC > 1 (torchrun), and for bench/ a live run log (open_log) and the write rule from a shell (save,
 check). A stage never imports this module.
 """
-import contextlib
 import errno
 import fcntl
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -18,6 +18,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 
 try:  # a python without the project's packages (run_all.sh's PYTHON): one line, not a traceback
     from filelock import FileLock, Timeout
@@ -328,18 +329,16 @@ def base_entry(path):
 
 def check_writable(said, path):
     """RUN or BASE_CACHE: a folder this user may make or write in, else a run fails later (cannot lock, cannot write):
-    its nearest existing folder writable (os.access), and a new one's first folder made and removed there (root passes
-    os.access in /proc too)."""
-    top, first = os.path.abspath(path), None
+    its nearest existing folder writable (os.access). Root passes os.access even in /proc, so as root a folder of a
+    name of its own is made and removed there instead: the folder the run names is never made by a check."""
+    top = os.path.abspath(path)
     while not os.path.lexists(top):
-        top, first = os.path.dirname(top), top
+        top = os.path.dirname(top)
     try:
-        if not (os.path.isdir(top) and os.access(top, os.W_OK)):
+        if not (os.path.isdir(top) and os.access(top, os.W_OK | os.X_OK)):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-        if first:
-            os.mkdir(first)
-            with contextlib.suppress(OSError):  # a run that started meanwhile may have written into it
-                os.rmdir(first)
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            os.rmdir(tempfile.mkdtemp(prefix=".qevolve-check-", dir=top))
     except OSError as e:
         die(f"{said}: cannot write in {top} ({e.strerror}); pick a folder you may write in")
 
@@ -404,9 +403,21 @@ def cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def demo_succeeds(env, task_id):
+    """Whether the demonstrator (env.expert_action) wins task_id of world 0, by 02's rule for an episode's success:
+    ended by the environment with a positive reward (and info's 'won' where the world grades its rewards)."""
+    env.reset(task_id)
+    reward, done = 0.0, False
+    while not done:
+        _, r, terminated, truncated, info = env.step(env.expert_action())
+        reward, done = reward + r, terminated or truncated
+    return bool(terminated and reward > 0 and info.get("won", True))
+
+
 def check_settings(s):
     """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
-    made), N_EXPERT and N_SELF against the tasks of its train split, EVAL_SPLITS (its splits) and N_EVAL against
+    made), N_EXPERT and N_SELF against the tasks of its train split (two demonstrations kept for 01: with DEMOS=success
+    two tasks the demonstrator wins, demo_succeeds), EVAL_SPLITS (its splits) and N_EVAL against
     their tasks, THREADS and NPROC against the stages' ceiling and this machine, a BASE that names a directory (a
     model's: loaded) and SMOLLM2_DIR, the base cache (check_base_cache) and this run's entry in it (check_base_entry),
     and each *_ARGS that gives a stage flags by that stage (stage_args), split as bash splits it (bash_words), without a
@@ -433,6 +444,16 @@ def check_settings(s):
                 most = min(len(env.task_ids(split)), LIMITS["episodes"])
                 if int(s[name]) > most:
                     die(f"{name}={s[name]}: {s['ENV']}'s split {split!r} has {most} tasks")
+        # the demonstrations kept (02 --keep DEMOS): 01 trains on at least two (fit_context), after the base is built
+        tasks = env.task_ids("train")[:int(s["N_EXPERT"])]
+        kept = len(list(itertools.islice((t for t in tasks if demo_succeeds(env, t)), 2))) if \
+            s.get("DEMOS") == "success" else len(tasks)
+        if kept < 2:
+            world = f"{s['ENV']} {s['ENV_KWARGS']}".strip()
+            die(f"N_EXPERT={s['N_EXPERT']}: 01_bc.py trains on at least two demonstrations, and " + (
+                f"the demonstrator wins {kept} of its {len(tasks)} train tasks of {world} (DEMOS=success keeps only "
+                "those); use more tasks, DEMOS=all or another world" if s.get("DEMOS") == "success" else
+                "DEMOS=all keeps one; use more tasks"))
         env.close()
     except (ValueError, ImportError) as e:  # an unknown env or split, a keyword it does not take, a package
         die(e)
@@ -487,7 +508,7 @@ def check_settings(s):
         if args[name][0].get("init") and not owned(args[name][0]["init"], "critic"):
             die(f"{said}: --init {args[name][0]['init']} is not {ARTIFACTS['critic'][0]}")
         # COLLECT_ARGS follow the evaluations' --greedy (which refuses --rerank) and QLASS's --rerank QNET
-        if name == "COLLECT_ARGS" and args[name][0]["rerank"]:
+        if name == "COLLECT_ARGS" and args[name][0]["rerank"] is not None:
             die(f"{said}: run_all.sh sets --rerank itself (QLASS's evaluation, ALGOS=qlass; the others are greedy)")
         if name == "COLLECT_ARGS" and args[name][0]["greedy"] and "qlass" in s.get("ALGOS", "").split():
             die(f"{said}: QLASS's evaluation (ALGOS=qlass) samples QLASS_M replies a step, which --greedy refuses")

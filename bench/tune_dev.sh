@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One tuning point on dev: run FROM's BC part (its demonstrations, policy_0 and its evaluations, iteration 1's own
-# episodes; with QLASS_TREES=1 its trees and QNet too, for a setting that changes only QLASS_M) hard-linked into a new
-# run TO, whose settings record is FROM's with the settings given after TO, then one iteration of ALGOS evaluated on
-# dev (run_all.sh with K=1 EVAL_SPLITS=dev). The tuning table: bench/plots.py paper --splits dev over the runs.
+# episodes unless ALGOS=qlass; with QLASS_TREES=1 its trees and QNet too, for a setting that changes only QLASS_M)
+# hard-linked into a new run TO, whose settings record is FROM's with the settings given after TO, then one iteration
+# of ALGOS evaluated on dev (run_all.sh with K=1 EVAL_SPLITS=dev). The tuning table: bench/plots.py paper --splits dev
+# over the runs.
 #
 #   ALGOS="qevolve eto" bash bench/tune_dev.sh runs/paper0 runs/tuneA_0 CRITIC_ARGS="--epochs 8" ETO_ARGS="--beta 0.3"
 set -euo pipefail
@@ -26,7 +27,9 @@ for kv in "$@"; do [[ " $keys " == *" ${kv%%=*} "* && $kv == *=* ]] || bad "benc
 of a setting FROM's settings.json records (others, such as ALGOS, come from the environment)"; done
 seed=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['SEED'])" "$from/settings.json")
 setting() { env "$@" RUN="$to" SEED="$seed" K=1 EVAL_SPLITS=dev bash run_all.sh "${check[@]}"; }
-parts=(data policy_0 iter_1/self.jsonl iter_1/self.json $([ "${QLASS_TREES:-0}" != 1 ] || echo qlass))
+own=()  # iteration 1's own episodes, which every ALGOS but qlass (its trees) starts from
+for a in ${ALGOS:-qevolve}; do [ "$a" = qlass ] || own=(iter_1/self.jsonl iter_1/self.json); done
+parts=(data policy_0 "${own[@]}" $([ "${QLASS_TREES:-0}" != 1 ] || echo qlass))
 for p in "${parts[@]}"; do [ -e "$from/$p" ] || bad "bench/tune_dev.sh: $from has no $p yet; run it first (K=1)"; done
 mkdir -- "$to" 2>/dev/null || bad "bench/tune_dev.sh: cannot make $to (its parent folder must exist)"
 python - "$from/settings.json" "$to/settings.json" "$@" <<'EOF'

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+import envs
 import plumbing
 import run_support
 from conftest import ROOT, load_module, run_stage
@@ -861,6 +862,18 @@ def test_an_env_without_its_package_is_one_line(script, args, tmp_path, in_proce
     assert os.listdir(tmp_path) == []
 
 
+def test_real_env_speed_checks_every_package_before_it_times_one(tmp_path, in_process, monkeypatch):
+    """Issue 94: real_env_speed.py --envs sciworld alfworld timed sciworld for minutes, then refused alfworld."""
+    monkeypatch.chdir(ROOT)
+    module = load_module("bench/speed/real_env_speed.py", "real_env_speed")
+    monkeypatch.setattr(module, "PACKAGES", {"sciworld": "json", "textworld": "json", "alfworld": "no_such_pkg_qe"})
+    timed = []
+    monkeypatch.setattr(module, "bench_sciworld", lambda n: timed.append("sciworld") or [])
+    proc = in_process(module, "--envs", "sciworld", "alfworld", "--episodes", "1", check=False)
+    assert one_line(proc) and "env 'alfworld' needs the no_such_pkg_qe package" in proc.stderr, proc.stderr
+    assert timed == []
+
+
 def test_torchrun_of_a_missing_script_is_one_line(in_process):
     """Probe U17: python run_support.py torchrun --nproc_per_node 2 /nonexistent.py printed torchrun's banner and each
     rank's line (6 lines): the script is looked for first."""
@@ -1115,7 +1128,8 @@ def test_run_and_base_cache_are_folders_of_their_own_to_write_in(in_process, tmp
     ("QLASS_M=2000", "qlass", "QLASS_M=2000: 02_collect.py takes at most 1024 candidates a step"),
     ("COLLECT_ARGS=--greedy", "qevolve qlass", "QLASS's evaluation (ALGOS=qlass) samples QLASS_M replies a step"),
     ("COLLECT_ARGS=--candidates 4", "qlass", "COLLECT_ARGS='--candidates 4': run_all.sh sets --candidates itself"),
-    ("COLLECT_ARGS=--rerank x", "qevolve", "COLLECT_ARGS='--rerank x': run_all.sh sets --rerank itself")]))
+    ("COLLECT_ARGS=--rerank x", "qevolve", "COLLECT_ARGS='--rerank x': run_all.sh sets --rerank itself"),
+    ("COLLECT_ARGS=--rerank=", "qlass", "02_collect.py refuses it: --rerank needs a critic directory")]))
 def test_qlass_evaluation_settings_are_checked_before_any_work(setting, algos, message, in_process, tmp_path):
     """Probes A28, A18, A39: QLASS_M=2000 and COLLECT_ARGS=--greedy passed --check, then QLASS's evaluation (02 --rerank
     QNET --candidates QLASS_M, then COLLECT_ARGS) refused them after the whole run; COLLECT_ARGS' --candidates overrode
@@ -1123,6 +1137,22 @@ def test_qlass_evaluation_settings_are_checked_before_any_work(setting, algos, m
     name, value = setting.split("=", 1)
     proc = in_process(run_support, *smoke_start(tmp_path / "run", ALGOS=algos, **{name: value}), check=False)
     assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_demos_success_without_a_winning_demonstration_is_refused_before_any_work(in_process, tmp_path):
+    """Issue 94: ENV_KWARGS under which the demonstrator wins none of its tasks passed --check with DEMOS=success (02
+    --keep success refused it after the base model was built), and N_EXPERT=1 (01 refused it: fit_context's two). The
+    demonstrator is played first: household's tasks take more than one step; with 5 it wins 5 of the first 16."""
+    five, one = envs.make("household", max_steps=5), envs.make("household", max_steps=1)
+    tasks = five.task_ids("train")[:16]
+    assert sum(run_support.demo_succeeds(five, t) for t in tasks) == 5
+    assert not any(run_support.demo_succeeds(one, t) for t in tasks)
+    for changes, message in [({"ENV_KWARGS": '{"max_steps": 1}', "DEMOS": "success"}, "the demonstrator wins 0 of its "
+                               "16 train tasks of household {\"max_steps\": 1} (DEMOS=success keeps only those)"),
+                              ({"N_EXPERT": "1", "DEMOS": "all"}, "N_EXPERT=1: 01_bc.py trains on at least two")]:
+        proc = in_process(run_support, *smoke_start(tmp_path / "run", **changes), check=False)
+        assert one_line(proc) and message in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == []
 
 

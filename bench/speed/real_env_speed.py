@@ -6,6 +6,7 @@ valid-action list on every step), and ALFWorld's step without the grammar parse 
     python bench/speed/real_env_speed.py                       # all three, ~2-3 min on 2 cores
     python bench/speed/real_env_speed.py --envs textworld --episodes 20
 """
+import importlib.util
 import os
 import statistics
 import sys
@@ -103,12 +104,18 @@ def bench_alfworld(n, cache):
     return rows
 
 
+PACKAGES = {"sciworld": "scienceworld", "textworld": "textworld", "alfworld": "alfworld"}
+
+
 def main():
     ap = parser(__doc__)
     ap.add_argument("--envs", nargs="+", default=["sciworld", "textworld", "alfworld"],
                     choices=["sciworld", "textworld", "alfworld"], help="which environments to time")
     ap.add_argument("--episodes", type=int, default=10, help="expert episodes per environment")
     args = check_flags(ap.parse_args(), episodes="at least 1")
+    for name in args.envs:  # every env's package before the first is timed (envs.make says the same, later)
+        if importlib.util.find_spec(PACKAGES[name]) is None:
+            die(f"env {name!r} needs the {PACKAGES[name]} package: pip install -r requirements-envs.txt")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ALFWORLD_DATA", os.path.join(tmp, "alfworld-data"))
         rows, bench = [], {"sciworld": lambda: bench_sciworld(args.episodes),

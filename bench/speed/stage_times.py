@@ -39,8 +39,8 @@ def launches(log):
             wall, cpu = float(wall), float(user) + float(system)
         except ValueError:
             die(f"{log}:{n}: not a line of GNU time's 'wall,user,sys,command'")
-        if "run_support.py start " in command:  # run_all.sh's start, which becomes the run: its wall is the whole run's
-            continue
+        if "run_support.py start " in command or "run_support.py build " in command:  # run_all.sh's start (the whole
+            continue  # run) and the base cache's build (00_pretrain inside it, whose own line follows)
         script = next((w for w in command.split() if w.endswith(".py") or w == "-"), "?")
         stage = os.path.basename(script)[:-3]
         out.append(("results table" if script == "-" or stage == "run_support" else stage, command, wall, cpu))
@@ -111,13 +111,14 @@ def main():
                     f"{'-' if loop is None else f'{wall - loop:.1f}'} | {'-' if rate is None else f'{rate:,.0f}'} | "
                     f"{'-' if flops is None else f'{flops:.1f}'} | "
                     f"{'-' if flops is None else f'{flops / peak_fp32:.0%}'} |")
-    walls = [w for _, _, w, _ in timed]
+    walls, base = [w for _, _, w, _ in timed], sum(w for stage, _, w, _ in timed if stage == "00_pretrain")
+    cached = f" ({total - base:.0f} s without building the base model, which later runs find cached)" if base else ""
     write_table(args.out, [
         measured(f"python bench/speed/stage_times.py --run {args.run}") + " (run_all.sh's settings from the "
         "environment)", "", "# Where the run's time goes", "", f"{len(walls)} launches, {sum(walls):.0f} s of launches"
-        + ("" if args.table_only else f", {total:.0f} s in all") + f". This machine's matmul peak with {args.threads} "
-        f"threads: {peak['float32']:.0f} GFLOP/s fp32, {peak['bfloat16']:.0f} bf16 (1024 x 1024). N = {n_body:,} "
-        "parameters outside the embedding.", "", *rows])
+        + ("" if args.table_only else f", {total:.0f} s in all{cached}") + ". This machine's matmul peak with "
+        f"{args.threads} threads: {peak['float32']:.0f} GFLOP/s fp32, {peak['bfloat16']:.0f} bf16 (1024 x 1024). "
+        f"N = {n_body:,} parameters outside the embedding.", "", *rows])
 
 
 if __name__ == "__main__":
