@@ -71,7 +71,8 @@ def parse_args(argv=None):
     if args.advantage == "outcome" and moot:  # R - mean(R): no discount, no GAE, no critic
         die(f"--advantage outcome (R - mean(R)) has no use for {' '.join(moot)}; drop it")
     if (args.advantage == "outcome") == bool(args.critic):
-        die("--critic is required, except with --advantage outcome, which uses none")
+        die("--advantage outcome uses no critic, and --critic names one" if args.critic else
+            "--critic is required, except with --advantage outcome, which uses none")
     return args
 
 

@@ -77,9 +77,9 @@ def parts(idx, n_loss, model, args):
     batch. Every process knows idx (the same seed), so the batch's count needs no communication.
     Gradients are reduced across processes in the last part's backward only."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    n = getattr(args, "grad_accum", 1)
-    # This rank's part, then --grad-accum's n micro-batches of it (always n), each (indices, weight): one left empty
-    # re-reads a trajectory with weight 0 (DDP needs every rank in every step).
+    n = min(getattr(args, "grad_accum", 1), -(-len(idx) // world))  # no more than the largest rank's trajectories
+    # This rank's part, then --grad-accum's n micro-batches of it (n on every rank), each (indices, weight): one left
+    # empty re-reads a trajectory with weight 0 (DDP needs every rank in every step).
     mine, keep = (idx[rank::world], 1.0) if idx[rank::world] else (idx[:1], 0.0)
     groups = [(mine[i::n], 1.0) if mine[i::n] else (mine[:1], 0.0) for i in range(n)]
     total = sum(n_loss[j] for j in idx)

@@ -253,6 +253,17 @@ def inside(path, top):
     return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
 
 
+CHECKOUT = os.path.dirname(os.path.realpath(__file__))
+SHIPPED = (".ci", ".git", "bench", "course", "docs", "envs", "models", "tests")  # the checkout's own folders
+
+
+def in_checkout(path):
+    """Whether path is the checkout, a file at its top or anything in one of its own folders (SHIPPED): never a
+    stage's output (RUN's rule); runs/ and other new folders of the checkout are free."""
+    rel = os.path.relpath(os.path.realpath(path), CHECKOUT).split(os.sep)
+    return rel[0] != ".." and (len(rel) == 1 or rel[0] in SHIPPED)
+
+
 def check_path(path, inputs=()):
     """The one rule of where any script may write (check_out and write_atomic ask it): never an empty
     path, the current directory or one above it, the home directory or one above it (the root), nor an
@@ -299,6 +310,9 @@ def check_out(path, kind, inputs=()):
     is writable; a killed earlier run's leftovers are cleared first (recover). JSONL outputs and --metrics
     end in .jsonl."""
     check_path(path, inputs)
+    if kind in ("policy", "critic", "02_collect", "04_gae", "log") and in_checkout(path):
+        die(f"{path} is the checkout, a file at its top or lies in one of its folders ({', '.join(SHIPPED)}); write "
+            "the output under runs/ or outside the checkout")
     if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
         die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl")
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):
@@ -484,8 +498,11 @@ def fit_context(pairs, config, least=1):
         print(f"note: dropped {len(pairs) - len(kept)} of {len(pairs)} trajectories longer than the context "
               f"({max_len})")
     if len(kept) < least:
-        die("no trajectory fits the model's context" if least == 1 else
-            f"fewer than {least} trajectories fit the context; collect more demonstrations")
+        if len(kept) == len(pairs):
+            die(f"fewer than {least} trajectories ({len(pairs)}): collect more demonstrations")
+        die(f"{'no trajectory fits' if least == 1 else f'fewer than {least} trajectories fit'} the model's context of "
+            f"{max_len} tokens ({len(pairs) - len(kept)} of {len(pairs)} are longer): raise it (--max-len: 00's, or "
+            "01's for a tiny model)")
     return kept
 
 

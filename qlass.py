@@ -39,6 +39,8 @@ from plumbing import (check_flags, check_out, die, finite, fit_context, length_b
                       parse_env_kwargs, read_episodes, save_critic, save_episodes, stage_parser)
 from rollout import run_lockstep
 
+MAX_BRANCHES = 4096  # a tree's worst case, --width ** --depth: a bound where a typo would run for days
+
 collect = importlib.import_module("02_collect")  # the rollout: the policy, new_episode, take_step, end_episode
 critic_stage = importlib.import_module("03_critic")  # the QNet: 03's Critic, tokenize_episode and collate
 
@@ -66,10 +68,14 @@ def parse_args(argv=None):
     a.add_argument("--seed", type=int, default=0, help="random seed (task draw, sampling, QNet)")
     add_machine_flags(m)  # --threads, --precision
     d.add_argument("--metrics", default="", help="append the trees' summary and the QNet's epochs to this JSONL")
-    return check_flags(p.parse_args(argv), tasks="at least 1", width="at least 1", depth="at least 1",
+    args = check_flags(p.parse_args(argv), tasks="at least 1", width="at least 1", depth="at least 1",
                        gamma="in [0, 1]", epochs="at least 1", batch_size="at least 1", lr="in (0, 1]",
                        grad_clip="positive", temperature="positive", max_new_tokens="at least 1",
                        num_envs="at least 1", seed="a seed in [0, 2**32)", threads="non-negative")
+    if args.width ** min(args.depth, 13) > MAX_BRANCHES:  # W^D exactly (a width of 2 passes 4096 at depth 13)
+        die(f"--width {args.width} --depth {args.depth}: a tree may grow to W^D branches (Algorithm 3's worst case), "
+            f"more than {MAX_BRANCHES}; lower either")
+    return args
 
 
 # ----------------------------------------------------------------------------------------

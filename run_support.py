@@ -23,8 +23,8 @@ import tempfile
 try:  # a python without the project's packages (run_all.sh's PYTHON): one line, not a traceback
     from filelock import FileLock, Timeout
 
-    from plumbing import (ARTIFACTS, LIMITS, STAMP, STAMPED, check_out, check_path, die, inside, owned,
-                          parse_env_kwargs, read_json, save_text, temporaries)
+    from plumbing import (ARTIFACTS, CHECKOUT, LIMITS, SHIPPED, STAMP, STAMPED, check_out, check_path, die, inside,
+                          owned, parse_env_kwargs, read_json, save_text, temporaries)
 except ImportError as e:
     print(f"error: {sys.executable} lacks the project's requirements ({e}): pip install -r requirements.txt",
           file=sys.stderr)
@@ -423,7 +423,7 @@ def check_settings(s):
     and each *_ARGS that gives a stage flags by that stage (stage_args), split as bash splits it (bash_words), without a
     glob, a flag run_all.sh sets itself (STAGE_FLAGS; COLLECT_ARGS' --rerank, and --greedy with QLASS), a critic
     --init names that is not one or --lora without peft, and with replies (--max-new-tokens) that leave room for a
-    prompt in the model's context; QLASS_M within 02's --candidates."""
+    prompt in the model's context; QLASS_M within 02's --candidates, QLASS_ARGS' --tasks within the train split."""
     import envs
     missing = next((name for name in NEEDED if name not in s), None)  # run_all.sh passes each (its settings)
     if missing:
@@ -445,7 +445,7 @@ def check_settings(s):
                 if int(s[name]) > most:
                     die(f"{name}={s[name]}: {s['ENV']}'s split {split!r} has {most} tasks")
         # the demonstrations kept (02 --keep DEMOS): 01 trains on at least two (fit_context), after the base is built
-        tasks = env.task_ids("train")[:int(s["N_EXPERT"])]
+        n_train, tasks = len(env.task_ids("train")), env.task_ids("train")[:int(s["N_EXPERT"])]
         kept = len(list(itertools.islice((t for t in tasks if demo_succeeds(env, t)), 2))) if \
             s.get("DEMOS") == "success" else len(tasks)
         if kept < 2:
@@ -518,6 +518,9 @@ def check_settings(s):
             (cores(), f"this machine's {cores()} CPU cores (no GPU: one process per core)")
         if nproc > most:
             die(f"NPROC={nproc}: more processes than {what}")
+    if "qlass" in s.get("ALGOS", "").split() and args["QLASS_ARGS"][0]["tasks"] > n_train:  # qlass.py: after BC
+        die(f"QLASS_ARGS={shlex.quote(s['QLASS_ARGS'])}: --tasks {args['QLASS_ARGS'][0]['tasks']} exceeds the "
+            f"{n_train} train tasks of {s['ENV']}")
     context = None
     if extra:
         got = parsed[len(parsed) - len(extra) - (nproc > 1)]
@@ -538,8 +541,6 @@ def check_settings(s):
                                                           "pretrained" else ""))
 
 
-CHECKOUT = os.path.dirname(os.path.realpath(__file__))
-SHIPPED = (".ci", ".git", "bench", "course", "docs", "envs", "models", "tests")  # the checkout's own folders
 
 
 def tracked(path):

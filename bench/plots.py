@@ -32,6 +32,7 @@ import envs  # noqa: E402, I001
 from bench.runner import (ALGOS, METHODS, command, curve, distinct, eval_worlds, measured, parser, pm, pyplot,  # noqa
                           save_png, sd)
 from plumbing import check_out, die, parse_env_kwargs, read_json, save_text  # noqa: E402
+from run_support import tracked  # noqa: E402
 
 WRITER = "bench/plots.py"
 mean = statistics.mean
@@ -399,9 +400,21 @@ def paper(args, table):
     return lines
 
 
+def ours(png, plot, default):
+    """Whether --out may replace png: not a figure the checkout ships (tracked), or one this plot made - its default
+    --out, or the table beside it names this plot's command. Never another script's figure (show_credit.py's)."""
+    if not tracked(png) or os.path.realpath(png) == os.path.realpath(os.path.join(ROOT, default)):
+        return True
+    try:
+        with open(png[:-4] + ".md", encoding="utf-8") as f:
+            return f"`python bench/plots.py {plot} " in f.readline()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def main(argv=None):
     p = parser(__doc__)
-    sub = p.add_subparsers(dest="plot", required=True, metavar="{learning,sweep,efficiency}")
+    sub = p.add_subparsers(dest="plot", required=True, metavar="{learning,sweep,efficiency,paper}")
     plots = {name: sub.add_parser(name, help=help_) for name, help_ in (
         ("learning", "success per iteration"), ("sweep", "success against kitchen's decisions per task"),
         ("efficiency", "success against the online environment steps"),
@@ -427,6 +440,8 @@ def main(argv=None):
         die(f"--out must end in .png, got {args.out!r}")
     distinct("--seeds", args.seeds)
     table = args.out[:-4] + ".md"
+    if not ours(args.out, args.plot, plots[args.plot].get_default("out")):
+        die(f"--out {args.out} is a figure the checkout ships that `plots.py {args.plot}` did not make; pick another")
     check_out(args.out, "png")  # new, or a PNG this project wrote (its stamp): never a user's picture
     if args.plot != "learning":
         check_out(table, "table")

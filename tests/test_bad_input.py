@@ -1071,7 +1071,8 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("PRETRAIN_ARGS=--env shop", "run_all.sh sets --env itself"),
     ("CRITIC_ARGS=--init /nonexistent", "--init /nonexistent is not a critic directory written by 03_critic.py"),
     ("CRITIC_ARGS=--init *", "CRITIC_ARGS='--init *': no glob characters"),
-    ("GAE_ARGS=--advantage outcome", "04_gae.py refuses it: --critic is required, except with --advantage outcome"),
+    ("GAE_ARGS=--advantage outcome", "04_gae.py refuses it: --advantage outcome uses no critic, and --critic names "
+     "one"),
     # issue 94: what a stage refused after --check had called the settings good, or a file written outside RUN
     ("THREADS=5000", "THREADS=5000: the stages take"),
     ("NPROC=999999999", "NPROC=999999999: more processes than this machine's"),
@@ -1129,11 +1130,12 @@ def test_run_and_base_cache_are_folders_of_their_own_to_write_in(in_process, tmp
     ("COLLECT_ARGS=--greedy", "qevolve qlass", "QLASS's evaluation (ALGOS=qlass) samples QLASS_M replies a step"),
     ("COLLECT_ARGS=--candidates 4", "qlass", "COLLECT_ARGS='--candidates 4': run_all.sh sets --candidates itself"),
     ("COLLECT_ARGS=--rerank x", "qevolve", "COLLECT_ARGS='--rerank x': run_all.sh sets --rerank itself"),
-    ("COLLECT_ARGS=--rerank=", "qlass", "02_collect.py refuses it: --rerank needs a critic directory")]))
+    ("COLLECT_ARGS=--rerank=", "qlass", "02_collect.py refuses it: --rerank needs a critic directory"),
+    ("QLASS_ARGS=--tasks 1001", "qlass", "QLASS_ARGS='--tasks 1001': --tasks 1001 exceeds the 1000 train tasks")]))
 def test_qlass_evaluation_settings_are_checked_before_any_work(setting, algos, message, in_process, tmp_path):
     """Probes A28, A18, A39: QLASS_M=2000 and COLLECT_ARGS=--greedy passed --check, then QLASS's evaluation (02 --rerank
     QNET --candidates QLASS_M, then COLLECT_ARGS) refused them after the whole run; COLLECT_ARGS' --candidates overrode
-    QLASS_M."""
+    QLASS_M. Session 8's probes: QLASS_ARGS' --tasks beyond the train split, refused by qlass.py after BC."""
     name, value = setting.split("=", 1)
     proc = in_process(run_support, *smoke_start(tmp_path / "run", ALGOS=algos, **{name: value}), check=False)
     assert one_line(proc) and message in proc.stderr, proc.stderr

@@ -140,3 +140,15 @@ def test_a_buffer_without_a_pair_keeps_the_policy_as_it_is(tiny_run, in_process,
     assert "no pair" in proc.stdout
     before, after = (load_file(d / "model.safetensors") for d in (tiny_run / "policy_0", out))
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_tree_whose_worst_case_exceeds_the_bound_is_refused_before_any_work(capsys):
+    """Issue 94 (probe 5 of session 8): --width 1000000 --depth 1000000 passed and ran at 0 of 2 trees until killed.
+    W^D branches a tree at most (4096: 16^3 passes, 16^4 does not); width 1 takes any depth (one branch a node)."""
+    base = ["--policy", "p", "--trees", "t.jsonl", "--out", "q"]
+    for w, d in ((16, 3), (1, 10**6), (2, 12)):
+        assert (qlass.parse_args(base + ["--width", str(w), "--depth", str(d)]).width, w) == (w, w)
+    for w, d in ((16, 4), (10**6, 10**6), (2, 13)):
+        with pytest.raises(SystemExit) as e:
+            qlass.parse_args(base + ["--width", str(w), "--depth", str(d)])
+        assert e.value.code == 2 and "a tree may grow to W^D branches" in capsys.readouterr().err

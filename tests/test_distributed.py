@@ -3,6 +3,7 @@ over 2 ranks gives the same update as 1 rank with all of it, and 02 on 2 ranks w
 episodes as on 1 rank. Every run in fp32 (the comparison is of the arithmetic of the split, not of
 bf16's rounding), on 2 GPUs where the machine has them, else on the CPU with the gloo backend
 (torchrun refuses more processes than GPUs)."""
+import argparse
 import json
 import os
 import subprocess
@@ -146,7 +147,8 @@ def test_bppo_steps_on_two_ranks_match_one_rank(tiny_run, bppo_adv, bc_one_rank,
 def test_bppo_steps_with_gradient_accumulation_on_two_ranks_match_one_rank(tiny_run, bppo_adv, bc_one_rank,
                                                                          bppo_one_rank):
     """DDP with --grad-accum 2: gradients reduced once per step, after the second micro-batch; in the
-    second step (1 trajectory) rank 1 runs two weight-0 micro-batches and rank 0 one."""
+    second step (1 trajectory) each rank runs one micro-batch (capped at the largest rank's trajectories), rank 1's
+    of weight 0."""
     out = tiny_run / "accum_bppo_2"
     run_ranks(2, "05_bppo", *bppo_args(tiny_run, bppo_adv, bc_one_rank, out), "--grad-accum", 2)
     assert_same_weights(bppo_one_rank, out)
@@ -163,3 +165,19 @@ def test_collect_on_two_ranks_writes_the_same_episodes(tmp_path):
     one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert (one["episodes"], one["env_steps"]) == (two["episodes"], two["env_steps"])
     assert sorted(os.listdir(tmp_path)) == ["one.json", "one.jsonl", "two.json", "two.jsonl"]
+
+
+def test_grad_accum_beyond_the_batch_adds_no_empty_micro_batches(monkeypatch):
+    """Issue 94 (probe 6 of session 8): --grad-accum 1024 --batch-size 1 ran 1023 weight-0 forward/backward passes a
+    step. The micro-batches are capped at the largest rank's trajectories: 1 trajectory, 1 part of share 1; 5 in
+    --grad-accum 8 on two ranks (3 and 2): 3 parts a rank, rank 1's third re-reading one with weight 0."""
+    from distributed import parts
+    args = argparse.Namespace(grad_accum=1024)
+    model = argparse.Namespace()  # grad_sync sets its require_backward_grad_sync on two ranks
+    assert list(parts([4], {4: 7}, model, args)) == [([4], 1.0)]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args.grad_accum = 8
+    for rank, want in ((0, [[0], [4], [8]]), (1, [[2], [6], [2]])):
+        monkeypatch.setenv("RANK", str(rank))
+        got = list(parts([0, 2, 4, 6, 8], dict.fromkeys([0, 2, 4, 6, 8], 1), model, args))
+        assert [ids for ids, _ in got] == want and got[-1][1] == (2 * 1 / 5 if rank == 0 else 0.0)

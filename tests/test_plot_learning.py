@@ -131,3 +131,21 @@ def test_paper_table_online_steps_paired_intervals_and_mistakes_by_hand(tmp_path
     assert rows["0", "60.0"] == "| 0 | 60.0 | 1000 | 30 | 0.03 |"  # the claim over both budgets: the cheap runs
     assert rows["ETO", ">180"] == "| ETO | >180 | >180 | >180 | - |"  # 90% of the optimum: above every fake point
     assert not any(k[0] == "iterated RFT" for k in rows)  # a method the runs lack has no row
+
+
+def test_out_never_replaces_another_scripts_figure_of_the_checkout(in_process):
+    """Issue 94 (probe 3 of session 8): plots.py learning --out docs/img/credit_kitchen.png replaced show_credit.py's
+    figure, and paper --out docs/img/efficiency.png another plot's. A shipped figure is replaced only by the plot
+    whose default --out it is, or whose table beside it names that plot's command."""
+    figures = {f: open(os.path.join(ROOT, "docs/img", f), "rb").read() for f in ("credit_kitchen.png",
+                                                                                   "efficiency.png")}
+    img = os.path.join(ROOT, "docs/img")
+    for args in (["learning", "--out", os.path.join(img, "credit_kitchen.png")],
+                 ["paper", "--runs", "runs/none{seed}", "--out", os.path.join(img, "efficiency.png")]):
+        proc = in_process(plot, *args, check=False)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "is a figure the checkout ships that `plots.py" in proc.stderr, proc.stderr
+    assert all(open(os.path.join(img, f), "rb").read() == b for f, b in figures.items())
+    assert plot.ours(os.path.join(img, "paper.png"), "paper", "docs/img/paper.png")
+    assert plot.ours(os.path.join(img, "tuning_dev.png"), "paper", "docs/img/paper.png")  # its table names paper
+    assert not plot.ours(os.path.join(img, "sweep.png"), "paper", "docs/img/paper.png")
