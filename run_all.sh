@@ -21,7 +21,8 @@
 #   evaluates what exists), REF=bc (05's pi_ref: bc = policy_0, prev = pi_{k-1}), LATER_ARGS: 05's extra flags from
 #   iteration 2 on, for Q-Evolve and the outcome-level PG alike (household: "--lr 1.5e-4 --kl-coef 0.1", chosen on dev:
 #   bench/results/household_tuning_dev.md; others: none; LATER_ARGS= sets none), THREADS=2 torch threads per stage (at most
-#   1024, the stages' ceiling), PYTHON=python (python3 where there is no python),
+#   1024, the stages' ceiling), PYTHON=python (python3 where there is no python; echo: a dry run
+#   that prints the stages' commands, checks nothing and writes nothing),
 #   PRECISION=auto (01-05's --precision: bf16 autocast on a GPU; bf16 takes that arithmetic on a CPU too)
 #   BASE=pretrained: the model BC starts from - 'pretrained' (00_pretrain.py on this
 #   environment's train worlds, built once and cached in BASE_CACHE=runs/base under a key of ENV, ENV_KWARGS,
@@ -246,6 +247,8 @@ started() {
   return 1
 }
 if [ "$CHECK" = 1 ]; then
+  [ "$PYTHON" != echo ] || bad "PYTHON=echo is the dry run (it prints the stages' commands and checks nothing): \
+--check needs a python"
   quiet $PYTHON run_support.py start "$RUN" "${settings[@]}"
   echo "run_all.sh --check: every setting is good (RUN=$RUN; nothing was run)"
   exit 0
@@ -254,7 +257,7 @@ elif [ "$PYTHON" != echo ] && ! started; then
 fi
 [ "$CUDA_GRAPH" = 0 ] || COLLECT_ARGS+=" --cuda-graph"
 
-mkdir -p "$RUN"
+[ "$PYTHON" = echo ] || mkdir -p "$RUN"  # the dry run writes nothing
 METRICS="$RUN/metrics.jsonl"
 COMMON=(--seed "$SEED" --threads "$THREADS" --precision "$PRECISION" --metrics "$METRICS")
 ENVARGS=(--env "$ENV" --env-kwargs "$ENV_KWARGS")

@@ -37,6 +37,17 @@ def test_smoke_sets_only_defaults(tmp_path):
     assert any("00_pretrain.py" in c and "--d-model 32" in c for c in commands)
     assert any("--split train --episodes 6 " in c for c in commands)
     assert any("05_bppo.py" in c and c.endswith("--epochs 1") for c in commands)
+    assert os.listdir(tmp_path) == []  # the dry run writes nothing (probe 7 of session 8: it made RUN, unchecked)
+
+
+def test_check_is_refused_in_the_dry_run(tmp_path):
+    """Probe 7 of session 8: PYTHON=echo RUN='x{y}' bash run_all.sh --check said every setting was good: the dry run
+    echoes run_support.py's check instead of running it. --check needs a python now."""
+    env = {k: v for k, v in os.environ.items() if k not in SMOKE_VARS}
+    env.update(SMOKE="1", RUN=str(tmp_path / "r{x}"), PYTHON="echo")
+    proc = subprocess.run(["bash", "run_all.sh", "--check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "PYTHON=echo is the dry run" in proc.stderr
+    assert os.listdir(tmp_path) == []
 
 
 def test_base_cache_key_covers_the_code_that_builds_the_base(tmp_path):
