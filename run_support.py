@@ -445,7 +445,8 @@ def check_settings(s):
                 if int(s[name]) > most:
                     die(f"{name}={s[name]}: {s['ENV']}'s split {split!r} has {most} tasks")
         # the demonstrations kept (02 --keep DEMOS): 01 trains on at least two (fit_context), after the base is built
-        n_train, tasks = len(env.task_ids("train")), env.task_ids("train")[:int(s["N_EXPERT"])]
+        train = env.task_ids("train")
+        n_train, tasks = len(train), train[:int(s["N_EXPERT"])]
         kept = len(list(itertools.islice((t for t in tasks if demo_succeeds(env, t)), 2))) if \
             s.get("DEMOS") == "success" else len(tasks)
         if kept < 2:
@@ -539,8 +540,6 @@ def check_settings(s):
             die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {most} leave no room for a prompt in the "
                 f"model's context of {context} tokens" + (f" (PRETRAIN_ARGS' --max-len {context})" if base ==
                                                           "pretrained" else ""))
-
-
 
 
 def tracked(path):
