@@ -62,7 +62,7 @@
 #   others is refused. bash run_all.sh --check checks every setting (and that record), and runs nothing. The script's
 #   own variables (QEVOLVE_STARTED, QEVOLVE_LOCKED) skip no check when set from outside: they count with RUN's lock held.
 #
-#   bash run_all.sh                      # the default run (5.4 min on 2 quiet CPU cores with the base cached: README)
+#   bash run_all.sh                      # the default run (5.7 min on 2 quiet CPU cores with the base cached: README)
 #   RUN=runs/s1 SEED=1 bash run_all.sh   # another seed
 #   SMOKE=1 bash run_all.sh              # a one-minute check of the whole chain (runs/smoke)
 #   BASE=smollm2 bash run_all.sh         # the real model on a GPU (runs/smollm2-kitchen)
