@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import re
 import shlex
 import signal
@@ -403,27 +404,41 @@ def cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def demo_succeeds(env, task_id):
-    """Whether the demonstrator (env.expert_action) wins task_id of world 0, by 02's rule for an episode's success:
-    ended by the environment with a positive reward (and info's 'won' where the world grades its rewards)."""
-    env.reset(task_id)
-    reward, done = 0.0, False
+def demonstrate(env, task_id):
+    """The demonstrator (env.expert_action) on task_id of world 0 -> (whether it wins, by 02's rule for an episode's
+    success: ended by the environment with a positive reward, and info's 'won' where the world grades its rewards;
+    its chat's messages' contents as 01 renders them: instruction, task and first observation, then each of its turns
+    and the observation after it)."""
+    obs, info = env.reset(task_id)
+    texts, reward, done = [env.instruction, f"Your task is to: {info['task']}\n{obs}"], 0.0, False
     while not done:
-        _, r, terminated, truncated, info = env.step(env.expert_action())
+        texts.append(env.expert_text())
+        obs, r, terminated, truncated, info = env.step(env.expert_action())
         reward, done = reward + r, terminated or truncated
-    return bool(terminated and reward > 0 and info.get("won", True))
+        texts.append(obs)
+    return bool(terminated and reward > 0 and info.get("won", True)), texts
+
+
+def fewest_tokens(texts):
+    """A lower bound on the tokens of a chat of messages with these contents under the tiny model's tokenizer and chat
+    template (models/tiny.py, any byte-level BPE merges): each content at least its pre-tokenizer's pieces, which no
+    merge crosses, each message two more (<|role|>, <|end|>), and the generation prompt's <|assistant|>."""
+    from tokenizers import pre_tokenizers
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str
+    return sum(len(split(text)) + 2 for text in texts) + 1
 
 
 def check_settings(s):
     """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
     made), N_EXPERT and N_SELF against the tasks of its train split (two demonstrations kept for 01: with DEMOS=success
-    two tasks the demonstrator wins, demo_succeeds), EVAL_SPLITS (its splits) and N_EVAL against
-    their tasks, THREADS and NPROC against the stages' ceiling and this machine, a BASE that names a directory (a
-    model's: loaded) and SMOLLM2_DIR, the base cache (check_base_cache) and this run's entry in it (check_base_entry),
-    and each *_ARGS that gives a stage flags by that stage (stage_args), split as bash splits it (bash_words), without a
-    glob, a flag run_all.sh sets itself (STAGE_FLAGS; COLLECT_ARGS' --rerank, and --greedy with QLASS), a critic
-    --init names that is not one or --lora without peft, and with replies (--max-new-tokens) that leave room for a
-    prompt in the model's context; QLASS_M within 02's --candidates, QLASS_ARGS' --tasks within the train split."""
+    two tasks the demonstrator wins, demonstrate; two that can fit the tiny model's --max-len, fewest_tokens),
+    EVAL_SPLITS (its splits) and N_EVAL against their tasks, THREADS and NPROC against the stages' ceiling and this
+    machine, a BASE that names a directory (a model's: loaded) and SMOLLM2_DIR, the base cache (check_base_cache) and
+    this run's entry in it (check_base_entry), and each *_ARGS that gives a stage flags by that stage (stage_args),
+    split as bash splits it (bash_words), without a glob, a flag run_all.sh sets itself (STAGE_FLAGS; COLLECT_ARGS'
+    --rerank, and --greedy with QLASS), a critic --init names that is not one or --lora without peft, and with replies
+    (--max-new-tokens) that leave room for a prompt in the model's context; QLASS_M within 02's --candidates,
+    QLASS_ARGS' --tasks within the train split."""
     import envs
     missing = next((name for name in NEEDED if name not in s), None)  # run_all.sh passes each (its settings)
     if missing:
@@ -444,18 +459,19 @@ def check_settings(s):
                 most = min(len(env.task_ids(split)), LIMITS["episodes"])
                 if int(s[name]) > most:
                     die(f"{name}={s[name]}: {s['ENV']}'s split {split!r} has {most} tasks")
-        # the demonstrations kept (02 --keep DEMOS): 01 trains on at least two (fit_context), after the base is built
-        train = env.task_ids("train")
-        n_train, tasks = len(train), train[:int(s["N_EXPERT"])]
-        kept = len(list(itertools.islice((t for t in tasks if demo_succeeds(env, t)), 2))) if \
-            s.get("DEMOS") == "success" else len(tasks)
+        # the demonstrations kept (02 --keep DEMOS, its draw of N_EXPERT tasks with --seed SEED): 01 trains on at
+        # least two (fit_context), after the base is built; played until two are kept (their lengths: below)
+        train, n = env.task_ids("train"), int(s["N_EXPERT"])
+        n_train, tasks = len(train), sorted(random.Random(int(s.get("SEED", "0"))).sample(train, n)) if n else train
+        plays = (texts for won, texts in (demonstrate(env, t) for t in tasks) if won or s.get("DEMOS") != "success")
+        first = list(itertools.islice(plays, 2))
+        kept = len(first) if s.get("DEMOS") == "success" else len(tasks)
         if kept < 2:
             world = f"{s['ENV']} {s['ENV_KWARGS']}".strip()
             die(f"N_EXPERT={s['N_EXPERT']}: 01_bc.py trains on at least two demonstrations, and " + (
                 f"the demonstrator wins {kept} of its {len(tasks)} train tasks of {world} (DEMOS=success keeps only "
                 "those); use more tasks, DEMOS=all or another world" if s.get("DEMOS") == "success" else
                 "DEMOS=all keeps one; use more tasks"))
-        env.close()
     except (ValueError, ImportError) as e:  # an unknown env or split, a keyword it does not take, a package
         die(e)
     threads, nproc = int(s.get("THREADS", "1")), int(s.get("NPROC", "1"))
@@ -540,6 +556,18 @@ def check_settings(s):
             die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {most} leave no room for a prompt in the "
                 f"model's context of {context} tokens" + (f" (PRETRAIN_ARGS' --max-len {context})" if base ==
                                                           "pretrained" else ""))
+    if context is not None and base in ("pretrained", "tiny"):  # a byte-level BPE tokenizer
+        # 01 trains on at least two demonstrations that fit the model's context (fit_context): refused if fewer can
+        kept = fit = 0
+        for texts in itertools.chain(first, plays):
+            kept, fit = kept + 1, fit + (fewest_tokens(texts) <= context)
+            if fit == 2:
+                break
+        if fit < 2:
+            name = "PRETRAIN_ARGS" if base == "pretrained" else "BC_ARGS"
+            die(f"{name}={shlex.quote(s[name])}: --max-len {context} is too short: {fit} of the {kept} "
+                "demonstrations kept fit in it, and 01_bc.py trains on at least two; raise it")
+    env.close()
 
 
 def tracked(path):

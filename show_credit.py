@@ -16,7 +16,7 @@ that no rule labels - is marked too: the critic should see its consequence in th
 so the bars of A_t are the per-step process rewards that 05_bppo.py trains on.
 
     python show_credit.py runs/default/iter_1/adv.jsonl --pick failure
-    python show_credit.py runs/default/iter_1/adv.jsonl --task-id train/00421 --png credit.png
+    python show_credit.py runs/default/iter_1/adv.jsonl --task-id train/00421 --png runs/credit.png
     python show_credit.py runs/default/iter_1/adv.jsonl --index 0          # the first line (an expert demo)
 """
 import argparse
@@ -25,8 +25,7 @@ import os
 
 from critic_report import verdicts
 from envs._common import cache_root
-from plumbing import STAMP, STEP_KEYS, Parser, check_out, die, field_error, read_episodes, write_atomic
-from run_support import tracked
+from plumbing import STAMP, STEP_KEYS, Parser, check_out, die, field_error, in_checkout, read_episodes, write_atomic
 
 MARKED = {"invalid": "tab:red", "format": "tab:orange", "repeat": "tab:purple"}  # labels other than "ok"
 FLAW_COLOUR = {"harmful": "tab:red", "recoverable": "tab:orange"}  # envs.judge's verdicts of a mistake
@@ -191,15 +190,16 @@ def plot(ep, index, args):
 
 
 def check_png(path, buffer):
-    """--png, before any work: a new .png or a PNG this script wrote (its Software text chunk), never a file of the
-    checkout (docs/img/credit_kitchen.png), the buffer nor any other file (a model's weights, a JSONL, someone's
-    picture) that a mistyped path would destroy."""
+    """--png, before any work: a new .png or a PNG this script wrote (its Software text chunk), never in the checkout
+    (its top, docs/img/ or another of its folders: in_checkout), never the buffer nor any other file (a model's
+    weights, a JSONL, someone's picture) that a mistyped path would destroy."""
     if importlib.util.find_spec("matplotlib") is None:  # found, not imported: a refusal leaves no matplotlib config
         die("--png needs matplotlib: pip install -r requirements-plot.txt")
     if not path.endswith(".png") or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         die(f"--png {path}: " + ("its directory does not exist" if path.endswith(".png") else "must end in .png"))
-    if tracked(path):  # a figure the checkout ships (docs/img/): stamped by this script, yet never replaced
-        die(f"--png {path} is a file of the checkout (git tracks it); write the plot elsewhere, e.g. credit.png")
+    if in_checkout(path):  # the checkout's own figures (docs/img/) and folders: never replaced, never added to
+        die(f"--png {path} is a file at the checkout's top or in one of its folders; write the plot under runs/ or "
+            "outside the checkout, e.g. runs/credit.png")
     check_out(path, "png", [buffer])
 
 

@@ -2,6 +2,7 @@
 stage file as a module, the flags, run_all.sh launched and checked, a run's evaluations, a measured child, expert demos,
 mean +- std, and a table's first line, its checks and its writing (a script first puts the repo root on sys.path)."""
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -9,6 +10,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -180,6 +182,15 @@ def wait(proc, t0=None):
     return proc.returncode, time.time() - (t0 or 0), use.ru_utime + use.ru_stime, use.ru_maxrss / 1024
 
 
+@contextlib.contextmanager
+def scratch(prefix):
+    """A temporary folder that goes however this script ends: a SIGTERM (a timeout's, a kill's) raises SystemExit,
+    which stops a running child (must) and removes the folder, as Ctrl-C or an error does."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield tmp
+
+
 def must(argv, result=False, cwd=ROOT, env=None, threads=None):
     """Run argv to its end, measured (wait) -> {rc, wall_s, cpu_s, peak_mib, out (its stdout and stderr), result (the
     JSON of its last 'RESULT {...}' line, or None)}; threads: its OMP_NUM_THREADS. A failed child (result: one without
@@ -187,7 +198,13 @@ def must(argv, result=False, cwd=ROOT, env=None, threads=None):
     env = {**os.environ, **(env or {}), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with tempfile.TemporaryFile("w+") as out:
         t0 = time.time()
-        rc, wall, cpu, peak = wait(subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT), t0)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            rc, wall, cpu, peak = wait(proc, t0)
+        except BaseException:  # Ctrl-C, or a SIGTERM (scratch): the child stops with this script
+            proc.kill()
+            proc.wait()
+            raise
         out.seek(0)
         text = out.read()
     results = [line[7:] for line in text.splitlines() if line.startswith("RESULT ")]

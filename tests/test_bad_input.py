@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -1078,7 +1079,8 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("NPROC=999999999", "NPROC=999999999: more processes than this machine's"),
     ("LATER_ARGS=--lr\v1e-4", "holds the whitespace character '\\x0b'"),
     ("COLLECT_ARGS=--max-new-tokens 100000", "replies of --max-new-tokens 100000 leave no room for a prompt"),
-    ("PRETRAIN_ARGS=--max-len 4", "in the model's context of 4 tokens (PRETRAIN_ARGS' --max-len 4)")]))
+    ("PRETRAIN_ARGS=--max-len 4", "in the model's context of 4 tokens (PRETRAIN_ARGS' --max-len 4)"),
+    ("PRETRAIN_ARGS=--max-len 60", "PRETRAIN_ARGS='--max-len 60': --max-len 60 is too short: 0 of the 16 ")]))
 def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
     """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
     default run), OUTCOME_ARGS='--bogus 1' after 02 and 04 with argparse's 12-line usage, and no other *_ARGS was
@@ -1089,6 +1091,24 @@ def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_pr
     settings = {**SMOKE_SETTINGS, name: value}
     proc = in_process(run_support, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
     assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_max_len_too_short_for_two_demonstrations_is_refused_before_any_work(tiny_run, stages, in_process, tmp_path):
+    """Issue 94: a --max-len (BC_ARGS with BASE=tiny, or PRETRAIN_ARGS) that no demonstration fits passed --check;
+    01 refused it after 00 and 02 (fit_context). The check plays the demonstrator (demonstrate: 01's messages) and
+    bounds each chat's tokens from below (fewest_tokens), under any byte-level tokenizer: here a 400-token one."""
+    assert run_support.fewest_tokens(["a b", "c"]) == (2 + 2) + (1 + 2) + 1  # 'a' 'Gb', 'c'; <|role|> <|end|>; prompt
+    demos, bc = [json.loads(line) for line in open(tiny_run / "expert.jsonl")], stages["01_bc"]
+    env, tokenizer = envs.make(demos[0]["env"]), AutoTokenizer.from_pretrained(tiny_run / "policy_0")
+    for ep in demos:
+        won, texts = run_support.demonstrate(env, ep["task_id"])
+        assert won == ep["success"] and texts == [m["content"] for m in bc.episode_messages(ep)]
+        assert run_support.fewest_tokens(texts) <= len(bc.tokenize_episode(tokenizer, ep)["input_ids"])
+    settings = {**SMOKE_SETTINGS, "BASE": "tiny", "BC_ARGS": "--epochs 1 --max-len 60"}
+    proc = in_process(run_support, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
+    assert one_line(proc) and "BC_ARGS='--epochs 1 --max-len 60': --max-len 60 is too short: 0 of the 16 " \
+                              "demonstrations kept fit" in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == []
 
 
@@ -1148,8 +1168,8 @@ def test_demos_success_without_a_winning_demonstration_is_refused_before_any_wor
     demonstrator is played first: household's tasks take more than one step; with 5 it wins 5 of the first 16."""
     five, one = envs.make("household", max_steps=5), envs.make("household", max_steps=1)
     tasks = five.task_ids("train")[:16]
-    assert sum(run_support.demo_succeeds(five, t) for t in tasks) == 5
-    assert not any(run_support.demo_succeeds(one, t) for t in tasks)
+    assert sum(run_support.demonstrate(five, t)[0] for t in tasks) == 5
+    assert not any(run_support.demonstrate(one, t)[0] for t in tasks)
     for changes, message in [({"ENV_KWARGS": '{"max_steps": 1}', "DEMOS": "success"}, "the demonstrator wins 0 of its "
                                "16 train tasks of household {\"max_steps\": 1} (DEMOS=success keeps only those)"),
                               ({"N_EXPERT": "1", "DEMOS": "all"}, "N_EXPERT=1: 01_bc.py trains on at least two")]:
@@ -1676,3 +1696,24 @@ def test_tune_dev_refuses_before_it_writes(tmp_path):
         assert one_line(proc) and "settings.json is not a run's settings record" in proc.stderr, proc.stderr
     (run / "settings.json").write_text(json.dumps({"stage": "run_all.sh", **SMOKE_SETTINGS}))
     assert snapshot(tmp_path) == before
+
+
+def test_a_killed_bench_script_leaves_no_temporary_folder(tmp_path):
+    """Issue 94: model_throughput.py, killed by a timeout (SIGTERM), left its temporary folder and its running child.
+    The bench scripts' folders are bench.runner.scratch's: a SIGTERM stops the child and removes the folder."""
+    (tmp_path / "tmp").mkdir()
+    pid = tmp_path / "child.pid"
+    code = ("import bench.runner as r, os, sys\nwith r.scratch('probe_') as d:\n    print(d, flush=True)\n"
+            f"    r.must(['sh', '-c', 'echo $$ > {pid}; exec sleep 30'])")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    folder = proc.stdout.readline().strip()
+    assert os.path.isdir(folder) and os.path.dirname(folder) == str(tmp_path / "tmp")
+    for _ in range(100):  # until must's child has started
+        if pid.exists() and pid.read_text().strip():
+            break
+        time.sleep(0.1)
+    proc.terminate()
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM and os.listdir(tmp_path / "tmp") == []
+    with pytest.raises(ProcessLookupError):  # the child was stopped and reaped
+        os.kill(int(pid.read_text()), 0)

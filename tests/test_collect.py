@@ -315,6 +315,10 @@ def test_one_batch_runs_every_world_and_split_as_runs_of_their_own(stages, in_pr
         assert {**a["args"], "out": ""} == {**b["args"], "out": ""} and a["args"]["env_seed"] == world
     proc = in_process(stages["02_collect"], *common, "--env-seed", 0, 1, "--out", tmp_path / "x.jsonl", check=False)
     assert proc.returncode == 2 and "need {world} and {split} in the path" in proc.stderr
+    # a field 02 does not fill (a typo) stayed in the file's name: refused, nothing written (issue 94)
+    proc = in_process(stages["02_collect"], *common, "--env-seed", 0, 1, "--split", "seen", "--out",
+                      tmp_path / "t{world}_{wrold}.jsonl", check=False)
+    assert proc.returncode == 2 and "{wrold} is not a field" in proc.stderr and not list(tmp_path.glob("t*"))
 
 
 def test_keep_success_writes_the_successful_demonstrations_only(stages, in_process, tmp_path):

@@ -237,15 +237,18 @@ def test_a_flaw_is_marked_by_its_kind_and_the_legend_says_why_its_credit_is_smal
     assert "one discounted step" in text and "spreads blame backwards" in text
 
 
-def test_png_never_replaces_a_figure_of_the_checkout(buffer, tmp_path):
+def test_png_never_writes_into_the_checkout(buffer, tmp_path):
     """Issue 94: --png docs/img/credit_kitchen.png replaced the checkout's own figure (this script stamped it); the
-    refusal made matplotlib's config folder in the home first."""
+    refusal made matplotlib's config folder in the home first. Then --png docs/img/new.png added a file to the
+    checkout's folders: refused too, as is one at its top (RUN's rule, plumbing.in_checkout)."""
     pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install -r requirements-plot.txt)")
     figure = os.path.join(ROOT, "docs/img/credit_kitchen.png")
     before = open(figure, "rb").read()
     (tmp_path / "home").mkdir()
-    proc = show_as_a_user(buffer, "--index", 0, "--png", figure, env={"HOME": str(tmp_path / "home")})
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is a file of the checkout" in proc.stderr
+    for out in (figure, os.path.join(ROOT, "docs/img/new.png"), os.path.join(ROOT, "new.png")):
+        proc = show_as_a_user(buffer, "--index", 0, "--png", out, env={"HOME": str(tmp_path / "home")})
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "in one of its folders" in proc.stderr and (out == figure or not os.path.exists(out))
     assert open(figure, "rb").read() == before and os.listdir(tmp_path / "home") == []
 
 

@@ -6,10 +6,9 @@ in lockstep with the plain generation loop (--plain-generate) and with the KV ca
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from bench.runner import must, parser  # noqa: E402
+from bench.runner import must, parser, scratch  # noqa: E402
 from plumbing import check_flags  # noqa: E402
 
 
@@ -28,7 +27,7 @@ def main():
     p.add_argument("--split", default="seen", help="task split")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads of each run (0: torch's default)")
     args = check_flags(p.parse_args(), episodes="at least 1", batch="at least 1", threads="non-negative")
-    with tempfile.TemporaryDirectory() as d:
+    with scratch("collect_speed_") as d:
         runs = {"one at a time": collect(args, 1, f"{d}/one.jsonl"),
                 f"{args.batch}, plain loop": collect(args, args.batch, f"{d}/plain.jsonl", "--plain-generate"),
                 f"{args.batch}, cached": collect(args, args.batch, f"{d}/cached.jsonl")}

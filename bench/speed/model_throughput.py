@@ -12,11 +12,11 @@ import json
 import os
 import random
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from bench.runner import ROOT, expert_demos, load_stage, measured, must, parser, table_out, write_table  # noqa: E402
+from bench.runner import (ROOT, expert_demos, load_stage, measured, must, parser, scratch, table_out,  # noqa: E402
+                          write_table)
 from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
 from plumbing import check_flags, check_out, die, save_text  # noqa: E402
 
@@ -216,7 +216,7 @@ def main():
     summary = os.path.splitext(os.path.join(ROOT, a.out))[0] + ".json"
     table_out(a.out, markdown=False)  # before any work: new, or a table a bench script wrote
     check_out(summary, "bench_json")
-    with tempfile.TemporaryDirectory(prefix="model_throughput_") as tmp:
+    with scratch("model_throughput_") as tmp:
         rows, results = measure(a, models, tmp)
 
     lines = [measured(f"python bench/speed/model_throughput.py --threads {a.threads} --steps {a.steps} --batch-size "

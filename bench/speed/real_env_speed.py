@@ -10,12 +10,11 @@ import importlib.util
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
 import envs  # noqa: E402
-from bench.runner import parser, row  # noqa: E402
+from bench.runner import parser, row, scratch  # noqa: E402
 from plumbing import check_flags, die  # noqa: E402
 
 
@@ -116,7 +115,7 @@ def main():
     for name in args.envs:  # every env's package before the first is timed (envs.make says the same, later)
         if importlib.util.find_spec(PACKAGES[name]) is None:
             die(f"env {name!r} needs the {PACKAGES[name]} package: pip install -r requirements-envs.txt")
-    with tempfile.TemporaryDirectory() as tmp:
+    with scratch("real_env_speed_") as tmp:
         os.environ.setdefault("ALFWORLD_DATA", os.path.join(tmp, "alfworld-data"))
         rows, bench = [], {"sciworld": lambda: bench_sciworld(args.episodes),
                            "textworld": lambda: bench_textworld(args.episodes, tmp),

@@ -11,10 +11,9 @@ import json
 import os
 import platform
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from bench.runner import KWARGS, ROOT, expert_demos, must, parser, table_out, write_table  # noqa: E402
+from bench.runner import KWARGS, ROOT, expert_demos, must, parser, scratch, table_out, write_table  # noqa: E402
 from plumbing import check_flags, die  # noqa: E402
 
 # the stages' flags this script sets itself: --flags may not set them again
@@ -45,7 +44,7 @@ def main():
     model, B = os.path.abspath(a.model), a.batch_size
     common = ["--epochs", "1", "--batch-size", str(B), "--threads", str(a.threads), *a.flags.split()]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="train_memory_") as tmp:
+    with scratch("train_memory_") as tmp:
         expert = expert_demos(os.path.join(tmp, "expert.jsonl"), B + 1, a.env)
         adv = os.path.join(tmp, "adv.jsonl")
         with open(adv, "w") as f:
