@@ -15,8 +15,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from bench.runner import (ROOT, expert_demos, load_stage, measured, must, parser, scratch, table_out,  # noqa: E402
-                          write_table)
+from bench.runner import ROOT, expert_demos, load_stage, measured, must, parser, scratch, table_out, write_table  # noqa: E402
 from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
 from plumbing import check_flags, check_out, die, save_text  # noqa: E402
 
