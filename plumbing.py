@@ -306,13 +306,16 @@ def recover(path):
 
 
 def check_out(path, kind, inputs=()):
-    """Before any work: an output is in a safe place (check_path), new or owned (above), and its directory
+    """Before any work: an output is in a safe place (check_path; never in the checkout but the bench's tables and
+    figures in bench/results and docs/img), new or owned (above), and its directory
     is writable; a killed earlier run's leftovers are cleared first (recover). JSONL outputs and --metrics
     end in .jsonl."""
     check_path(path, inputs)
-    if kind in ("policy", "critic", "02_collect", "04_gae", "log") and in_checkout(path):
+    homes = ("bench/results", "docs/img") if kind in ("table", "bench_json", "png") else ()  # the bench's, shipped
+    if in_checkout(path) and not any(inside(os.path.realpath(path), os.path.join(CHECKOUT, h)) for h in homes):
         die(f"{path} is the checkout, a file at its top or lies in one of its folders ({', '.join(SHIPPED)}); write "
-            "the output under runs/ or outside the checkout")
+            "the output under runs/ or outside the checkout" + (f" (a table or figure: or in {' or '.join(homes)})"
+                                                                 if homes else ""))
     if kind in ("02_collect", "04_gae", "log") and not path.endswith(".jsonl"):
         die(f"{path}: {'--metrics' if kind == 'log' else 'the output'} must end in .jsonl")
     for p in [path] + ([path[:-len(".jsonl")] + ".json"] if kind in ("02_collect", "04_gae") else []):

@@ -129,7 +129,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 # 02 --cuda-graph where bench/speed/decode_step.py timed SmolLM2's decode step (random weights, 128 rows) faster from a
 # CUDA graph than eager (LAB/decode_step.log); it runs beside BC; each run's first 02 waits for $verdict (1 graph, 0 not)
-verdict=$(mktemp -d /tmp/gpu_lab_graph.XXXXXX)/verdict
+verdict=$(mktemp -d -t gpu_lab_graph.XXXXXX)/verdict  # its folder removed when the runs end
 ( set +e; c=0
   if [ "$CUDA_GRAPH" = 1 ]; then
     if timeout 240 $PYTHON bench/speed/decode_step.py --model "$SMOLLM2_DIR" --random --batch 128 --cuda-graph 2>&1 \
@@ -141,6 +141,7 @@ verdict=$(mktemp -d /tmp/gpu_lab_graph.XXXXXX)/verdict
 02 runs eager" >&2
   fi
   echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &
+judge=$!
 # lab ALGO ENV SEED K EVAL: run_all.sh for one algorithm up to iteration K, resuming; EVAL=0 its training, 1 its
 # evaluations; stopped at DEADLINE. Its log: LAB/<env>-s<seed>.<algo>.it<K>[.eval].log
 lab() {
@@ -183,6 +184,8 @@ if [ -n "$TESTS" ]; then
 fi
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # by id: never a monitor started beside them
+wait "$judge" || true  # the verdict's writer, before its folder goes
+rm -r -- "${verdict%/verdict}"
 echo "gpu_lab: the runs took $(( $(date +%s) - start )) s"
 if [ -n "$sampler" ]; then kill "$sampler" || true; save "$LAB/machine.log" < "$use"; rm -f "$use"; fi
 command="bash bench/gpu_lab.sh"  # with the settings it was given, for the report's first line

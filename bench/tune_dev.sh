@@ -8,6 +8,7 @@
 #   ALGOS="qevolve eto" bash bench/tune_dev.sh runs/paper0 runs/tuneA_0 CRITIC_ARGS="--epochs 8" ETO_ARGS="--beta 0.3"
 set -euo pipefail
 bad() { echo "error: $1" >&2; exit 2; }
+cd "$(dirname "$0")/.."  # the checkout: FROM and TO are relative to it, as run_all.sh's RUN is
 [ $# -ge 2 ] && [ -f "$1/settings.json" ] && [ ! -e "$2" ] \
   || bad "bench/tune_dev.sh FROM TO [VAR=VALUE ...]: FROM a run (its settings.json), TO a new folder"
 from=$1 to=$2; shift 2

@@ -1696,6 +1696,16 @@ def test_tune_dev_refuses_before_it_writes(tmp_path):
         assert one_line(proc) and "settings.json is not a run's settings record" in proc.stderr, proc.stderr
     (run / "settings.json").write_text(json.dumps({"stage": "run_all.sh", **SMOKE_SETTINGS}))
     assert snapshot(tmp_path) == before
+    # issue 94: run from another folder it printed a traceback (its python found no plumbing) and left TO behind
+    for part in ("data", "policy_0", "iter_1"):
+        (run / part).mkdir()
+    for part in ("iter_1/self.jsonl", "iter_1/self.json"):
+        (run / part).write_text("")
+    before = snapshot(tmp_path)
+    proc = subprocess.run(["bash", os.path.join(ROOT, "bench/tune_dev.sh"), str(run), str(tmp_path / "to"),
+                           "CRITIC_ARGS=--tau 2"], cwd=tmp_path, capture_output=True, text=True)
+    assert one_line(proc) and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
 
 
 def test_a_killed_bench_script_leaves_no_temporary_folder(tmp_path):
@@ -1717,3 +1727,21 @@ def test_a_killed_bench_script_leaves_no_temporary_folder(tmp_path):
     assert proc.wait(timeout=20) == 128 + signal.SIGTERM and os.listdir(tmp_path / "tmp") == []
     with pytest.raises(ProcessLookupError):  # the child was stopped and reaped
         os.kill(int(pid.read_text()), 0)
+
+
+def test_no_output_lands_in_the_checkout_but_the_benchs_tables_in_their_homes(capfd):
+    """Issue 94: bench tables and run logs were written at the checkout's top (bench/seeds.py --out new.md) and into
+    its folders (run_support.py save run_log docs/x.log). Every kind of output is refused there now, but the bench's
+    tables, figures and measurement JSONs in their shipped homes, bench/results and docs/img."""
+    for kind in plumbing.ARTIFACTS:
+        for rel in ("new.md", "docs/new.md", "envs/new.log", "bench/new.md"):
+            with pytest.raises(SystemExit):
+                plumbing.check_out(os.path.join(ROOT, rel), kind)
+            assert "write the output under runs/ or outside the checkout" in capfd.readouterr().err
+    for kind, rel in (("table", "bench/results/new.md"), ("png", "docs/img/new.png"),
+                      ("bench_json", "docs/img/new.json")):
+        plumbing.check_out(os.path.join(ROOT, rel), kind)  # no refusal, nothing written
+        assert not os.path.exists(os.path.join(ROOT, rel))
+    proc = subprocess.run([sys.executable, "run_support.py", "save", "run_log", "docs/x.log", "w"], cwd=ROOT,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert one_line(proc) and "lies in one of its folders" in proc.stderr and not os.path.exists(f"{ROOT}/docs/x.log")

@@ -71,11 +71,13 @@ def test_the_lab_runs_without_mps_where_a_cuda_program_fails_under_it(tmp_path):
     python.write_text(f'#!/bin/sh\ncase "$*" in *"512, 512"*|*"-- bash run_all.sh") exit 1 ;; esac\n'
                       f'exec {sys.executable} "$@"\n')
     python.chmod(0o755)
+    (tmp_path / "tmp").mkdir()
     env = {**os.environ, "DRY": "1", "MPS": "1", "SEEDS": "0", "ENVS": "household", "LAB": str(tmp_path / "lab"),
            "MPS_LOG": str(tmp_path / "mps_calls"), "PYTHON": str(python),
-           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and "no run got as far as its BC policy" in proc.stderr, proc.stderr  # the report
+    assert not list((tmp_path / "tmp").glob("gpu_lab_*"))  # issue 94: the CUDA-graph verdict's folder stayed in /tmp
     assert "MPS: off: a first CUDA program failed under MPS" in (tmp_path / "lab/mps.log").read_text()
     assert [c.split()[0] for c in open(env["MPS_LOG"]).read().splitlines()] == ["-d", "quit"]
 

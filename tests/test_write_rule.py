@@ -28,7 +28,7 @@ ALLOWED = {
     ("envs/alfworld_env.py", 'with open(game_path, "w") as f:'):
         "a game file inside the same temporary (build_dir_atomically)",
     ("bench/speed/train_memory.py", 'with open(adv, "w") as f:'):
-        "an input buffer inside its own tempfile.TemporaryDirectory, never a user's path",
+        "an input buffer inside its own temporary folder (bench.runner.scratch), never a user's path",
     ("bench/gpu_lab.sh", 'echo "$c" > "$verdict.new" && mv "$verdict.new" "$verdict" ) &'):
         "the decode-step check's verdict, inside the lab's own mktemp folder, never a user's path",
     ("bench/gpu_lab.sh", 'done > "$use" ) &'):
