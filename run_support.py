@@ -419,19 +419,27 @@ def demonstrate(env, task_id):
     return bool(terminated and reward > 0 and info.get("won", True)), texts
 
 
-def fewest_tokens(texts):
-    """A lower bound on the tokens of a chat of messages with these contents under the tiny model's tokenizer and chat
-    template (models/tiny.py, any byte-level BPE merges): each content at least its pre-tokenizer's pieces, which no
-    merge crosses, each message two more (<|role|>, <|end|>), and the generation prompt's <|assistant|>."""
+def chat_tokens(texts, tokenizer=None):
+    """The tokens of a chat of messages with these contents as 01 counts them (tokenize_episode: the chat template's
+    text with its generation prompt) under a tokenizer; without one, bounds under any byte-level BPE tokenizer with the
+    tiny model's template (models/tiny.py) -> (least, most): each content at least its pre-tokenizer's pieces, which no
+    merge crosses, and at most its bytes, each message two more (<|role|>, <|end|>), and the prompt's <|assistant|>."""
+    if tokenizer is not None:
+        chat = [{"role": "system" if i == 0 else "assistant" if i % 2 == 0 else "user", "content": text}
+                for i, text in enumerate(texts)]
+        text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return n, n
     from tokenizers import pre_tokenizers
     split = pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str
-    return sum(len(split(text)) + 2 for text in texts) + 1
+    fixed = 2 * len(texts) + 1
+    return sum(len(split(text)) for text in texts) + fixed, sum(len(text.encode()) for text in texts) + fixed
 
 
 def check_settings(s):
     """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
     made), N_EXPERT and N_SELF against the tasks of its train split (two demonstrations kept for 01: with DEMOS=success
-    two tasks the demonstrator wins, demonstrate; two that can fit the tiny model's --max-len, fewest_tokens),
+    two tasks the demonstrator wins, demonstrate; two that fit the tiny model's --max-len, chat_tokens),
     EVAL_SPLITS (its splits) and N_EVAL against their tasks, THREADS and NPROC against the stages' ceiling and this
     machine, a BASE that names a directory (a model's: loaded) and SMOLLM2_DIR, the base cache (check_base_cache) and
     this run's entry in it (check_base_entry), and each *_ARGS that gives a stage flags by that stage (stage_args),
@@ -556,17 +564,29 @@ def check_settings(s):
             die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {most} leave no room for a prompt in the "
                 f"model's context of {context} tokens" + (f" (PRETRAIN_ARGS' --max-len {context})" if base ==
                                                           "pretrained" else ""))
-    if context is not None and base in ("pretrained", "tiny"):  # a byte-level BPE tokenizer
-        # 01 trains on at least two demonstrations that fit the model's context (fit_context): refused if fewer can
-        kept = fit = 0
+    if context is not None and base in ("pretrained", "tiny"):  # a byte-level BPE tokenizer (models/tiny.py)
+        # 01 trains on at least two demonstrations that fit the model's context (fit_context): refused if fewer do.
+        # Played until two surely fit (at most their bytes); else all are counted with 01's tokenizer (BASE=tiny: as 01
+        # trains it, on the demonstrations; a base model's, once built), or bounded from below (a base not built yet)
+        demos = []
         for texts in itertools.chain(first, plays):
-            kept, fit = kept + 1, fit + (fewest_tokens(texts) <= context)
-            if fit == 2:
+            demos.append(texts)
+            if sum(chat_tokens(d)[1] <= context for d in demos) == 2:
                 break
-        if fit < 2:
-            name = "PRETRAIN_ARGS" if base == "pretrained" else "BC_ARGS"
-            die(f"{name}={shlex.quote(s[name])}: --max-len {context} is too short: {fit} of the {kept} "
-                "demonstrations kept fit in it, and 01_bc.py trains on at least two; raise it")
+        else:
+            tokenizer, entry = None, s.get("BASE_DIR", "")
+            if base == "tiny":
+                from models.tiny import train_tiny_tokenizer
+                tokenizer = train_tiny_tokenizer([demos[0][0]] + [t for d in demos for t in d[1:]],
+                                                 args["BC_ARGS"][0]["vocab_size"])
+            elif os.path.isfile(os.path.join(entry, "tokenizer_config.json")):
+                from transformers import AutoTokenizer
+                tokenizer = AutoTokenizer.from_pretrained(entry)
+            fit = sum(chat_tokens(d, tokenizer)[0] <= context for d in demos)
+            if fit < 2:
+                name = "PRETRAIN_ARGS" if base == "pretrained" else "BC_ARGS"
+                die(f"{name}={shlex.quote(s[name])}: --max-len {context} is too short: {fit} of the {len(demos)} "
+                    "demonstrations kept fit in it, and 01_bc.py trains on at least two; raise it")
     env.close()
 
 

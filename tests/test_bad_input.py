@@ -6,6 +6,7 @@ import errno
 import glob
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import envs
 import plumbing
 import run_support
 from conftest import ROOT, load_module, run_stage
+from models.tiny import train_tiny_tokenizer
 
 GOOD_STEP = {"text": "Action: look", "action": "look", "obs": "o", "r_env": 0.0, "label": "ok", "r_aux": 0.0,
              "done": False}
@@ -1095,16 +1097,34 @@ def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_pr
 
 
 def test_a_max_len_too_short_for_two_demonstrations_is_refused_before_any_work(tiny_run, stages, in_process, tmp_path):
-    """Issue 94: a --max-len (BC_ARGS with BASE=tiny, or PRETRAIN_ARGS) that no demonstration fits passed --check;
+    """Issue 94: a --max-len (BC_ARGS with BASE=tiny, or PRETRAIN_ARGS) that no two demonstrations fit passed --check;
     01 refused it after 00 and 02 (fit_context). The check plays the demonstrator (demonstrate: 01's messages) and
-    bounds each chat's tokens from below (fewest_tokens), under any byte-level tokenizer: here a 400-token one."""
-    assert run_support.fewest_tokens(["a b", "c"]) == (2 + 2) + (1 + 2) + 1  # 'a' 'Gb', 'c'; <|role|> <|end|>; prompt
+    counts each chat's tokens (chat_tokens): bounded under any byte-level tokenizer, exact under 01's own. A lower
+    bound alone let a small --vocab-size through (session 9's probe N1): BASE=tiny's tokenizer is now trained as 01
+    trains it, on the demonstrations, and the border is exact."""
+    assert run_support.chat_tokens(["a b", "c"]) == (2 + 1 + 5, 3 + 1 + 5)  # 'a' 'Gb', 'c'; 2 x (<|role|> <|end|>); 1
     demos, bc = [json.loads(line) for line in open(tiny_run / "expert.jsonl")], stages["01_bc"]
-    env, tokenizer = envs.make(demos[0]["env"]), AutoTokenizer.from_pretrained(tiny_run / "policy_0")
+    env, tokenizer = envs.make(demos[0]["env"]), AutoTokenizer.from_pretrained(tiny_run / "policy_0")  # 400 tokens
     for ep in demos:
         won, texts = run_support.demonstrate(env, ep["task_id"])
         assert won == ep["success"] and texts == [m["content"] for m in bc.episode_messages(ep)]
-        assert run_support.fewest_tokens(texts) <= len(bc.tokenize_episode(tokenizer, ep)["input_ids"])
+        n = len(bc.tokenize_episode(tokenizer, ep)["input_ids"])
+        least, most = run_support.chat_tokens(texts)
+        assert least <= n <= most and run_support.chat_tokens(texts, tokenizer) == (n, n)
+    # SMOKE's household demonstrations (DEMOS=all: its 16 tasks) under a 260-token vocabulary, which hardly merges
+    household = envs.make("household", max_steps=5)
+    tasks = sorted(random.Random(0).sample(household.task_ids("train"), 16))
+    texts = [run_support.demonstrate(household, t)[1] for t in tasks]
+    small = train_tiny_tokenizer([texts[0][0]] + [t for d in texts for t in d[1:]], 260)
+    second = lambda counts: sorted(counts)[1]  # 01 trains on two: the second shortest must fit
+    least, exact = (second(run_support.chat_tokens(d, tok)[0] for d in texts) for tok in (None, small))
+    assert least < exact - 10  # the band the lower bound left
+    for max_len, refused in ((least, True), (exact - 1, True), (exact, False)):
+        settings = {**SMOKE_SETTINGS, "BASE": "tiny", "BC_ARGS": f"--epochs 1 --vocab-size 260 --max-len {max_len}"}
+        proc = in_process(run_support, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()],
+                          check=False)
+        assert (proc.returncode == 2) == refused, proc.stderr
+        assert not refused or one_line(proc) and f"--max-len {max_len} is too short: " in proc.stderr
     settings = {**SMOKE_SETTINGS, "BASE": "tiny", "BC_ARGS": "--epochs 1 --max-len 60"}
     proc = in_process(run_support, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
     assert one_line(proc) and "BC_ARGS='--epochs 1 --max-len 60': --max-len 60 is too short: 0 of the 16 " \
