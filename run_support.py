@@ -568,10 +568,11 @@ def check_settings(s):
         # 01 trains on at least two demonstrations that fit the model's context (fit_context): refused if fewer do.
         # Played until two surely fit (at most their bytes); else all are counted with 01's tokenizer (BASE=tiny: as 01
         # trains it, on the demonstrations; a base model's, once built), or bounded from below (a base not built yet)
-        demos = []
+        demos, sure = [], 0
         for texts in itertools.chain(first, plays):
             demos.append(texts)
-            if sum(chat_tokens(d)[1] <= context for d in demos) == 2:
+            sure += chat_tokens(texts)[1] <= context
+            if sure == 2:
                 break
         else:
             tokenizer, entry = None, s.get("BASE_DIR", "")
@@ -582,7 +583,11 @@ def check_settings(s):
             elif os.path.isfile(os.path.join(entry, "tokenizer_config.json")):
                 from transformers import AutoTokenizer
                 tokenizer = AutoTokenizer.from_pretrained(entry)
-            fit = sum(chat_tokens(d, tokenizer)[0] <= context for d in demos)
+            fit = 0
+            for d in demos:  # the lower bound first: the tokenizer counts only those it cannot tell
+                fit += chat_tokens(d)[0] <= context and (tokenizer is None or chat_tokens(d, tokenizer)[0] <= context)
+                if fit == 2:
+                    break
             if fit < 2:
                 name = "PRETRAIN_ARGS" if base == "pretrained" else "BC_ARGS"
                 die(f"{name}={shlex.quote(s[name])}: --max-len {context} is too short: {fit} of the {len(demos)} "
