@@ -407,32 +407,31 @@ def cores():
 def demonstrate(env, task_id):
     """The demonstrator (env.expert_action) on task_id of world 0 -> (whether it wins, by 02's rule for an episode's
     success: ended by the environment with a positive reward, and info's 'won' where the world grades its rewards;
-    its chat's messages' contents as 01 renders them: instruction, task and first observation, then each of its turns
-    and the observation after it)."""
+    its chat as 01 renders it, 02's episode_messages: the instruction, the task and first observation, then each of
+    its turns and the observation after it)."""
     obs, info = env.reset(task_id)
-    texts, reward, done = [env.instruction, f"Your task is to: {info['task']}\n{obs}"], 0.0, False
+    chat, reward, done = [{"role": "system", "content": env.instruction},
+                          {"role": "user", "content": f"Your task is to: {info['task']}\n{obs}"}], 0.0, False
     while not done:
-        texts.append(env.expert_text())
+        chat.append({"role": "assistant", "content": env.expert_text()})
         obs, r, terminated, truncated, info = env.step(env.expert_action())
         reward, done = reward + r, terminated or truncated
-        texts.append(obs)
-    return bool(terminated and reward > 0 and info.get("won", True)), texts
+        chat.append({"role": "user", "content": obs})
+    return bool(terminated and reward > 0 and info.get("won", True)), chat
 
 
-def chat_tokens(texts, tokenizer=None):
-    """The tokens of a chat of messages with these contents as 01 counts them (tokenize_episode: the chat template's
-    text with its generation prompt) under a tokenizer; without one, bounds under any byte-level BPE tokenizer with the
-    tiny model's template (models/tiny.py) -> (least, most): each content at least its pre-tokenizer's pieces, which no
-    merge crosses, and at most its bytes, each message two more (<|role|>, <|end|>), and the prompt's <|assistant|>."""
+def chat_tokens(chat, tokenizer=None):
+    """The tokens of a chat as 01 counts them (tokenize_episode: the chat template's text with its generation prompt)
+    under a tokenizer; without one, bounds under any byte-level BPE tokenizer with the tiny model's template
+    (models/tiny.py) -> (least, most): each content at least its pre-tokenizer's pieces, which no merge crosses, and at
+    most its bytes, each message two more (<|role|>, <|end|>), and the prompt's <|assistant|>."""
     if tokenizer is not None:
-        chat = [{"role": "system" if i == 0 else "assistant" if i % 2 == 0 else "user", "content": text}
-                for i, text in enumerate(texts)]
         text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         return n, n
     from tokenizers import pre_tokenizers
     split = pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str
-    fixed = 2 * len(texts) + 1
+    texts, fixed = [m["content"] for m in chat], 2 * len(chat) + 1
     return sum(len(split(text)) for text in texts) + fixed, sum(len(text.encode()) for text in texts) + fixed
 
 
@@ -471,7 +470,7 @@ def check_settings(s):
         # least two (fit_context), after the base is built; played until two are kept (their lengths: below)
         train, n = env.task_ids("train"), int(s["N_EXPERT"])
         n_train, tasks = len(train), sorted(random.Random(int(s.get("SEED", "0"))).sample(train, n)) if n else train
-        plays = (texts for won, texts in (demonstrate(env, t) for t in tasks) if won or s.get("DEMOS") != "success")
+        plays = (chat for won, chat in (demonstrate(env, t) for t in tasks) if won or s.get("DEMOS") != "success")
         first = list(itertools.islice(plays, 2))
         kept = len(first) if s.get("DEMOS") == "success" else len(tasks)
         if kept < 2:
@@ -568,24 +567,25 @@ def check_settings(s):
         # 01 trains on at least two demonstrations that fit the model's context (fit_context): refused if fewer do.
         # Played until two surely fit (at most their bytes); else all are counted with 01's tokenizer (BASE=tiny: as 01
         # trains it, on the demonstrations; a base model's, once built), or bounded from below (a base not built yet)
-        demos, sure = [], 0
-        for texts in itertools.chain(first, plays):
-            demos.append(texts)
-            sure += chat_tokens(texts)[1] <= context
+        demos, bounds, sure = [], [], 0
+        for chat in itertools.chain(first, plays):
+            demos.append(chat)
+            bounds.append(chat_tokens(chat))
+            sure += bounds[-1][1] <= context
             if sure == 2:
                 break
         else:
             tokenizer, entry = None, s.get("BASE_DIR", "")
-            if base == "tiny":
+            if base == "tiny":  # trained on the same texts as 01 trains it
                 from models.tiny import train_tiny_tokenizer
-                tokenizer = train_tiny_tokenizer([demos[0][0]] + [t for d in demos for t in d[1:]],
-                                                 args["BC_ARGS"][0]["vocab_size"])
+                texts = [demos[0][0]["content"]] + [m["content"] for d in demos for m in d[1:]]
+                tokenizer = train_tiny_tokenizer(texts, args["BC_ARGS"][0]["vocab_size"])
             elif os.path.isfile(os.path.join(entry, "tokenizer_config.json")):
                 from transformers import AutoTokenizer
                 tokenizer = AutoTokenizer.from_pretrained(entry)
             fit = 0
-            for d in demos:  # the lower bound first: the tokenizer counts only those it cannot tell
-                fit += chat_tokens(d)[0] <= context and (tokenizer is None or chat_tokens(d, tokenizer)[0] <= context)
+            for chat, (least, _) in zip(demos, bounds):  # the lower bound first: the tokenizer counts the others
+                fit += least <= context and (tokenizer is None or chat_tokens(chat, tokenizer)[0] <= context)
                 if fit == 2:
                     break
             if fit < 2:

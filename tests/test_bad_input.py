@@ -1102,22 +1102,23 @@ def test_a_max_len_too_short_for_two_demonstrations_is_refused_before_any_work(t
     counts each chat's tokens (chat_tokens): bounded under any byte-level tokenizer, exact under 01's own. A lower
     bound alone let a small --vocab-size through (session 9's probe N1): BASE=tiny's tokenizer is now trained as 01
     trains it, on the demonstrations, and the border is exact."""
-    assert run_support.chat_tokens(["a b", "c"]) == (2 + 1 + 5, 3 + 1 + 5)  # 'a' 'Gb', 'c'; 2 x (<|role|> <|end|>); 1
+    chat = [{"role": "system", "content": "a b"}, {"role": "user", "content": "c"}]
+    assert run_support.chat_tokens(chat) == (2 + 1 + 5, 3 + 1 + 5)  # 'a' 'Gb', 'c'; 2 x (<|role|> <|end|>); 1
     demos, bc = [json.loads(line) for line in open(tiny_run / "expert.jsonl")], stages["01_bc"]
     env, tokenizer = envs.make(demos[0]["env"]), AutoTokenizer.from_pretrained(tiny_run / "policy_0")  # 400 tokens
     for ep in demos:
-        won, texts = run_support.demonstrate(env, ep["task_id"])
-        assert won == ep["success"] and texts == [m["content"] for m in bc.episode_messages(ep)]
+        won, chat = run_support.demonstrate(env, ep["task_id"])
+        assert won == ep["success"] and chat == bc.episode_messages(ep)
         n = len(bc.tokenize_episode(tokenizer, ep)["input_ids"])
-        least, most = run_support.chat_tokens(texts)
-        assert least <= n <= most and run_support.chat_tokens(texts, tokenizer) == (n, n)
+        least, most = run_support.chat_tokens(chat)
+        assert least <= n <= most and run_support.chat_tokens(chat, tokenizer) == (n, n)
     # SMOKE's household demonstrations (DEMOS=all: its 16 tasks) under a 260-token vocabulary, which hardly merges
     household = envs.make("household", max_steps=5)
     tasks = sorted(random.Random(0).sample(household.task_ids("train"), 16))
-    texts = [run_support.demonstrate(household, t)[1] for t in tasks]
-    small = train_tiny_tokenizer([texts[0][0]] + [t for d in texts for t in d[1:]], 260)
+    chats = [run_support.demonstrate(household, t)[1] for t in tasks]
+    small = train_tiny_tokenizer([chats[0][0]["content"]] + [m["content"] for d in chats for m in d[1:]], 260)
     second = lambda counts: sorted(counts)[1]  # 01 trains on two: the second shortest must fit
-    least, exact = (second(run_support.chat_tokens(d, tok)[0] for d in texts) for tok in (None, small))
+    least, exact = (second(run_support.chat_tokens(d, tok)[0] for d in chats) for tok in (None, small))
     assert least < exact - 10  # the band the lower bound left
     for max_len, refused in ((least, True), (exact - 1, True), (exact, False)):
         settings = {**SMOKE_SETTINGS, "BASE": "tiny", "BC_ARGS": f"--epochs 1 --vocab-size 260 --max-len {max_len}"}
