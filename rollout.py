@@ -45,8 +45,8 @@ def plan_runs(args):
     env_kwargs = parse_env_kwargs(args.env_kwargs)
     if not all(0 <= w < 2**32 for w in args.env_seed):
         die(f"--env-seed must be a seed in [0, 2**32), got {' '.join(map(str, args.env_seed))}")
-    field = re.search(r"\{[^{}]*\}", args.out.replace("{world}", "").replace("{split}", ""))
-    if field:  # a typo such as {wrold} would stay in the file's name
+    field = re.search(r"\{[^{}]*\}|[{}]", args.out.replace("{world}", "").replace("{split}", ""))
+    if field:  # a typo such as {wrold}, or a lone brace, would stay in the file's name
         die(f"--out {args.out}: {field[0]} is not a field; 02's --out names {{world}} and {{split}} only")
     runs = [argparse.Namespace(**{**vars(args), "env_seed": w, "split": split,
                                   "out": args.out.replace("{world}", str(w)).replace("{split}", split)})

@@ -253,8 +253,9 @@ VALUES = {"--precision": ("fp32", "bf16"), "--env": ("household", "kitchen"), "-
 
 # The child that runs each stage's own check of its flags: (stage, argv) -> parse_args(argv) as a dict, or the line it
 # refused argv with (argparse's usage or the stage's error line); its own process, so that this module imports no stage.
-# Two jobs that are not a stage's: ("@model", [DIR]) -> DIR's context (its config's max_position_embeddings) once its
-# config, tokenizer (with a chat template) and safetensors headers load, or why not; ("@gpus", []) -> the GPUs seen.
+# Three jobs that are not a stage's: ("@model", [DIR]) -> DIR's context (its config's max_position_embeddings) once its
+# config, tokenizer (with a chat template) and safetensors headers load, or why not; ("@gpus", []) -> the GPUs seen;
+# ("@tokens", [FLAGS, CHATS]) -> each chat's tokens under the tokenizer 00_pretrain.py trains (pretrain_tokens).
 PARSE = """import contextlib, importlib, io, json, os, sys
 def model(path):
     from safetensors import safe_open
@@ -276,6 +277,9 @@ def parse(stage, argv):
             if stage == '@gpus':
                 import torch
                 return torch.cuda.device_count()
+            if stage == '@tokens':
+                from run_support import pretrain_tokens
+                return pretrain_tokens(*argv)
             if stage == '@model':
                 try:
                     return model(argv[0])
@@ -285,7 +289,7 @@ def parse(stage, argv):
     except SystemExit:  # a stage's check or argparse's (Parser): 'error: WHY'; --help: nothing on stderr
         return (said.getvalue().strip().splitlines() or ["--help prints the stage's help"])[-1].split("error: ")[-1]
 sys.path.insert(0, sys.argv[1])
-print(json.dumps([parse(*job) for job in json.loads(sys.argv[2])]))"""
+print(json.dumps([parse(*job) for job in json.load(sys.stdin)]))"""
 
 
 def stage_args(jobs):
@@ -293,7 +297,8 @@ def stage_args(jobs):
     dict, or the line the stage refused it with; all in one child process (PARSE)."""
     if not jobs:
         return []
-    proc = subprocess.run([sys.executable, "-c", PARSE, CHECKOUT, json.dumps(jobs)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", PARSE, CHECKOUT], input=json.dumps(jobs), capture_output=True,
+                          text=True)  # the jobs on stdin: @tokens' chats can exceed an argument list's limit
     if proc.returncode:
         die(f"cannot check the stages' flags: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
     return json.loads(proc.stdout.splitlines()[-1])
@@ -435,6 +440,20 @@ def chat_tokens(chat, tokenizer=None):
     return sum(len(split(text)) for text in texts) + fixed, sum(len(text.encode()) for text in texts) + fixed
 
 
+def pretrain_tokens(flags, chats):
+    """00_pretrain.py's parsed flags and chats -> each chat's tokens under the tokenizer 00 trains, before it is built:
+    on its corpus, drawn as 00 draws it (its --seed, first). It imports a stage: stage_args' child runs it (@tokens)."""
+    import envs
+    from models.tiny import train_tiny_tokenizer
+    pretrain = importlib.import_module("00_pretrain")
+    world = envs.make(flags["env"], seed=flags["env_seed"], **parse_env_kwargs(flags["env_kwargs"]))
+    corpus = pretrain.build_corpus(world, flags["episodes"], random.Random(flags["seed"]), flags["p_random"],
+                                   flags["qa"])
+    tokenizer = train_tiny_tokenizer([corpus[0][0]["content"]] + [m["content"] for c in corpus for m in c[1:]],
+                                     flags["vocab_size"])
+    return [chat_tokens(chat, tokenizer)[0] for chat in chats]
+
+
 def check_settings(s):
     """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
     made), N_EXPERT and N_SELF against the tasks of its train split (two demonstrations kept for 01: with DEMOS=success
@@ -565,8 +584,9 @@ def check_settings(s):
                                                           "pretrained" else ""))
     if context is not None and base in ("pretrained", "tiny"):  # a byte-level BPE tokenizer (models/tiny.py)
         # 01 trains on at least two demonstrations that fit the model's context (fit_context): refused if fewer do.
-        # Played until two surely fit (at most their bytes); else all are counted with 01's tokenizer (BASE=tiny: as 01
-        # trains it, on the demonstrations; a base model's, once built), or bounded from below (a base not built yet)
+        # Played until two surely fit (at most their bytes); else those that may fit (at least their pre-tokenizer's
+        # pieces) are counted with 01's tokenizer: BASE=tiny's as 01 trains it, on the demonstrations; a base model's
+        # once built, else as 00 will train it, on its corpus (pretrain_tokens)
         demos, bounds, sure = [], [], 0
         for chat in itertools.chain(first, plays):
             demos.append(chat)
@@ -575,19 +595,19 @@ def check_settings(s):
             if sure == 2:
                 break
         else:
-            tokenizer, entry = None, s.get("BASE_DIR", "")
+            maybe, entry = [chat for chat, (least, _) in zip(demos, bounds) if least <= context], s.get("BASE_DIR", "")
             if base == "tiny":  # trained on the same texts as 01 trains it
                 from models.tiny import train_tiny_tokenizer
                 texts = [demos[0][0]["content"]] + [m["content"] for d in demos for m in d[1:]]
                 tokenizer = train_tiny_tokenizer(texts, args["BC_ARGS"][0]["vocab_size"])
+                counts = [chat_tokens(chat, tokenizer)[0] for chat in maybe]
             elif os.path.isfile(os.path.join(entry, "tokenizer_config.json")):
                 from transformers import AutoTokenizer
                 tokenizer = AutoTokenizer.from_pretrained(entry)
-            fit = 0
-            for chat, (least, _) in zip(demos, bounds):  # the lower bound first: the tokenizer counts the others
-                fit += least <= context and (tokenizer is None or chat_tokens(chat, tokenizer)[0] <= context)
-                if fit == 2:
-                    break
+                counts = [chat_tokens(chat, tokenizer)[0] for chat in maybe]
+            else:
+                counts = stage_args([("@tokens", [got, maybe])])[0] if maybe else []
+            fit = sum(n <= context for n in counts)
             if fit < 2:
                 name = "PRETRAIN_ARGS" if base == "pretrained" else "BC_ARGS"
                 die(f"{name}={shlex.quote(s[name])}: --max-len {context} is too short: {fit} of the {len(demos)} "

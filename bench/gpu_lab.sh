@@ -90,17 +90,17 @@ save() { $PYTHON run_support.py save run_log "$1" bench/gpu_lab.sh; }
 pids=() graph=0
 start=$(date +%s)
 # MPS=1: NVIDIA's multi-process service, so that the processes' small kernels run at once instead of taking turns; its
-# daemon in a fresh /tmp folder for this lab alone, stopped at the end. Without it where the control is missing or a
+# daemon in a fresh temporary folder for this lab alone, stopped (and the folder removed) at the end. Without it where the control is missing or a
 # first CUDA program failed under it or was served by no server: LAB/mps.log says which, the report quotes it.
 mps="off (MPS=0)"
 if [ "$MPS" = 1 ]; then
   mps="off: no nvidia-cuda-mps-control"
   if command -v nvidia-cuda-mps-control >/dev/null; then
-    CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/gpu_lab_mps.XXXXXX)
-    export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY
+    mpsdir=$(mktemp -d -t gpu_lab_mps.XXXXXX)
+    export CUDA_MPS_PIPE_DIRECTORY=$mpsdir CUDA_MPS_LOG_DIRECTORY=$mpsdir
     mps="off: nvidia-cuda-mps-control -d failed"
     if nvidia-cuda-mps-control -d; then
-      trap 'echo quit | nvidia-cuda-mps-control' EXIT
+      trap 'echo quit | nvidia-cuda-mps-control; rm -rf -- "$mpsdir"' EXIT
       trap 'exit 130' INT TERM  # the EXIT trap then stops the daemon
       # a first CUDA program: it allocates (with the lab's allocator setting) and multiplies, as the runs will
       server="" mps="off: a first CUDA program failed under MPS"
@@ -111,7 +111,7 @@ if [ "$MPS" = 1 ]; then
       fi
       if [ -n "$server" ]; then mps="on (server $server)"; else echo quit | nvidia-cuda-mps-control; trap - EXIT; fi
     fi
-    [[ $mps == on* ]] || unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    [[ $mps == on* ]] || { unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; rm -rf -- "$mpsdir"; }
   fi
 fi
 echo "MPS: $mps" | save "$LAB/mps.log"

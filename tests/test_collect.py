@@ -319,6 +319,8 @@ def test_one_batch_runs_every_world_and_split_as_runs_of_their_own(stages, in_pr
     proc = in_process(stages["02_collect"], *common, "--env-seed", 0, 1, "--split", "seen", "--out",
                       tmp_path / "t{world}_{wrold}.jsonl", check=False)
     assert proc.returncode == 2 and "{wrold} is not a field" in proc.stderr and not list(tmp_path.glob("t*"))
+    proc = in_process(stages["02_collect"], *common, "--out", tmp_path / "t{world.jsonl", check=False)  # session 10
+    assert proc.returncode == 2 and ": { is not a field" in proc.stderr and not list(tmp_path.glob("t*"))
 
 
 def test_keep_success_writes_the_successful_demonstrations_only(stages, in_process, tmp_path):

@@ -77,7 +77,7 @@ def test_the_lab_runs_without_mps_where_a_cuda_program_fails_under_it(tmp_path):
            "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and "no run got as far as its BC policy" in proc.stderr, proc.stderr  # the report
-    assert not list((tmp_path / "tmp").glob("gpu_lab_*"))  # issue 94: the CUDA-graph verdict's folder stayed in /tmp
+    assert not list((tmp_path / "tmp").glob("gpu_lab_*"))  # issue 94: the graph verdict's and MPS's folders stayed
     assert "MPS: off: a first CUDA program failed under MPS" in (tmp_path / "lab/mps.log").read_text()
     assert [c.split()[0] for c in open(env["MPS_LOG"]).read().splitlines()] == ["-d", "quit"]
 
@@ -94,8 +94,11 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
                 num_key_value_heads=1).save_pretrained(tmp_path / "shape")
     env = {**os.environ, "DRY": "1", "K": "2", "LAB": str(tmp_path / "lab"), "OMP_NUM_THREADS": "1", "MPS": "1",
            "TESTS": "tests/test_precision.py::test_pick_device_on_cpu", "MPS_LOG": str(tmp_path / "mps_calls"),
-           "PATH": f"{stub.parent}:{os.environ['PATH']}", "CUDA_GRAPH": "1", "SMOLLM2_DIR": str(tmp_path / "shape")}
+           "PATH": f"{stub.parent}:{os.environ['PATH']}", "CUDA_GRAPH": "1", "SMOLLM2_DIR": str(tmp_path / "shape"),
+           "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
     proc = subprocess.run(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert not list((tmp_path / "tmp").glob("gpu_lab_*"))  # the daemon's pipe folder too (session 10)
     tmp_path = tmp_path / "lab"
     logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("*.log"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
