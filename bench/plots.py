@@ -321,11 +321,14 @@ def paper(args, table):
                 bad = [mistakes(pattern.format(seed=s), tag, i, args.splits[0]) for s in seeds]
                 lines.append(f"| {name} | {i} | {mean(steps):.0f} | " + " | ".join(fmt(ok[sp]) for sp in args.splits)
                              + f" | {mean(b[0] for b in bad):.1f} | {mean(b[1] for b in bad):.1f} |")
+        ours = {i: ok for i, _, ok in found[pattern, "qevolve"]}
+        if not ours:  # runs without Q-Evolve (a baseline's tuning point): no gap to give
+            lines += [""] * (pattern != args.runs[-1])
+            continue
         lines += ["", "Q-Evolve minus each method, paired by seed: the mean gap in points [its 95% interval]; "
                   "'shown' where the interval excludes 0. Q-Evolve at the same iteration (QLASS, BC: at each).", "",
                   "| Q-Evolve iteration | against | " + " | ".join(args.splits) + " |",
                   "|---|---|" + "---|" * len(args.splits)]
-        ours = {i: ok for i, _, ok in found[pattern, "qevolve"]}
         for key, _, name in PAPER:
             for i, _, ok in found[pattern, key]:
                 for j in sorted(ours) if key in ("bc", "qlass") else [i] if key != "qevolve" and i in ours else []:
