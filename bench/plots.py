@@ -312,8 +312,11 @@ def paper(args, table):
              f"The optimum (the good item always): {' / '.join(f'{best[sp]:.1f}' for sp in args.splits)} on "
              f"{' / '.join(args.splits)}.", ""]
     fmt = lambda xs: "{:.1f} [{:.1f}, {:.1f}]".format(*(lambda m, h: (m, m - h, m + h))(*ci(xs)))
-    for pattern in args.runs:
-        lines += [f"### {pattern}", "", "| method | iteration | online env steps | " + " | ".join(args.splits)
+    made = {p: read_json(os.path.join(ROOT, p.format(seed=seeds[0]), "settings.json")) or {} for p in args.runs}
+    for pattern in args.runs:  # each heading names the settings its runs changed from the first runs'
+        changed = ", ".join(f"{k}={v}" for k, v in made[pattern].items() if made[args.runs[0]].get(k) != v)
+        lines += [f"### {pattern}" + (f" ({changed})" if changed else ""), "",
+                  "| method | iteration | online env steps | " + " | ".join(args.splits)
                   + " | harmful ingredients taken (%, " + args.splits[0] + ") | flawed tools taken (%) |",
                   "|---|---|---|" + "---|" * len(args.splits) + "---|---|"]
         for key, tag, name in PAPER:
@@ -339,7 +342,6 @@ def paper(args, table):
                     lines.append(f"| {j} | {name}{'' if key in ('bc', 'qlass') else f' iteration {i}'} | "
                                  + " | ".join(cells) + " |")
     # a regime (its runs' DEMOS) is one panel; its runs' budgets (N_SELF, QLASS's trees) are points on one curve
-    made = {p: read_json(os.path.join(ROOT, p.format(seed=seeds[0]), "settings.json")) or {} for p in args.runs}
     regimes = {}
     for pattern in args.runs:
         regimes.setdefault(made[pattern].get("DEMOS", "all"), []).append(pattern)
