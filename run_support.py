@@ -106,7 +106,9 @@ def torchrun(argv):
         args = get_args_parser().parse_args(argv)
         if not (args.module or args.no_python) and not os.path.isfile(args.training_script):  # not a line per rank
             die(f"torchrun: {args.training_script}: no such script")
-        run(args)
+        with tempfile.TemporaryDirectory(prefix="qevolve_torchrun.") as scratch:  # its log folders: gone after
+            tempfile.tempdir = scratch  # (torchrun makes them with tempfile in this process and leaves them)
+            run(args)
     except SignalException:  # run_all.sh's Ctrl-C stops it (SIGTERM): torchrun stopped its processes
         sys.exit(130)
     except ValueError as e:  # torchrun's own settings (--nproc_per_node abc)

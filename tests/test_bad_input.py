@@ -890,10 +890,12 @@ def test_cause_5_under_torchrun_one_rank_reports(tmp_path):
     torchrun (run_all.sh's way), one line and exit 2."""
     stage = ["02_collect.py", "--policy", "expert", "--episodes", "-1", "--out", str(tmp_path / "x.jsonl")]
     torchrun = [sys.executable, "run_support.py", "torchrun", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run([*torchrun, *stage],
-                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([*torchrun, *stage], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")})
     errors = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("*", "Setting OMP"))]
     assert proc.returncode == 2 and len(errors) == 1 and "--episodes must be" in errors[0], proc.stderr
+    assert not os.listdir(tmp_path / "tmp")  # torchrun's log folders (torchelastic_*) stayed (session 10's probes)
 
 
 # ---- issue 75: settings checked before any work, one run per folder, one lock for the metrics (each test failed
