@@ -257,7 +257,7 @@ VALUES = {"--precision": ("fp32", "bf16"), "--env": ("household", "kitchen"), "-
 # refused argv with (argparse's usage or the stage's error line); its own process, so that this module imports no stage.
 # Three jobs that are not a stage's: ("@model", [DIR]) -> DIR's context (its config's max_position_embeddings) once its
 # config, tokenizer (with a chat template) and safetensors headers load, or why not; ("@gpus", []) -> the GPUs seen;
-# ("@tokens", [FLAGS, CHATS]) -> each chat's tokens under the tokenizer 00_pretrain.py trains (pretrain_tokens).
+# ("@tokens", [FLAGS, CHATS]) -> each chat's tokens under the tokenizer 00_pretrain.py will train with FLAGS.
 PARSE = """import contextlib, importlib, io, json, os, sys
 def model(path):
     from safetensors import safe_open
@@ -272,6 +272,17 @@ def model(path):
         with safe_open(os.path.join(path, f), 'pt') as w:
             w.keys()
     return {'context': config.max_position_embeddings}
+def tokens(flags, chats):  # 00's tokenizer before it is built: on its corpus, drawn as 00 draws it (--seed, first)
+    import random, envs
+    from models.tiny import train_tiny_tokenizer
+    from plumbing import parse_env_kwargs
+    from run_support import chat_tokens
+    world = envs.make(flags['env'], seed=flags['env_seed'], **parse_env_kwargs(flags['env_kwargs']))
+    corpus = importlib.import_module('00_pretrain').build_corpus(world, flags['episodes'], random.Random(flags['seed']),
+                                                                 flags['p_random'], flags['qa'])
+    tokenizer = train_tiny_tokenizer([corpus[0][0]['content']] + [m['content'] for c in corpus for m in c[1:]],
+                                     flags['vocab_size'])
+    return [chat_tokens(chat, tokenizer)[0] for chat in chats]
 def parse(stage, argv):
     said = io.StringIO()
     try:
@@ -280,8 +291,7 @@ def parse(stage, argv):
                 import torch
                 return torch.cuda.device_count()
             if stage == '@tokens':
-                from run_support import pretrain_tokens
-                return pretrain_tokens(*argv)
+                return tokens(*argv)
             if stage == '@model':
                 try:
                     return model(argv[0])
@@ -442,20 +452,6 @@ def chat_tokens(chat, tokenizer=None):
     return sum(len(split(text)) for text in texts) + fixed, sum(len(text.encode()) for text in texts) + fixed
 
 
-def pretrain_tokens(flags, chats):
-    """00_pretrain.py's parsed flags and chats -> each chat's tokens under the tokenizer 00 trains, before it is built:
-    on its corpus, drawn as 00 draws it (its --seed, first). It imports a stage: stage_args' child runs it (@tokens)."""
-    import envs
-    from models.tiny import train_tiny_tokenizer
-    pretrain = importlib.import_module("00_pretrain")
-    world = envs.make(flags["env"], seed=flags["env_seed"], **parse_env_kwargs(flags["env_kwargs"]))
-    corpus = pretrain.build_corpus(world, flags["episodes"], random.Random(flags["seed"]), flags["p_random"],
-                                   flags["qa"])
-    tokenizer = train_tiny_tokenizer([corpus[0][0]["content"]] + [m["content"] for c in corpus for m in c[1:]],
-                                     flags["vocab_size"])
-    return [chat_tokens(chat, tokenizer)[0] for chat in chats]
-
-
 def check_settings(s):
     """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
     made), N_EXPERT and N_SELF against the tasks of its train split (two demonstrations kept for 01: with DEMOS=success
@@ -588,7 +584,7 @@ def check_settings(s):
         # 01 trains on at least two demonstrations that fit the model's context (fit_context): refused if fewer do.
         # Played until two surely fit (at most their bytes); else those that may fit (at least their pre-tokenizer's
         # pieces) are counted with 01's tokenizer: BASE=tiny's as 01 trains it, on the demonstrations; a base model's
-        # once built, else as 00 will train it, on its corpus (pretrain_tokens)
+        # once built, else as 00 will train it, on its corpus (stage_args: @tokens)
         demos, bounds, sure = [], [], 0
         for chat in itertools.chain(first, plays):
             demos.append(chat)

@@ -157,7 +157,7 @@ def main():
     if len(set(args.variants)) < len(args.variants):
         die(f"--variants must be distinct, got {' '.join(args.variants)}")
     check_runs(args.prefix, args.seeds, made=args.table_only)
-    table_out(args.out)
+    table_out(args.out, "bench/ablation.py")
     t0 = time.time()
     runs = [f"{args.prefix}{s}" for s in args.seeds]
     if not args.table_only:

@@ -86,7 +86,7 @@ def main(argv=None):
     args = check_flags(p.parse_args(argv), peak_tflops="non-negative")
     if not os.path.isdir(args.lab):
         die(f"--lab {args.lab}: no such directory (bench/gpu_lab.sh's LAB)")
-    table_out(args.out, markdown=False)  # a table a bench script wrote, or a new file
+    table_out(args.out, "bench/gpu_report.py", markdown=False)  # a table a bench script wrote, or a new file
     runs = sorted(d for d in os.listdir(args.lab) if re.fullmatch(r"\w+-s\d+", d)  # finished or not (DEADLINE)
                   and os.path.isfile(os.path.join(args.lab, d, "policy_0", "model.safetensors")))
     if not runs:

@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import envs  # noqa: E402, I001
 from bench.runner import (ALGOS, METHODS, command, curve, distinct, eval_worlds, measured, parser, pm, pyplot,  # noqa
-                          save_png, sd)
+                          save_png, sd, shipped_by)
 from plumbing import check_out, die, parse_env_kwargs, read_json, save_text  # noqa: E402
 from run_support import tracked  # noqa: E402
 
@@ -450,6 +450,9 @@ def main(argv=None):
     check_out(args.out, "png")  # new, or a PNG this project wrote (its stamp): never a user's picture
     if args.plot != "learning":
         check_out(table, "table")
+        if not shipped_by(table, f"{WRITER} {args.plot}"):
+            die(f"--out {args.out}: its table {table} is one the checkout ships that `plots.py {args.plot}` did not "
+                "make; pick another")
     if args.plot == "learning":
         return learning(args)
     lines = globals()[args.plot](args, table)

@@ -21,7 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # the stages import envs
 from envs._common import cache_root  # noqa: E402
-from plumbing import STAMP, Parser, check_out, die, save_text, write_atomic  # noqa: E402
+from plumbing import STAMP, Parser, check_out, die, first_line, save_text, write_atomic  # noqa: E402
+from run_support import tracked  # noqa: E402
 
 # The methods, once: key (run_all.sh's ALGOS word; bc: policy_0), the prefix of its policies' evaluations
 # (eval/world<w>/<prefix>policy_<k>_<split>.json) and folder in a run, its name in every table, its colour in a plot
@@ -70,13 +71,21 @@ def distinct(flag, xs, least=0):
         die(f"{flag} must be distinct integers of at least {least}, got {' '.join(map(str, xs))}")
 
 
-def table_out(out, markdown=True):
-    """--out of a table (relative to the repo): new or a table of bench/ (check_out), its name ending in .md (markdown)
-    - else one error line; -> its path."""
+def table_out(out, writer, markdown=True):
+    """--out of a table (relative to the repo): new or a table of bench/ (check_out), its name ending in .md (markdown),
+    and one the checkout ships only if writer (this script) made it (shipped_by) - else one error line; -> its path."""
     if markdown and not out.endswith(".md"):
         die(f"--out {out}: the table is markdown, its name must end in .md")
     check_out(os.path.join(ROOT, out), "table")
+    if not shipped_by(os.path.join(ROOT, out), writer):
+        die(f"--out {out} is a table the checkout ships that {writer} did not make; pick another")
     return os.path.join(ROOT, out)
+
+
+def shipped_by(path, writer):
+    """Whether a bench script may replace path: not a file the checkout ships (tracked), or its first line names the
+    script (`python WRITER ...`, measured): never another script's table (bench/seeds.py's onto stage_times.md)."""
+    return not tracked(path) or f"python {writer} " in first_line(path)
 
 
 def write_table(out, lines, said=None):

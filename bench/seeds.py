@@ -37,7 +37,7 @@ def main():
     args = runner.runs_parser(__doc__, "seeds").parse_args()
     runner.distinct("--seeds", args.seeds)
     runner.check_runs(args.prefix, args.seeds, made=args.table_only)
-    runner.table_out(args.out)  # before any run
+    runner.table_out(args.out, "bench/seeds.py")  # before any run
     for seed in [] if args.table_only else args.seeds:  # its log (new, or one this script wrote), then every setting
         check_out(os.path.join(ROOT, f"{args.prefix}{seed}.log"), "run_log")
         runner.check(f"{args.prefix}{seed}", {"SEED": str(seed)}, f"seed {seed}: ")

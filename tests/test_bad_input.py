@@ -1132,13 +1132,13 @@ def test_a_max_len_too_short_for_two_demonstrations_is_refused_before_any_work(t
     proc = in_process(run_support, "start", tmp_path / "run", *[f"{k}={v}" for k, v in settings.items()], check=False)
     assert one_line(proc) and "BC_ARGS='--epochs 1 --max-len 60': --max-len 60 is too short: 0 of the 16 " \
                               "demonstrations kept fit" in proc.stderr, proc.stderr
-    # A base not built yet (session 10): its tokenizer as 00 trains it, on its corpus (pretrain_tokens), which 00's
+    # A base not built yet (session 10): its tokenizer as 00 trains it, on its corpus (stage_args: @tokens), which 00's
     # own prepare_pretrain confirms; the border is exact there too
     small = SMOKE_SETTINGS["PRETRAIN_ARGS"] + " --vocab-size 260"
     args = stages["00_pretrain"].parse_args(["--out", str(tmp_path / "b"), "--env", "household", "--env-kwargs",
                                              SMOKE_SETTINGS["ENV_KWARGS"], *small.split()])
     tokenizer = stages["00_pretrain"].prepare_pretrain(args, random.Random(args.seed), "cpu")[1]
-    counts = run_support.pretrain_tokens(vars(args), chats)
+    counts = run_support.stage_args([("@tokens", [vars(args), chats])])[0]
     assert counts == [run_support.chat_tokens(d, tokenizer)[0] for d in chats]
     for max_len, refused in ((second(counts) - 1, True), (second(counts), False)):
         settings = {**SMOKE_SETTINGS, "PRETRAIN_ARGS": f"{small} --max-len {max_len}"}

@@ -149,3 +149,34 @@ def test_out_never_replaces_another_scripts_figure_of_the_checkout(in_process):
     assert plot.ours(os.path.join(img, "paper.png"), "paper", "docs/img/paper.png")
     assert plot.ours(os.path.join(img, "tuning_dev.png"), "paper", "docs/img/paper.png")  # its table names paper
     assert not plot.ours(os.path.join(img, "sweep.png"), "paper", "docs/img/paper.png")
+
+
+def test_a_bench_table_never_replaces_another_scripts_shipped_table(in_process, tmp_path):
+    """Session 10's probes: bench/seeds.py --out bench/results/stage_times.md (or docs/img/edges_dev.md) replaced
+    another script's shipped table, as would plots.py paper's table beside a new figure. A table the checkout ships is
+    replaced only by the script its first line names (runner.shipped_by)."""
+    tables = ["bench/results/stage_times.md", "docs/img/edges_dev.md", "bench/results/kitchen_seeds.md"]
+    before = {t: open(os.path.join(ROOT, t), "rb").read() for t in tables}
+    seeds = load_module("bench/seeds.py", "seeds")
+    os.makedirs(tmp_path / "run0" / "data")
+    os.makedirs(tmp_path / "run0" / "eval")
+    (tmp_path / "run0" / "data" / "expert.jsonl").write_text("")  # a run as --table-only's check sees one
+    try:
+        for t in tables[:2]:
+            proc = in_process(seeds, "--table-only", "--seeds", 0, "--prefix", tmp_path / "run", "--out", t,
+                              check=False)
+            assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+            assert f"--out {t} is a table the checkout ships that bench/seeds.py did not make" in proc.stderr
+        proc = in_process(plot, "paper", "--runs", "runs/none{seed}", "--out", "bench/results/kitchen_seeds.png",
+                          check=False)
+        assert proc.returncode == 2 and "kitchen_seeds.md is one the checkout ships that `plots.py paper` did not " \
+                                       "make" in proc.stderr, proc.stderr
+        assert all(open(os.path.join(ROOT, t), "rb").read() == b for t, b in before.items())
+    finally:  # (a failing check must not leave the shipped tables changed)
+        for t, b in before.items():
+            open(os.path.join(ROOT, t), "wb").write(b)
+    assert not os.path.exists(os.path.join(ROOT, "bench/results/kitchen_seeds.png"))
+    runner = load_module("bench/runner.py", "bench_runner")
+    assert runner.shipped_by(os.path.join(ROOT, tables[2]), "bench/seeds.py")  # its own: the script may rerun it
+    assert not runner.shipped_by(os.path.join(ROOT, tables[2]), "bench/ablation.py")
+    assert runner.shipped_by(str(tmp_path / "t.md"), "bench/ablation.py")  # not the checkout's

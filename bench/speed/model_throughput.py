@@ -213,7 +213,7 @@ def main():
     if "smollm2" in models and not os.path.isfile(os.path.join(a.smollm2, "config.json")):
         die(f"{a.smollm2} is not a model directory; run python -m models.smollm2 --out {a.smollm2}")
     summary = os.path.splitext(os.path.join(ROOT, a.out))[0] + ".json"
-    table_out(a.out, markdown=False)  # before any work: new, or a table a bench script wrote
+    table_out(a.out, "bench/speed/model_throughput.py", markdown=False)  # before any work: new, or this script's
     check_out(summary, "bench_json")
     with scratch("model_throughput_") as tmp:
         rows, results = measure(a, models, tmp)

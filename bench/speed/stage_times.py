@@ -66,7 +66,7 @@ def main():
     check_flags(args, threads="at least 1")
     if args.threads > (os.cpu_count() or 1):
         die(f"--threads must be at most this machine's {os.cpu_count()} cores, got {args.threads}")
-    table_out(args.out, markdown=False)  # relative to the repository, as the defaults are: checked and written
+    table_out(args.out, "bench/speed/stage_times.py", markdown=False)  # relative to the repository, as the defaults
     run = os.path.join(ROOT, args.run)  # so is --run: run_all.sh runs in the repository
     log = os.path.join(run, "launches.log")
     if any(c.isspace() or c in "$`'\"\\" for c in log):  # it goes into PYTHON, which run_all.sh splits into words

@@ -40,7 +40,7 @@ def main():
         own = next((f for f in SETS if name.startswith("--") and len(name) > 2 and f.startswith(name)), None)
         if own:
             die(f"--flags {a.flags!r}: train_memory.py sets {own} itself")
-    out = table_out(a.out, markdown=False)  # before the runs: a table a bench script wrote, or a new file
+    out = table_out(a.out, "bench/speed/train_memory.py", markdown=False)  # before the runs: new, or this script's
     model, B = os.path.abspath(a.model), a.batch_size
     common = ["--epochs", "1", "--batch-size", str(B), "--threads", str(a.threads), *a.flags.split()]
     rows = []
