@@ -145,8 +145,9 @@ def stamp_lock(fd):
 
 def holds(folder):
     """Whether this process holds folder's lock: one of its open files (inherited from the process that took the lock)
-    is FOLDER/.lock, and the lock is taken (a file of its own cannot take it). QEVOLVE_LOCKED set from outside, with
-    no such file or with the file merely open (3<RUN/.lock), holds nothing."""
+    is FOLDER/.lock, the lock is taken (a new open file cannot take it) and that file holds it (it can take it again).
+    QEVOLVE_LOCKED set from outside, with no such file or with the file merely open (3<RUN/.lock), holds nothing,
+    even while another process holds the lock."""
     path = os.path.join(folder, ".lock")
     try:
         want = os.stat(path)
@@ -155,8 +156,9 @@ def holds(folder):
     fds = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
     for fd in os.listdir(fds):
         try:
-            if os.path.samestat(os.fstat(int(fd)), want):
-                return taken(path)
+            if os.path.samestat(os.fstat(int(fd)), want) and taken(path):
+                fcntl.flock(int(fd), fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError unless this file is the holder
+                return True
         except (OSError, ValueError):
             continue
     return False

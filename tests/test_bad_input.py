@@ -1699,6 +1699,12 @@ def test_run_alls_own_variables_skip_no_check(tmp_path):
     proc = subprocess.run(["bash", "run_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert one_line(proc) and "holds files that no run of run_all.sh made" in proc.stderr, proc.stderr
     assert snapshot(tmp_path) == before
+    (run / ".lock").write_text("")  # session 10's probes (Q5): the lock file merely open (3<RUN/.lock) passed
+    before = snapshot(tmp_path)
+    proc = subprocess.run(["bash", "-c", 'exec 3<"$RUN/.lock"; bash run_all.sh'], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert one_line(proc) and "holds files that no run of run_all.sh made" in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
 
 
 def test_a_non_finite_loss_stops_the_step_before_its_backward(capsys):

@@ -7,6 +7,7 @@ import ast
 import os
 import re
 import subprocess
+import sys
 
 from conftest import ROOT
 
@@ -125,3 +126,14 @@ def test_a_lock_file_merely_open_holds_nothing(tmp_path, monkeypatch):
         assert not run_support.holds(str(tmp_path)) and run_support.held_folders() == []
     with FileLock(str(tmp_path / ".lock")):
         assert run_support.holds(str(tmp_path)) and run_support.held_folders() == [str(tmp_path)]
+    # session 10's probes (Q5): merely open while another process holds the lock (a run on it) holds nothing either
+    hold = "import sys, time; from filelock import FileLock; lock = FileLock(sys.argv[1]); lock.acquire(); " \
+           "print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with open(tmp_path / ".lock"):
+            assert run_support.taken(str(tmp_path / ".lock")) and not run_support.holds(str(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait()
