@@ -243,7 +243,7 @@ STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "--env", "--env-kwargs
                "BC_ARGS": ("01_bc", ["--data", "--out", "--model", *COMMON]),
                "RFT_ARGS": ("01_bc", ["--data", "--filter", "--model", "--out", *COMMON]),
                "COLLECT_ARGS": ("02_collect", ["--policy", "--out", "--env", "--env-kwargs", "--env-seed", "--split",
-                                               "--episodes", "--candidates", *COMMON]),  # QLASS's: --candidates
+                                               "--episodes", "--candidates", "--keep", *COMMON]),  # QLASS: --candidates
                "CRITIC_ARGS": ("03_critic", ["--data", "--policy", "--out", *COMMON]),
                "GAE_ARGS": ("04_gae", ["--data", "--critic", "--out", *COMMON]),
                "BPPO_ARGS": ("05_bppo", ["--data", "--policy", "--ref", "--out", *COMMON]),
@@ -252,7 +252,7 @@ STAGE_FLAGS = {"PRETRAIN_ARGS": ("00_pretrain", ["--out", "--env", "--env-kwargs
 STAGE_FLAGS["OUTCOME_ARGS"] = STAGE_FLAGS["LATER_ARGS"] = STAGE_FLAGS["BPPO_ARGS"]  # each after BPPO_ARGS
 # two values of each of those flags (others: 1 and 2): *_ARGS set one when the stage reads the same after either
 VALUES = {"--precision": ("fp32", "bf16"), "--env": ("household", "kitchen"), "--split": ("train", "dev"),
-          "--filter": ("success", "all")}
+          "--filter": ("success", "all"), "--keep": ("success", "all")}
 
 
 # The child that runs each stage's own check of its flags: (stage, argv) -> parse_args(argv) as a dict, or the line it
@@ -492,12 +492,17 @@ def check_settings(s):
         plays = (chat for won, chat in (demonstrate(env, t) for t in tasks) if won or s.get("DEMOS") != "success")
         first = list(itertools.islice(plays, 2))
         kept = len(first) if s.get("DEMOS") == "success" else len(tasks)
+        world = f"{s['ENV']} {s['ENV_KWARGS']}".strip()
         if kept < 2:
-            world = f"{s['ENV']} {s['ENV_KWARGS']}".strip()
             die(f"N_EXPERT={s['N_EXPERT']}: 01_bc.py trains on at least two demonstrations, and " + (
                 f"the demonstrator wins {kept} of its {len(tasks)} train tasks of {world} (DEMOS=success keeps only "
                 "those); use more tasks, DEMOS=all or another world" if s.get("DEMOS") == "success" else
                 "DEMOS=all keeps one; use more tasks"))
+        if "rft" in s.get("ALGOS", "").split() and s.get("DEMOS") != "success":  # RFT's 01 --filter success: two
+            wins = sum(1 for _ in itertools.islice((t for t in tasks if demonstrate(env, t)[0]), 2))
+            if wins < 2:
+                die(f"N_EXPERT={s['N_EXPERT']}: iterated RFT (ALGOS=rft) trains on the successes, at least two, and "
+                    f"the demonstrator wins {wins} of its {len(tasks)} train tasks of {world}; use more tasks")
     except (ValueError, ImportError) as e:  # an unknown env or split, a keyword it does not take, a package
         die(e)
     threads, nproc = int(s.get("THREADS", "1")), int(s.get("NPROC", "1"))
@@ -525,6 +530,8 @@ def check_settings(s):
                 str(threads)]
     extra = [("00_pretrain", pretrain + bash_words("PRETRAIN_ARGS", s["PRETRAIN_ARGS"]))] if base == "pretrained" else \
         [("@model", [model])] if model else []
+    cached = base == "pretrained" and s.get("BASE_DIR") and os.path.lexists(s["BASE_DIR"])
+    extra += [("@model", [s["BASE_DIR"]])] if cached else []  # this run's base in the cache loads, as 01 will load it
     jobs = {}  # each *_ARGS -> its stage's argv twice, run_all.sh's flags set two ways (VALUES)
     for name, (stage, sets) in STAGE_FLAGS.items():
         flags = bash_words(name, s[name])  # as bash splits an unquoted $NAME
@@ -571,17 +578,23 @@ def check_settings(s):
             die(f"PRETRAIN_ARGS={shlex.quote(s['PRETRAIN_ARGS'])}: 00_pretrain.py refuses it: {got}" if
                 base == "pretrained" else f"{'BASE' if model == base else 'SMOLLM2_DIR'}={model}: {got}")
         context = got["max_len"] if base == "pretrained" else got["context"]
-        entry = s.get("BASE_DIR")
-        if base == "pretrained" and entry and os.path.lexists(entry):
+        if cached:
+            entry, loaded = s["BASE_DIR"], parsed[len(parsed) - len(extra) + 1 - (nproc > 1)]
             check_base_entry(entry, read_json(os.path.join(entry, "args.json")) or {}, got)
+            if isinstance(loaded, str):  # (a hand-damaged entry: its weights removed)
+                die(f"{entry} is this run's base model in the cache, but {loaded}; remove it (run_all.sh builds it "
+                    "again) or pick another BASE_CACHE")
     elif base == "tiny":
         context = args["BC_ARGS"][0]["max_len"]
-    for name in ("COLLECT_ARGS", "QLASS_ARGS"):  # a prompt must fit beside the longest reply (02: else no episode)
+    # A first prompt must fit beside the longest reply (02: else no episode): at least the instruction's tokens under
+    # a byte-level tokenizer (chat_tokens; the tiny model's), else one token
+    prompt = chat_tokens(first[0][:1])[0] if base in ("pretrained", "tiny") else 1
+    for name in ("COLLECT_ARGS", "QLASS_ARGS"):
         most = args[name][0]["max_new_tokens"]
-        if context is not None and most >= context:
-            die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {most} leave no room for a prompt in the "
-                f"model's context of {context} tokens" + (f" (PRETRAIN_ARGS' --max-len {context})" if base ==
-                                                          "pretrained" else ""))
+        if context is not None and most + prompt > context:
+            die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {most} leave no room for a prompt "
+                f"(at least {prompt} tokens) in the model's context of {context} tokens" + (
+                    f" (PRETRAIN_ARGS' --max-len {context})" if base == "pretrained" else ""))
     if context is not None and base in ("pretrained", "tiny"):  # a byte-level BPE tokenizer (models/tiny.py)
         # 01 trains on at least two demonstrations that fit the model's context (fit_context): refused if fewer do.
         # Played until two surely fit (at most their bytes); else those that may fit (at least their pre-tokenizer's

@@ -21,7 +21,7 @@ from transformers import AutoModel, AutoTokenizer
 import envs
 import plumbing
 import run_support
-from conftest import ROOT, load_module, run_stage
+from conftest import ROOT, call_main, load_module, run_stage
 from models.tiny import train_tiny_tokenizer
 
 GOOD_STEP = {"text": "Action: look", "action": "look", "obs": "o", "r_env": 0.0, "label": "ok", "r_aux": 0.0,
@@ -1684,6 +1684,41 @@ def test_the_base_cache_is_a_folder_of_its_own(in_process, tmp_path, monkeypatch
     assert run_support.stamped(tmp_path / "new/CACHEDIR.TAG")
     (tmp_path / "new/kitchen-0123456789").mkdir()
     assert start(tmp_path / "new").returncode == 0  # its own cache, with a folder in it
+
+
+@pytest.mark.slow
+def test_check_knows_what_the_stages_refuse_later(stages, in_process, tmp_path):
+    """Session 10's probes: --check approved each of these, and a stage refused it after the demonstrations and BC:
+    ALGOS=rft where the demonstrator wins one task (DEMOS=all; RFT's 01 --filter success trains on two, Q1), replies
+    that leave a prompt fewer tokens than the instruction alone (Q3), COLLECT_ARGS' --keep (run_all.sh's, through
+    DEMOS: Q4) and a cached base model without its weights (Q2)."""
+    start = lambda **settings: in_process(run_support, "start", tmp_path / "run", *[
+        f"{k}={v}" for k, v in {**SMOKE_SETTINGS, **settings}.items()], check=False)
+    household = envs.make("household", max_steps=5)
+    tasks = sorted(random.Random(4).sample(household.task_ids("train"), 2))
+    assert [run_support.demonstrate(household, t)[0] for t in tasks].count(True) == 1  # seed 4: one win of two
+    proc = start(SEED="4", N_EXPERT="2", DEMOS="all", ALGOS="rft")
+    assert one_line(proc) and "iterated RFT (ALGOS=rft) trains on the successes, at least two, and the demonstrator " \
+                              "wins 1 of its 2 train tasks" in proc.stderr, proc.stderr
+    assert start(SEED="4", N_EXPERT="2", DEMOS="all", ALGOS="qevolve").returncode == 0
+    instruction = run_support.chat_tokens([{"role": "system", "content": household.instruction}])[0]
+    for most, refused in ((2048 - instruction + 1, True), (2048 - instruction, False)):  # the tiny model's context
+        proc = start(BASE="tiny", COLLECT_ARGS=f"--max-new-tokens {most} --num-envs 6")
+        assert (proc.returncode == 2) == refused, proc.stderr
+        assert not refused or one_line(proc) and f"replies of --max-new-tokens {most} leave no room for a prompt (at " \
+                                                 f"least {instruction} tokens) in the model's context of 2048" \
+                                                 in proc.stderr, proc.stderr
+    proc = start(COLLECT_ARGS="--max-new-tokens 16 --num-envs 6 --keep success")
+    assert one_line(proc) and "run_all.sh sets --keep itself" in proc.stderr, proc.stderr
+    entry = tmp_path / "cache" / "household-x"  # this run's base, built as run_all.sh builds it, then its weights gone
+    assert call_main(stages["00_pretrain"], "--out", entry, "--env", "household", "--env-kwargs",
+                     SMOKE_SETTINGS["ENV_KWARGS"], "--threads", 1, *SMOKE_SETTINGS["PRETRAIN_ARGS"].split()) == 0
+    assert start(BASE_CACHE=str(tmp_path / "cache"), BASE_DIR=str(entry)).returncode == 0
+    os.remove(entry / "model.safetensors")
+    proc = start(BASE_CACHE=str(tmp_path / "cache"), BASE_DIR=str(entry))
+    assert one_line(proc) and f"{entry} is this run's base model in the cache, but it holds no weights " \
+                              "(model.safetensors); remove it" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
