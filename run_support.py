@@ -457,13 +457,15 @@ def chat_tokens(chat, tokenizer=None):
 def check_settings(s):
     """run_all.sh's settings that bash cannot check, before anything runs: ENV and ENV_KWARGS (the environment is
     made), N_EXPERT and N_SELF against the tasks of its train split (two demonstrations kept for 01: with DEMOS=success
-    two tasks the demonstrator wins, demonstrate; two that fit the tiny model's --max-len, chat_tokens),
-    EVAL_SPLITS (its splits) and N_EVAL against their tasks, THREADS and NPROC against the stages' ceiling and this
-    machine, a BASE that names a directory (a model's: loaded) and SMOLLM2_DIR, the base cache (check_base_cache) and
-    this run's entry in it (check_base_entry), and each *_ARGS that gives a stage flags by that stage (stage_args),
+    two tasks the demonstrator wins, demonstrate, and two wins for ALGOS=rft; two that fit the tiny model's --max-len,
+    chat_tokens), EVAL_SPLITS (its splits) and N_EVAL against their tasks, THREADS and NPROC against the stages'
+    ceiling and this machine, a BASE that names a directory (a model's: loaded) and SMOLLM2_DIR, the base cache
+    (check_base_cache) and this run's entry in it (check_base_entry; loaded), and each *_ARGS that gives a stage flags by
+    that stage (stage_args),
     split as bash splits it (bash_words), without a glob, a flag run_all.sh sets itself (STAGE_FLAGS; COLLECT_ARGS'
     --rerank, and --greedy with QLASS), a critic --init names that is not one or --lora without peft, and with replies
-    (--max-new-tokens) that leave room for a prompt in the model's context; QLASS_M within 02's --candidates,
+    (--max-new-tokens) that leave room for a prompt (the instruction's tokens at least) in the model's context;
+    QLASS_M within 02's --candidates,
     QLASS_ARGS' --tasks within the train split."""
     import envs
     missing = next((name for name in NEEDED if name not in s), None)  # run_all.sh passes each (its settings)

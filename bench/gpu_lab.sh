@@ -92,6 +92,18 @@ start=$(date +%s)
 # MPS=1: NVIDIA's multi-process service, so that the processes' small kernels run at once instead of taking turns; its
 # daemon in a fresh temporary folder for this lab alone, stopped (and the folder removed) at the end. Without it where the control is missing or a
 # first CUDA program failed under it or was served by no server: LAB/mps.log says which, the report quotes it.
+# At any end, Ctrl-C (INT) and TERM too: every process the lab started stopped (its runs resume as run_all.sh's do),
+# the MPS daemon stopped, and its temporary folders (MPS's, the CUDA-graph verdict's, the sampler's file) gone.
+descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }  # parents first
+daemon=0 mpsdir="" verdict="" use=""
+finish() {
+  trap - EXIT INT TERM
+  kill -TERM $(descendants $$) 2>/dev/null || true
+  [ "$daemon" = 0 ] || echo quit | nvidia-cuda-mps-control || true
+  rm -rf -- ${mpsdir:+"$mpsdir"} ${verdict:+"${verdict%/verdict}"} ${use:+"$use"}
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
 mps="off (MPS=0)"
 if [ "$MPS" = 1 ]; then
   mps="off: no nvidia-cuda-mps-control"
@@ -100,8 +112,7 @@ if [ "$MPS" = 1 ]; then
     export CUDA_MPS_PIPE_DIRECTORY=$mpsdir CUDA_MPS_LOG_DIRECTORY=$mpsdir
     mps="off: nvidia-cuda-mps-control -d failed"
     if nvidia-cuda-mps-control -d; then
-      trap 'echo quit | nvidia-cuda-mps-control; rm -rf -- "$mpsdir"' EXIT
-      trap 'exit 130' INT TERM  # the EXIT trap then stops the daemon
+      daemon=1  # finish stops it
       # a first CUDA program: it allocates (with the lab's allocator setting) and multiplies, as the runs will
       server="" mps="off: a first CUDA program failed under MPS"
       if timeout 120 $PYTHON -c "import torch; torch.cuda.is_available() and \
@@ -109,9 +120,9 @@ if [ "$MPS" = 1 ]; then
         server=$(echo get_server_list | nvidia-cuda-mps-control) || server=""
         mps="off: no MPS server served a CUDA program"
       fi
-      if [ -n "$server" ]; then mps="on (server $server)"; else echo quit | nvidia-cuda-mps-control; trap - EXIT; fi
+      if [ -n "$server" ]; then mps="on (server $server)"; else echo quit | nvidia-cuda-mps-control; daemon=0; fi
     fi
-    [[ $mps == on* ]] || { unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; rm -rf -- "$mpsdir"; }
+    [[ $mps == on* ]] || { unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; rm -rf -- "$mpsdir"; mpsdir=""; }
   fi
 fi
 echo "MPS: $mps" | save "$LAB/mps.log"

@@ -4,8 +4,10 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from transformers import LlamaConfig
@@ -173,3 +175,29 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
         for f in (tmp_path / f"kitchen-s{seed}" / "eval").glob("world*/policy_1_*"):
             f.unlink()
         assert said in rewritten()
+
+
+@pytest.mark.slow
+def test_an_interrupted_lab_stops_its_runs_and_leaves_no_temporary_folder(tmp_path):
+    """Session 10's probes (Q7): Ctrl-C did not stop the lab (its runs are background jobs, which ignore SIGINT), and
+    a lab stopped by TERM left its CUDA-graph verdict's folder in /tmp. Any end now stops every process it started and
+    removes its temporary folders (finish)."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "DRY": "1", "SEEDS": "0", "ENVS": "household", "LAB": str(tmp_path / "lab"),
+           "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
+    lab = subprocess.Popen(["bash", "bench/gpu_lab.sh"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # its BC run has started (its log), the verdict's folder is there
+            if list((tmp_path / "lab").glob("household-s0.qevolve.it0.log")) and list((tmp_path / "tmp").glob("*")):
+                break
+            time.sleep(0.5)
+        assert list((tmp_path / "tmp").glob("gpu_lab_graph.*")), lab.stderr.read() if lab.poll() is not None else ""
+        lab.send_signal(signal.SIGINT)
+        assert lab.wait(timeout=60) == 130
+    finally:
+        lab.kill()
+    time.sleep(2)
+    assert not list((tmp_path / "tmp").glob("gpu_lab_*"))
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path / "lab") not in ps, [line for line in ps.splitlines() if str(tmp_path / "lab") in line]
