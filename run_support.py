@@ -460,8 +460,8 @@ def check_settings(s):
     two tasks the demonstrator wins, demonstrate, and two wins for ALGOS=rft; two that fit the tiny model's --max-len,
     chat_tokens), EVAL_SPLITS (its splits) and N_EVAL against their tasks, THREADS and NPROC against the stages'
     ceiling and this machine, a BASE that names a directory (a model's: loaded) and SMOLLM2_DIR, the base cache
-    (check_base_cache) and this run's entry in it (check_base_entry; loaded), and each *_ARGS that gives a stage flags by
-    that stage (stage_args),
+    (check_base_cache) and this run's entry in it (check_base_entry; loaded), and each *_ARGS that gives a stage flags
+    by that stage (stage_args),
     split as bash splits it (bash_words), without a glob, a flag run_all.sh sets itself (STAGE_FLAGS; COLLECT_ARGS'
     --rerank, and --greedy with QLASS), a critic --init names that is not one or --lora without peft, and with replies
     (--max-new-tokens) that leave room for a prompt (the instruction's tokens at least) in the model's context;
