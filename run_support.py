@@ -591,7 +591,7 @@ def check_settings(s):
     # A first prompt must fit beside the longest reply (02: else no episode): at least the instruction's tokens under
     # a byte-level tokenizer (chat_tokens; the tiny model's), else one token
     prompt = chat_tokens(first[0][:1])[0] if base in ("pretrained", "tiny") else 1
-    for name in ("COLLECT_ARGS", "QLASS_ARGS"):
+    for name in ["COLLECT_ARGS"] + ["QLASS_ARGS"] * ("qlass" in s.get("ALGOS", "").split()):
         most = args[name][0]["max_new_tokens"]
         if context is not None and most + prompt > context:
             die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {most} leave no room for a prompt "

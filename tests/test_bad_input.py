@@ -1708,6 +1708,10 @@ def test_check_knows_what_the_stages_refuse_later(stages, in_process, tmp_path):
         assert not refused or one_line(proc) and f"replies of --max-new-tokens {most} leave no room for a prompt (at " \
                                                  f"least {instruction} tokens) in the model's context of 2048" \
                                                  in proc.stderr, proc.stderr
+    long = f"--max-new-tokens {2048 - instruction + 1}"  # QLASS's replies, checked where ALGOS runs QLASS
+    proc = start(BASE="tiny", ALGOS="qlass", QLASS_ARGS=long)
+    assert one_line(proc) and f"QLASS_ARGS='{long}': replies of" in proc.stderr, proc.stderr
+    assert start(BASE="tiny", ALGOS="qevolve", QLASS_ARGS=long).returncode == 0
     proc = start(COLLECT_ARGS="--max-new-tokens 16 --num-envs 6 --keep success")
     assert one_line(proc) and "run_all.sh sets --keep itself" in proc.stderr, proc.stderr
     entry = tmp_path / "cache" / "household-x"  # this run's base, built as run_all.sh builds it, then its weights gone
