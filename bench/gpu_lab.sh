@@ -97,7 +97,8 @@ start=$(date +%s)
 descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }  # parents first
 daemon=0 mpsdir="" verdict="" use=""
 finish() {
-  trap - EXIT INT TERM
+  trap - EXIT
+  trap '' INT TERM  # a second signal (timeout's TERM to the group) must not cut the cleanup short
   kill -TERM $(descendants $$) 2>/dev/null || true
   [ "$daemon" = 0 ] || echo quit | nvidia-cuda-mps-control || true
   rm -rf -- ${mpsdir:+"$mpsdir"} ${verdict:+"${verdict%/verdict}"} ${use:+"$use"}
