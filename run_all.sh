@@ -239,24 +239,10 @@ for v in SEED ENV ENV_KWARGS DEMOS N_EXPERT N_SELF KEEP_OLD BASE REF PRETRAIN_AR
          THREADS NPROC BASE_CACHE SMOLLM2_DIR ALGOS; do settings+=("$v=${!v}"); done
 [ "$BASE" != pretrained ] || settings+=("BASE_DIR=$base_dir")
 # started: this script was started again by run_support.py start (QEVOLVE_STARTED), which holds RUN's lock: one of
-# this shell's open files is RUN/.lock and holds its lock (a new open file cannot take it; this one can, again).
+# this shell's open files is RUN/.lock and holds its lock (run_support.holds: a new open file cannot take it).
 # QEVOLVE_STARTED set from outside holds no lock (the file merely open: 3<RUN/.lock), and skips no check.
 started() {
-  local fd
-  [ "${QEVOLVE_STARTED:-}" = "$RUN" ] && [ -e "$RUN/.lock" ] || return 1
-  for fd in /dev/fd/*; do
-    [ "$fd" -ef "$RUN/.lock" ] && $PYTHON -c 'import fcntl, sys
-try:
-    with open(sys.argv[1], "rb") as f:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    sys.exit(1)  # nobody held it
-except OSError:
-    try:
-        fcntl.flock(int(sys.argv[2]), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        sys.exit(1)  # another file holds it' "$RUN/.lock" "${fd##*/}" && return 0
-  done
-  return 1
+  [ "${QEVOLVE_STARTED:-}" = "$RUN" ] && [ -e "$RUN/.lock" ] && $PYTHON run_support.py holds "$RUN"
 }
 if [ "$CHECK" = 1 ]; then
   [ "$PYTHON" != echo ] || bad "PYTHON=echo is the dry run (it prints the stages' commands and checks nothing): \

@@ -732,7 +732,8 @@ def main(argv):
     """results RUN K WORLDS ALGOS SPLIT...: run_all.sh's table. save KIND PATH WRITER: stdin into PATH after check_out,
     atomically, its first line stamped. check KIND PATH...: check_out each. start RUN NAME=VALUE... [-- COMMAND...]:
     run_all.sh's start (start_run). build ENTRY -- COMMAND...: the base model (build). lock FOLDER... -- COMMAND...:
-    COMMAND run holding each folder's lock (lock, become). torchrun ARGS...: above."""
+    COMMAND run holding each folder's lock (lock, become). holds FOLDER: exit 0 if this process (its inherited open
+    files) holds FOLDER's lock (holds), else 1. torchrun ARGS...: above."""
     command, *rest = argv or ["help"]
     cut = rest.index("--") if "--" in rest else len(rest)  # start / build / lock: what comes before COMMAND
     if command == "results" and len(rest) >= 5 and rest[1].isdigit():
@@ -752,6 +753,8 @@ def main(argv):
         become(rest[cut + 1:])
     elif command == "torchrun":
         torchrun(rest)
+    elif command == "holds" and len(rest) == 1:
+        sys.exit(0 if holds(rest[0]) else 1)
     else:
         die(f"python run_support.py {' '.join(argv)}: not a command of {main.__doc__}")
 
