@@ -461,12 +461,10 @@ def check_settings(s):
     chat_tokens), EVAL_SPLITS (its splits) and N_EVAL against their tasks, THREADS and NPROC against the stages'
     ceiling and this machine, a BASE that names a directory (a model's: loaded) and SMOLLM2_DIR, the base cache
     (check_base_cache) and this run's entry in it (check_base_entry; loaded), and each *_ARGS that gives a stage flags
-    by that stage (stage_args),
-    split as bash splits it (bash_words), without a glob, a flag run_all.sh sets itself (STAGE_FLAGS; COLLECT_ARGS'
-    --rerank, and --greedy with QLASS), a critic --init names that is not one or --lora without peft, and with replies
-    (--max-new-tokens) that leave room for a prompt (the instruction's tokens at least) in the model's context;
-    QLASS_M within 02's --candidates,
-    QLASS_ARGS' --tasks within the train split."""
+    by that stage (stage_args), split as bash splits it (bash_words), without a glob, a flag run_all.sh sets itself
+    (STAGE_FLAGS; COLLECT_ARGS' --rerank, and --greedy with QLASS), a critic --init names that is not one or --lora
+    without peft, and with replies (--max-new-tokens) that leave room for a prompt (the instruction's tokens at least)
+    in the model's context; QLASS_M within 02's --candidates, QLASS_ARGS' --tasks within the train split."""
     import envs
     missing = next((name for name in NEEDED if name not in s), None)  # run_all.sh passes each (its settings)
     if missing:
