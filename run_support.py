@@ -423,14 +423,19 @@ def cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def first_prompt(env, task_id):
+    """02's chat on task_id before its first step (episode_messages): the instruction, the task, first observation."""
+    obs, info = env.reset(task_id)
+    return [{"role": "system", "content": env.instruction},
+            {"role": "user", "content": f"Your task is to: {info['task']}\n{obs}"}]
+
+
 def demonstrate(env, task_id):
     """The demonstrator (env.expert_action) on task_id of world 0 -> (whether it wins, by 02's rule for an episode's
     success: ended by the environment with a positive reward, and info's 'won' where the world grades its rewards;
     its chat as 01 renders it, 02's episode_messages: the instruction, the task and first observation, then each of
     its turns and the observation after it)."""
-    obs, info = env.reset(task_id)
-    chat, reward, done = [{"role": "system", "content": env.instruction},
-                          {"role": "user", "content": f"Your task is to: {info['task']}\n{obs}"}], 0.0, False
+    chat, reward, done = first_prompt(env, task_id), 0.0, False
     while not done:
         chat.append({"role": "assistant", "content": env.expert_text()})
         obs, r, terminated, truncated, info = env.step(env.expert_action())
@@ -463,8 +468,9 @@ def check_settings(s):
     (check_base_cache) and this run's entry in it (check_base_entry; loaded), and each *_ARGS that gives a stage flags
     by that stage (stage_args), split as bash splits it (bash_words), without a glob, a flag run_all.sh sets itself
     (STAGE_FLAGS; COLLECT_ARGS' --rerank, and --greedy with QLASS), a critic --init names that is not one or --lora
-    without peft, and with replies (--max-new-tokens) that leave room for a prompt (the instruction's tokens at least)
-    in the model's context; QLASS_M within 02's --candidates, QLASS_ARGS' --tasks within the train split."""
+    without peft, and with replies (--max-new-tokens) that leave room in the model's context for the first prompt of
+    a task in each split a run plays (first_prompt); QLASS_M within 02's --candidates, QLASS_ARGS' --tasks within the
+    train split."""
     import envs
     missing = next((name for name in NEEDED if name not in s), None)  # run_all.sh passes each (its settings)
     if missing:
@@ -586,15 +592,22 @@ def check_settings(s):
                     "again) or pick another BASE_CACHE")
     elif base == "tiny":
         context = args["BC_ARGS"][0]["max_len"]
-    # A first prompt must fit beside the longest reply (02: else no episode): at least the instruction's tokens under
-    # a byte-level tokenizer (chat_tokens; the tiny model's), else one token
-    prompt = chat_tokens(first[0][:1])[0] if base in ("pretrained", "tiny") else 1
-    for name in ["COLLECT_ARGS"] + ["QLASS_ARGS"] * ("qlass" in s.get("ALGOS", "").split()):
-        most = args[name][0]["max_new_tokens"]
-        if context is not None and most + prompt > context:
-            die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {most} leave no room for a prompt "
-                f"(at least {prompt} tokens) in the model's context of {context} tokens" + (
-                    f" (PRETRAIN_ARGS' --max-len {context})" if base == "pretrained" else ""))
+    made = []  # 01's tokenizer, once made
+
+    def tokens(chats):  # each chat's tokens under 01's tokenizer: BASE=tiny's as 01 trains it, on the
+        # demonstrations kept; a model's once built (a base model's entry in the cache), else as 00 will train it, on
+        # its corpus (stage_args: @tokens)
+        if base == "pretrained" and not os.path.isfile(os.path.join(s.get("BASE_DIR", ""), "tokenizer_config.json")):
+            return stage_args([("@tokens", [got, chats])])[0] if chats else []
+        if not made and base == "tiny":
+            from models.tiny import train_tiny_tokenizer
+            kept = [chat for won, chat in (demonstrate(env, t) for t in tasks) if won or s.get("DEMOS") != "success"]
+            texts = [kept[0][0]["content"]] + [m["content"] for d in kept for m in d[1:]]
+            made.append(train_tiny_tokenizer(texts, args["BC_ARGS"][0]["vocab_size"]))
+        elif not made:
+            from transformers import AutoTokenizer
+            made.append(AutoTokenizer.from_pretrained(model or s["BASE_DIR"]))
+        return [chat_tokens(chat, made[0])[0] for chat in chats]
     if context is not None and base in ("pretrained", "tiny"):  # a byte-level BPE tokenizer (models/tiny.py)
         # 01 trains on at least two demonstrations that fit the model's context (fit_context): refused if fewer do.
         # Played until two surely fit (at most their bytes); else those that may fit (at least their pre-tokenizer's
@@ -608,24 +621,41 @@ def check_settings(s):
             if sure == 2:
                 break
         else:
-            maybe, entry = [chat for chat, (least, _) in zip(demos, bounds) if least <= context], s.get("BASE_DIR", "")
-            if base == "tiny":  # trained on the same texts as 01 trains it
-                from models.tiny import train_tiny_tokenizer
-                texts = [demos[0][0]["content"]] + [m["content"] for d in demos for m in d[1:]]
-                tokenizer = train_tiny_tokenizer(texts, args["BC_ARGS"][0]["vocab_size"])
-                counts = [chat_tokens(chat, tokenizer)[0] for chat in maybe]
-            elif os.path.isfile(os.path.join(entry, "tokenizer_config.json")):
-                from transformers import AutoTokenizer
-                tokenizer = AutoTokenizer.from_pretrained(entry)
-                counts = [chat_tokens(chat, tokenizer)[0] for chat in maybe]
-            else:
-                counts = stage_args([("@tokens", [got, maybe])])[0] if maybe else []
+            counts = tokens([chat for chat, (least, _) in zip(demos, bounds) if least <= context])
             fit = sum(n <= context for n in counts)
             if fit < 2:
                 name = "PRETRAIN_ARGS" if base == "pretrained" else "BC_ARGS"
                 die(f"{name}={shlex.quote(s[name])}: --max-len {context} is too short: {fit} of the {len(demos)} "
                     "demonstrations kept fit in it, and 01_bc.py trains on at least two; raise it")
-    env.close()
+    # 02 records no episode where not even one first prompt (the instruction, the task and its first observation:
+    # first_prompt) fits beside the longest reply: one task of each split a run plays must, in each world (its own
+    # episodes and QLASS's trees: train in world 0; the evaluations: EVAL_SPLITS in EVAL_WORLDS), counted as the
+    # demonstrations are: at most its bytes under the tiny model's tokenizer, else exactly (tokens)
+    byte_level, worlds, pending = base in ("pretrained", "tiny"), {0: env}, []
+    for name in ["COLLECT_ARGS"] + ["QLASS_ARGS"] * ("qlass" in s.get("ALGOS", "").split()):
+        room = None if context is None else context - args[name][0]["max_new_tokens"]
+        plays = [(0, "train")] + [(int(w), split) for w in s.get("EVAL_WORLDS", "0").split() for split in
+                                  s["EVAL_SPLITS"].split()] * (name == "COLLECT_ARGS")
+        for world, split in plays if room is not None else []:
+            if world not in worlds:
+                worlds[world] = envs.make(s["ENV"], seed=world, **parse_env_kwargs(s["ENV_KWARGS"]))
+            chats = []
+            for task in worlds[world].task_ids(split):
+                chats.append(first_prompt(worlds[world], task))
+                if (chat_tokens(chats[-1])[1] if byte_level else tokens(chats[-1:])[0]) <= room:
+                    break
+            else:
+                pending.append((name, room, world, split, chats))
+    counts = iter(tokens([chat for *_, chats in pending for chat in chats]))  # one count for all (@tokens: a tokenizer)
+    for name, room, world, split, chats in pending:
+        shortest = min(next(counts) for _ in chats)
+        if shortest > room:
+            die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {args[name][0]['max_new_tokens']} leave "
+                f"no room in the model's context of {context} tokens for the first prompt of any {split} task of "
+                f"world {world} (the shortest: {shortest} tokens), so 02_collect.py would record no episode" +
+                (f" (PRETRAIN_ARGS' --max-len {context})" if base == "pretrained" else ""))
+    for world in worlds.values():
+        world.close()
 
 
 def tracked(path):

@@ -1690,7 +1690,7 @@ def test_the_base_cache_is_a_folder_of_its_own(in_process, tmp_path, monkeypatch
 def test_check_knows_what_the_stages_refuse_later(stages, in_process, tmp_path):
     """Session 10's probes: --check approved each of these, and a stage refused it after the demonstrations and BC:
     ALGOS=rft where the demonstrator wins one task (DEMOS=all; RFT's 01 --filter success trains on two, Q1), replies
-    that leave a prompt fewer tokens than the instruction alone (Q3), COLLECT_ARGS' --keep (run_all.sh's, through
+    that leave no room for any first prompt (Q3; R1: the exact border), COLLECT_ARGS' --keep (run_all.sh's, through
     DEMOS: Q4) and a cached base model without its weights (Q2)."""
     start = lambda **settings: in_process(run_support, "start", tmp_path / "run", *[
         f"{k}={v}" for k, v in {**SMOKE_SETTINGS, **settings}.items()], check=False)
@@ -1701,15 +1701,11 @@ def test_check_knows_what_the_stages_refuse_later(stages, in_process, tmp_path):
     assert one_line(proc) and "iterated RFT (ALGOS=rft) trains on the successes, at least two, and the demonstrator " \
                               "wins 1 of its 2 train tasks" in proc.stderr, proc.stderr
     assert start(SEED="4", N_EXPERT="2", DEMOS="all", ALGOS="qevolve").returncode == 0
-    instruction = run_support.chat_tokens([{"role": "system", "content": household.instruction}])[0]
-    for most, refused in ((2048 - instruction + 1, True), (2048 - instruction, False)):  # the tiny model's context
-        proc = start(BASE="tiny", COLLECT_ARGS=f"--max-new-tokens {most} --num-envs 6")
-        assert (proc.returncode == 2) == refused, proc.stderr
-        assert not refused or one_line(proc) and f"replies of --max-new-tokens {most} leave no room for a prompt (at " \
-                                                 f"least {instruction} tokens) in the model's context of 2048" \
-                                                 in proc.stderr, proc.stderr
-    long = f"--max-new-tokens {2048 - instruction + 1}"  # QLASS's replies, checked where ALGOS runs QLASS
-    proc = start(BASE="tiny", ALGOS="qlass", QLASS_ARGS=long)
+    long = "--max-new-tokens 2040"  # the tiny model's context is 2048 tokens; a first prompt has more than 8
+    proc = start(BASE="tiny", COLLECT_ARGS=f"{long} --num-envs 6")
+    assert one_line(proc) and "replies of --max-new-tokens 2040 leave no room in the model's context of 2048 tokens " \
+                              "for the first prompt of any train task of world 0" in proc.stderr, proc.stderr
+    proc = start(BASE="tiny", ALGOS="qlass", QLASS_ARGS=long)  # QLASS's replies, checked where ALGOS runs QLASS
     assert one_line(proc) and f"QLASS_ARGS='{long}': replies of" in proc.stderr, proc.stderr
     assert start(BASE="tiny", ALGOS="qevolve", QLASS_ARGS=long).returncode == 0
     proc = start(COLLECT_ARGS="--max-new-tokens 16 --num-envs 6 --keep success")
@@ -1718,6 +1714,22 @@ def test_check_knows_what_the_stages_refuse_later(stages, in_process, tmp_path):
     assert call_main(stages["00_pretrain"], "--out", entry, "--env", "household", "--env-kwargs",
                      SMOKE_SETTINGS["ENV_KWARGS"], "--threads", 1, *SMOKE_SETTINGS["PRETRAIN_ARGS"].split()) == 0
     assert start(BASE_CACHE=str(tmp_path / "cache"), BASE_DIR=str(entry)).returncode == 0
+    # Session 10's second campaign (R1): the border is 02's own count of a first prompt (ModelPolicy.prompt_ids), the
+    # shortest of a split's tasks, the longest such of the splits and worlds the run plays
+    collect = stages["02_collect"]
+    policy = collect.ModelPolicy(entry, collect.parse_args(["--policy", str(entry), "--out", "x.jsonl"]))
+    shortest = {(world, split): min(len(policy.prompt_ids([collect.new_episode(env, t, policy.args)])[0]) for t in
+                                    env.task_ids(split))
+                for world, env in ((w, envs.make("household", seed=w, max_steps=5)) for w in (0, 1))
+                for split in ("train", "seen", "unseen")}
+    border = max(shortest.values())
+    for most, refused in ((2048 - border + 1, True), (2048 - border, False)):
+        proc = start(BASE_CACHE=str(tmp_path / "cache"), BASE_DIR=str(entry),
+                     COLLECT_ARGS=f"--max-new-tokens {most} --num-envs 6")
+        assert (proc.returncode == 2) == refused, proc.stderr
+        assert not refused or one_line(proc) and f"(the shortest: {border} tokens), so 02_collect.py would " \
+                                                 "record no episode (PRETRAIN_ARGS' --max-len 2048)" in proc.stderr, \
+            proc.stderr
     os.remove(entry / "model.safetensors")
     proc = start(BASE_CACHE=str(tmp_path / "cache"), BASE_DIR=str(entry))
     assert one_line(proc) and f"{entry} is this run's base model in the cache, but it holds no weights " \
