@@ -350,7 +350,8 @@ def base_entry(path):
 def check_writable(said, path):
     """RUN or BASE_CACHE: a folder this user may make or write in, else a run fails later (cannot lock, cannot write):
     its nearest existing folder writable (os.access). Root passes os.access even in /proc, so as root a folder of a
-    name of its own is made and removed there instead: the folder the run names is never made by a check."""
+    name of its own is made and removed there instead (its times kept): the folder the run names is never made by a
+    check."""
     top = os.path.abspath(path)
     while not os.path.lexists(top):
         top = os.path.dirname(top)
@@ -358,7 +359,9 @@ def check_writable(said, path):
         if not (os.path.isdir(top) and os.access(top, os.W_OK | os.X_OK)):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
         if hasattr(os, "geteuid") and os.geteuid() == 0:
+            was = os.stat(top)
             os.rmdir(tempfile.mkdtemp(prefix=".qevolve-check-", dir=top))
+            os.utime(top, ns=(was.st_atime_ns, was.st_mtime_ns))  # the folder's times as they were
     except OSError as e:
         die(f"{said}: cannot write in {top} ({e.strerror}); pick a folder you may write in")
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -27,9 +28,10 @@ def run_ranks(nproc, name, *args):
     """A stage as a user runs it: `python` for one process, `torchrun --standalone` for more; in fp32."""
     cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
                               if nproc > 1 else []) + [f"{name}.py"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **CPU_UNLESS_2_GPUS}
-    proc = subprocess.run(cmd + list(map(str, args)) + ["--precision", "fp32"], cwd=STAGE_DIR if nproc == 1 else ROOT,
-                          capture_output=True, text=True, env=env)
+    with tempfile.TemporaryDirectory() as scratch:  # torchrun's log folders (torchelastic_*) go there, and with it
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": scratch, **CPU_UNLESS_2_GPUS}
+        proc = subprocess.run(cmd + list(map(str, args)) + ["--precision", "fp32"],
+                              cwd=STAGE_DIR if nproc == 1 else ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, f"{name} on {nproc} ranks failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc
 
