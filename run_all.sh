@@ -53,8 +53,8 @@
 #   made (its CACHEDIR.TAG, written before its first base model; or only base models of 00_pretrain.py), and a base
 #   model there is reused only if its args.json says 00 built it with this run's settings. *_ARGS take no glob, no
 #   flag run_all.sh sets itself or owns (--metrics: RUN/metrics.jsonl) and no whitespace but spaces, tabs and
-#   newlines (bash's split); COLLECT_ARGS' and QLASS_ARGS' --max-new-tokens leave room for a prompt in the model's
-#   context; BASE (a model directory) and SMOLLM2_DIR (when it exists) load. A bad setting
+#   newlines (bash's split); COLLECT_ARGS' and QLASS_ARGS' --max-new-tokens leave room for a task's first prompt in
+#   the model's context; BASE (a model directory) and SMOLLM2_DIR (when it exists) load. A bad setting
 #   is one error line and exit 2 before anything runs (python run_support.py start checks the environment, its splits,
 #   the episode counts and each *_ARGS with its stage); Ctrl-C stops the run, and the same command resumes it. A run
 #   holds RUN while it runs (RUN/.lock): a second run on it is refused. RUN/settings.json records the settings that

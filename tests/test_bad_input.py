@@ -1082,8 +1082,9 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("THREADS=5000", "THREADS=5000: the stages take"),
     ("NPROC=999999999", "NPROC=999999999: more processes than this machine's"),
     ("LATER_ARGS=--lr\v1e-4", "holds the whitespace character '\\x0b'"),
-    ("COLLECT_ARGS=--max-new-tokens 100000", "replies of --max-new-tokens 100000 leave no room for a prompt"),
-    ("PRETRAIN_ARGS=--max-len 4", "in the model's context of 4 tokens (PRETRAIN_ARGS' --max-len 4)"),
+    ("COLLECT_ARGS=--max-new-tokens 100000", "replies of --max-new-tokens 100000 leave no room in the model's "
+     "context of 2048 tokens for the first prompt of any train task of world 0"),
+    ("PRETRAIN_ARGS=--max-len 4", "PRETRAIN_ARGS='--max-len 4': --max-len 4 is too short: 0 of the 16 "),
     ("PRETRAIN_ARGS=--max-len 60", "PRETRAIN_ARGS='--max-len 60': --max-len 60 is too short: 0 of the 16 ")]))
 def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
     """Cause 5: EVAL_SPLITS='seen bogus' and N_EVAL=100000 failed after the expert demos and BC (6+ minutes of the
