@@ -341,6 +341,21 @@ def paper(args, table):
                         cells.append(f"{m:+.1f} [{m - h:+.1f}, {m + h:+.1f}]{' shown' if abs(m) > h else ''}")
                     lines.append(f"| {j} | {name}{'' if key in ('bc', 'qlass') else f' iteration {i}'} | "
                                  + " | ".join(cells) + " |")
+    if args.against_first:  # tuning: a method's every other setting against its first runs', which share its BC
+        lines += ["", "Each setting minus the same method in the first runs that have it, paired by seed, at each "
+                  "iteration: the mean gap in points [its 95% interval]; 'shown' where the interval excludes 0.", "",
+                  "| method | runs | iteration | " + " | ".join(args.splits) + " |", "|---|---|---|" + "---|" *
+                  len(args.splits)]
+        for key, _, name in PAPER[1:]:
+            have = [pattern for pattern in args.runs if found[pattern, key]]
+            base = {i: ok for i, _, ok in found[have[0], key]} if have else {}
+            for pattern in have[1:]:
+                for i, _, ok in (point for point in found[pattern, key] if point[0] in base):
+                    cells = []
+                    for sp in args.splits:
+                        m, h = ci([a - b for a, b in zip(ok[sp], base[i][sp])])
+                        cells.append(f"{m:+.1f} [{m - h:+.1f}, {m + h:+.1f}]{' shown' if abs(m) > h else ''}")
+                    lines.append(f"| {name} | {pattern} minus {have[0]} | {i} | " + " | ".join(cells) + " |")
     # a regime (its runs' DEMOS) is one panel; its runs' budgets (N_SELF, QLASS's trees) are points on one curve
     regimes = {}
     for pattern in args.runs:
@@ -440,6 +455,8 @@ def main(argv=None):
                                      "{seed} = the seed")
     plots["paper"].add_argument("--runs", nargs="+", required=True, help="one run folder pattern per budget "
                                 "(those of one DEMOS share a panel), {seed} = the seed")
+    plots["paper"].add_argument("--against-first", action="store_true", help="tuning points: each method's runs "
+                                "against its first runs', paired by seed (runs that share its BC policy)")
     args = p.parse_args(argv)
     if not args.out.endswith(".png"):
         die(f"--out must end in .png, got {args.out!r}")

@@ -131,6 +131,13 @@ def test_paper_table_online_steps_paired_intervals_and_mistakes_by_hand(tmp_path
     assert rows["0", "60.0"] == "| 0 | 60.0 | 1000 | 30 | 0.03 |"  # the claim over both budgets: the cheap runs
     assert rows["ETO", ">180"] == "| ETO | >180 | >180 | >180 | - |"  # 90% of the optimum: above every fake point
     assert not any(k[0] == "iterated RFT" for k in rows)  # a method the runs lack has no row
+    # --against-first (tuning): each method's later runs against its first runs', paired by seed, at the iterations
+    # both have: Q-Evolve's cheap runs 65 against 80 after one iteration; ETO has no later runs
+    in_process(plot, "paper", "--runs", f"{tmp_path}/run{{seed}}", f"{tmp_path}/cheap{{seed}}", "--seeds", 0, 1, 2,
+               "--splits", "seen", "--against-first", "--out", out)
+    paired = [line for line in (tmp_path / "p.md").read_text().splitlines() if "{seed} minus " in line]
+    assert paired == [f"| Q-Evolve | {tmp_path}/cheap{{seed}} minus {tmp_path}/run{{seed}} | 1 | -15.0 [-15.0, -15.0] "
+                      "shown |"]
 
 
 def test_out_never_replaces_another_scripts_figure_of_the_checkout(in_process):
