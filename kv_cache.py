@@ -169,7 +169,8 @@ class Session:
         width = max(n + room, self.max_cols) if graphed else n + room
         new = Session(self.model, B, width, self.pad_id, self.step, self.cache if in_place else None)
         pads = [n - len(self.cols[r]) for r in rows]
-        src = torch.tensor([[0] * p + self.cols[r] for p, r in zip(pads, rows)])  # each new column's old one (0: pad)
+        src = torch.tensor([[0] * p + self.cols[r] for p, r in zip(pads, rows)],  # each new column's old one (0: pad)
+                           dtype=torch.long)  # (an index even where no row has a column yet)
         new.mask[:, :n] = torch.tensor([[0] * p + [1] * (n - p) for p in pads])
         for j, (p, r) in enumerate(zip(pads, rows)):
             new.cols[j], new.ids[j] = list(range(p, n)), list(self.ids[r])

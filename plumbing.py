@@ -266,10 +266,16 @@ def in_checkout(path):
 
 def check_path(path, inputs=()):
     """The one rule of where any script may write (check_out and write_atomic ask it): never an empty
-    path, the current directory or one above it, the home directory or one above it (the root), nor an
-    input, a directory holding one or a path inside one."""
+    path, a '..' after a name that is no folder or a link, the current directory or one above it, the home directory
+    or one above it (the root), nor an input, a directory holding one or a path inside one."""
     if not path.strip():
         die("the output path is empty; name a file or directory to write")
+    parts = path.split("/")  # a '..' after a name that is no folder (or a link) is read one way by the OS and
+    for i, part in enumerate(parts):  # another by abspath, which the writes use: refused, not guessed
+        prefix = "/".join(parts[:i]) or ("/" if path.startswith("/") else ".")
+        if part == ".." and (not os.path.isdir(prefix) or os.path.islink(prefix)):
+            die(f"{path}: '..' follows {prefix}, which is {'a link' if os.path.islink(prefix) else 'no folder'}; "
+                "name the path without it")
     real = os.path.realpath(path)
     for p in map(os.path.realpath, inputs):
         if inside(real, p) or inside(p, real):

@@ -150,7 +150,7 @@ def branches(root, head):
     out, seen = [], set()
 
     def walk(node, steps):
-        if not node["children"]:
+        if not node["children"] and steps:  # (a root without a step: its first prompt did not fit, no branch)
             ep = dict(head, steps=[dict(n["step"], q=n["q"], new=id(n) not in seen) for n in steps])
             seen.update(id(n) for n in steps)
             ep["reward"] = sum(s["r_env"] for s in ep["steps"])
@@ -225,6 +225,9 @@ def main(argv=None):
         head = collect.new_episode(env, tid, argparse.Namespace(env=args.env, split="train", policy="qlass",
                                                                 seed=args.seed))
         trees += branches(roots[tid], head)
+    if not trees:
+        die("no tree has a step: not even the first prompt of a task fits the model's context beside "
+            f"--max-new-tokens {args.max_new_tokens}")
     nodes = sum(s["new"] for ep in trees for s in ep["steps"])
     summary = {"stage": "qlass", "tasks": args.tasks, "with_demonstration": sum(t in demos for t in task_ids),
                "branches": len(trees), "nodes": nodes, "env_steps": sampled,

@@ -267,7 +267,9 @@ def model(path):
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     if not AutoTokenizer.from_pretrained(path, local_files_only=True).chat_template:
         return "its tokenizer has no chat template"
-    weights = [f for f in os.listdir(path) if f.endswith('.safetensors') and f != 'heads.safetensors']
+    if os.path.exists(os.path.join(path, 'heads.safetensors')):  # as plumbing.load_tokenizer refuses it
+        return "it is a critic directory (03_critic.py output), not a policy"
+    weights = [f for f in os.listdir(path) if f.endswith('.safetensors')]
     if not weights:
         return "it holds no weights (model.safetensors)"
     for f in weights:
@@ -379,6 +381,7 @@ def check_base_cache(cache):
             "above them, the checkout or one of its folders), e.g. runs/base")
     if os.path.lexists(cache) and not os.path.isdir(cache):
         die(f"{said} is not a folder; name a new folder, e.g. runs/base")
+    check_path(cache)  # the write rule's own ('..' after a name that is no folder)
     check_writable(said, cache)
     try:
         names = set(os.listdir(cache)) - {".lock"} if os.path.isdir(cache) else set()
@@ -472,8 +475,8 @@ def check_settings(s):
     by that stage (stage_args), split as bash splits it (bash_words), without a glob, a flag run_all.sh sets itself
     (STAGE_FLAGS; COLLECT_ARGS' --rerank, and --greedy with QLASS), a critic --init names that is not one or --lora
     without peft, and with replies (--max-new-tokens) that leave room in the model's context for the first prompt of
-    a task in each split a run plays (first_prompt); QLASS_M within 02's --candidates, QLASS_ARGS' --tasks within the
-    train split."""
+    every task of each split a run plays (first_prompt); QLASS_M within 02's --candidates, QLASS_ARGS' --tasks within
+    the train split."""
     import envs
     missing = next((name for name in NEEDED if name not in s), None)  # run_all.sh passes each (its settings)
     if missing:
@@ -630,10 +633,10 @@ def check_settings(s):
                 name = "PRETRAIN_ARGS" if base == "pretrained" else "BC_ARGS"
                 die(f"{name}={shlex.quote(s[name])}: --max-len {context} is too short: {fit} of the {len(demos)} "
                     "demonstrations kept fit in it, and 01_bc.py trains on at least two; raise it")
-    # 02 records no episode where not even one first prompt (the instruction, the task and its first observation:
-    # first_prompt) fits beside the longest reply: one task of each split a run plays must, in each world (its own
-    # episodes and QLASS's trees: train in world 0; the evaluations: EVAL_SPLITS in EVAL_WORLDS), counted as the
-    # demonstrations are: at most its bytes under the tiny model's tokenizer, else exactly (tokens)
+    # 02 plays a sample of a split's tasks, and cannot play one whose first prompt (the instruction, the task and its
+    # first observation: first_prompt) does not fit beside the longest reply: every task of each split a run plays
+    # must fit, in each world (its own episodes and QLASS's trees: train in world 0; the evaluations: EVAL_SPLITS in
+    # EVAL_WORLDS), counted as the demonstrations are: at most its bytes under the tiny model's tokenizer, else exactly
     byte_level, worlds, pending = base in ("pretrained", "tiny"), {0: env}, []
     for name in ["COLLECT_ARGS"] + ["QLASS_ARGS"] * ("qlass" in s.get("ALGOS", "").split()):
         room = None if context is None else context - args[name][0]["max_new_tokens"]
@@ -642,20 +645,16 @@ def check_settings(s):
         for world, split in plays if room is not None else []:
             if world not in worlds:
                 worlds[world] = envs.make(s["ENV"], seed=world, **parse_env_kwargs(s["ENV_KWARGS"]))
-            chats = []
-            for task in worlds[world].task_ids(split):
-                chats.append(first_prompt(worlds[world], task))
-                if (chat_tokens(chats[-1])[1] if byte_level else tokens(chats[-1:])[0]) <= room:
-                    break
-            else:
-                pending.append((name, room, world, split, chats))
+            chats = [first_prompt(worlds[world], task) for task in worlds[world].task_ids(split)]
+            pending.append((name, room, world, split, [chat for chat in chats
+                                                       if not (byte_level and chat_tokens(chat)[1] <= room)]))
     counts = iter(tokens([chat for *_, chats in pending for chat in chats]))  # one count for all (@tokens: a tokenizer)
     for name, room, world, split, chats in pending:
-        shortest = min(next(counts) for _ in chats)
-        if shortest > room:
+        longest = max((next(counts) for _ in chats), default=0)
+        if longest > room:
             die(f"{name}={shlex.quote(s[name])}: replies of --max-new-tokens {args[name][0]['max_new_tokens']} leave "
-                f"no room in the model's context of {context} tokens for the first prompt of any {split} task of "
-                f"world {world} (the shortest: {shortest} tokens), so 02_collect.py would record no episode" +
+                f"no room in the model's context of {context} tokens for the first prompt of every {split} task of "
+                f"world {world} (the longest: {longest} tokens), and 02_collect.py plays a sample of them" +
                 (f" (PRETRAIN_ARGS' --max-len {context})" if base == "pretrained" else ""))
     for world in worlds.values():
         world.close()

@@ -1083,7 +1083,7 @@ SMOKE_SETTINGS = {"SEED": "0", "ENV": "household", "ENV_KWARGS": '{"max_steps": 
     ("NPROC=999999999", "NPROC=999999999: more processes than this machine's"),
     ("LATER_ARGS=--lr\v1e-4", "holds the whitespace character '\\x0b'"),
     ("COLLECT_ARGS=--max-new-tokens 100000", "replies of --max-new-tokens 100000 leave no room in the model's "
-     "context of 2048 tokens for the first prompt of any train task of world 0"),
+     "context of 2048 tokens for the first prompt of every train task of world 0"),
     ("PRETRAIN_ARGS=--max-len 4", "PRETRAIN_ARGS='--max-len 4': --max-len 4 is too short: 0 of the 16 "),
     ("PRETRAIN_ARGS=--max-len 60", "PRETRAIN_ARGS='--max-len 60': --max-len 60 is too short: 0 of the 16 ")]))
 def test_run_all_checks_what_bash_cannot_before_any_work(setting, message, in_process, tmp_path):
@@ -1705,7 +1705,7 @@ def test_check_knows_what_the_stages_refuse_later(stages, in_process, tmp_path):
     long = "--max-new-tokens 2040"  # the tiny model's context is 2048 tokens; a first prompt has more than 8
     proc = start(BASE="tiny", COLLECT_ARGS=f"{long} --num-envs 6")
     assert one_line(proc) and "replies of --max-new-tokens 2040 leave no room in the model's context of 2048 tokens " \
-                              "for the first prompt of any train task of world 0" in proc.stderr, proc.stderr
+                              "for the first prompt of every train task of world 0" in proc.stderr, proc.stderr
     proc = start(BASE="tiny", ALGOS="qlass", QLASS_ARGS=long)  # QLASS's replies, checked where ALGOS runs QLASS
     assert one_line(proc) and f"QLASS_ARGS='{long}': replies of" in proc.stderr, proc.stderr
     assert start(BASE="tiny", ALGOS="qevolve", QLASS_ARGS=long).returncode == 0
@@ -1716,20 +1716,18 @@ def test_check_knows_what_the_stages_refuse_later(stages, in_process, tmp_path):
                      SMOKE_SETTINGS["ENV_KWARGS"], "--threads", 1, *SMOKE_SETTINGS["PRETRAIN_ARGS"].split()) == 0
     assert start(BASE_CACHE=str(tmp_path / "cache"), BASE_DIR=str(entry)).returncode == 0
     # Session 10's second campaign (R1): the border is 02's own count of a first prompt (ModelPolicy.prompt_ids), the
-    # shortest of a split's tasks, the longest such of the splits and worlds the run plays
+    # longest of the tasks of the splits and worlds the run plays (02 plays a sample of them: session 11's probes)
     collect = stages["02_collect"]
     policy = collect.ModelPolicy(entry, collect.parse_args(["--policy", str(entry), "--out", "x.jsonl"]))
-    shortest = {(world, split): min(len(policy.prompt_ids([collect.new_episode(env, t, policy.args)])[0]) for t in
-                                    env.task_ids(split))
-                for world, env in ((w, envs.make("household", seed=w, max_steps=5)) for w in (0, 1))
-                for split in ("train", "seen", "unseen")}
-    border = max(shortest.values())
+    border = max(len(policy.prompt_ids([collect.new_episode(env, t, policy.args)])[0])
+                 for env in (envs.make("household", seed=w, max_steps=5) for w in (0, 1))
+                 for split in ("train", "seen", "unseen") for t in env.task_ids(split))
     for most, refused in ((2048 - border + 1, True), (2048 - border, False)):
         proc = start(BASE_CACHE=str(tmp_path / "cache"), BASE_DIR=str(entry),
                      COLLECT_ARGS=f"--max-new-tokens {most} --num-envs 6")
         assert (proc.returncode == 2) == refused, proc.stderr
-        assert not refused or one_line(proc) and f"(the shortest: {border} tokens), so 02_collect.py would " \
-                                                 "record no episode (PRETRAIN_ARGS' --max-len 2048)" in proc.stderr, \
+        assert not refused or one_line(proc) and f"(the longest: {border} tokens), and 02_collect.py plays a " \
+                                                 "sample of them (PRETRAIN_ARGS' --max-len 2048)" in proc.stderr, \
             proc.stderr
     os.remove(entry / "model.safetensors")
     proc = start(BASE_CACHE=str(tmp_path / "cache"), BASE_DIR=str(entry))

@@ -83,6 +83,7 @@ def test_branches_write_each_node_once_with_its_q():
     assert [[s["q"] for s in ep["steps"]] for ep in eps] == [pytest.approx([0.9, 1.0]), pytest.approx([0.9, 0.0]),
                                                                [0.0]]
     assert [ep["success"] for ep in eps] == [True, False, False] and [ep["reward"] for ep in eps] == [1.0, 0.0, 0.0]
+    assert qlass.branches(qlass.new_node(), {"task_id": "t"}) == []  # a root without a step (session 11's probes)
 
 
 def test_a_zero_reward_branch_stops_expansion_and_width_bounds_each_node():

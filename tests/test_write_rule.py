@@ -146,3 +146,20 @@ def test_the_writable_check_changes_nothing(tmp_path):
     os.utime(tmp_path, ns=(10**18, 10**18))
     run_support.check_writable("RUN=x", str(tmp_path / "new" / "run"))
     assert os.listdir(tmp_path) == [] and os.stat(tmp_path).st_mtime_ns == 10**18
+
+
+def test_a_climb_out_of_no_folder_or_a_link_is_refused(tmp_path, capsys):
+    """Session 11's probes (D, E): RUN=<empty>/sub/../../mine passed the checks (the OS cannot resolve it) while the
+    writes (abspath: <tmp>/mine) went into a user's folder; plots.py --out <none>/../../<checkout>/docs/img/paper.png
+    replaced a shipped figure. A '..' after a link is read two ways too."""
+    import pytest
+
+    import plumbing
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    for bad, why in ((f"{tmp_path}/empty/sub/../../mine", f"'..' follows {tmp_path}/empty/sub, which is no folder"),
+                     (f"{tmp_path}/link/../mine", f"'..' follows {tmp_path}/link, which is a link")):
+        with pytest.raises(SystemExit) as e:
+            plumbing.check_path(bad)
+        assert e.value.code == 2 and why in capsys.readouterr().err
+    plumbing.check_path(f"{tmp_path}/empty/../new")  # after a folder: the OS and abspath agree
