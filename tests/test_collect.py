@@ -332,3 +332,19 @@ def test_keep_success_writes_the_successful_demonstrations_only(stages, in_proce
     summary = json.load(open(tmp_path / "expert.json"))
     assert kept and all(ep["success"] for ep in kept) and summary["episodes"] == 40
     assert summary["kept"] == len(kept) == round(summary["success_rate"] * 40) < 40
+
+
+def test_a_compaction_where_no_row_sees_a_column(tiny_run):
+    """Session 11's probes (B): rows whose columns were all hidden (first prompts that did not fit, idle rows) left
+    compacted() an empty column index, which torch made a float tensor: IndexError mid-collection."""
+    from transformers import AutoModelForCausalLM
+
+    import kv_cache
+    from plumbing import load_model
+    model = load_model(AutoModelForCausalLM, str(tiny_run / "policy_0")).eval()
+    s = kv_cache.Session(model, 2, 16, 0, model)
+    s.feed([[5, 6, 7], [5, 6]])
+    s.sync(0, [9, 9])  # nothing in common with what the rows see: all hidden
+    s.sync(1, [8])
+    new = s.compacted(4)
+    assert (new.width, new.cols, new.ids) == (0, [[], []], [[], []]) and not new.mask.any()
