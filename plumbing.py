@@ -338,7 +338,9 @@ def check_out(path, kind, inputs=()):
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     try:  # a real file, not os.access: that says yes to root on a read-only or special file system
+        was = os.stat(parent)
         os.rmdir(tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}.qevolve-tmp-", dir=parent))
+        os.utime(parent, ns=(was.st_atime_ns, was.st_mtime_ns))  # the folder's times as they were
     except OSError as e:
         die(f"cannot write {path}: {parent} is not a writable directory ({e.strerror})")
 

@@ -32,6 +32,7 @@ own=()  # iteration 1's own episodes, which every ALGOS but qlass (its trees) st
 for a in ${ALGOS:-qevolve}; do [ "$a" = qlass ] || own=(iter_1/self.jsonl iter_1/self.json); done
 parts=(data policy_0 "${own[@]}" $([ "${QLASS_TREES:-0}" != 1 ] || echo qlass))
 for p in "${parts[@]}"; do [ -e "$from/$p" ] || bad "bench/tune_dev.sh: $from has no $p yet; run it first (K=1)"; done
+python -c 'import sys; sys.path.insert(0, "."); import run_support; run_support.check_run(sys.argv[1])' "$to" || exit 2
 mkdir -- "$to" 2>/dev/null || bad "bench/tune_dev.sh: cannot make $to (its parent folder must exist)"
 python - "$from/settings.json" "$to/settings.json" "$@" <<'EOF'
 import json, sys

@@ -140,11 +140,13 @@ def test_a_lock_file_merely_open_holds_nothing(tmp_path, monkeypatch):
 
 
 def test_the_writable_check_changes_nothing(tmp_path):
-    """check_writable on a RUN not made yet: its nearest existing folder as it was, times too (as root it makes and
-    removes a folder there, which once left the folder's mtime changed: session 10's probes)."""
+    """check_writable on a RUN not made yet, and check_out on an output: its nearest existing folder as it was, times
+    too (each makes and removes a folder there, which once left the folder's mtime changed: sessions 10 and 11)."""
     import run_support
     os.utime(tmp_path, ns=(10**18, 10**18))
     run_support.check_writable("RUN=x", str(tmp_path / "new" / "run"))
+    assert os.listdir(tmp_path) == [] and os.stat(tmp_path).st_mtime_ns == 10**18
+    run_support.check_out(str(tmp_path / "table.md"), "table")  # every output's probe too (session 11's probes)
     assert os.listdir(tmp_path) == [] and os.stat(tmp_path).st_mtime_ns == 10**18
 
 
