@@ -1799,6 +1799,11 @@ def test_tune_dev_refuses_before_it_writes(tmp_path):
                            "CRITIC_ARGS=--tau 2"], cwd=tmp_path, capture_output=True, text=True)
     assert one_line(proc) and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
     assert snapshot(tmp_path) == before
+    # session 11's probes: a TO in one of the checkout's folders was made, then removed after run_all.sh refused it
+    envs_mtime = os.stat(os.path.join(ROOT, "envs")).st_mtime_ns
+    proc = subprocess.run(["bash", "bench/tune_dev.sh", str(run), "envs/td"], cwd=ROOT, capture_output=True, text=True)
+    assert one_line(proc) and "RUN=envs/td is the checkout or lies in one of its folders" in proc.stderr, proc.stderr
+    assert os.stat(os.path.join(ROOT, "envs")).st_mtime_ns == envs_mtime
 
 
 def test_a_killed_bench_script_leaves_no_temporary_folder(tmp_path):
