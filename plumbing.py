@@ -270,13 +270,14 @@ def check_path(path, inputs=()):
     or one above it (the root), nor an input, a directory holding one or a path inside one."""
     if not path.strip():
         die("the output path is empty; name a file or directory to write")
-    parts = path.split("/")  # a '..' after a name that is no folder (or a link) is read one way by the OS and
+    parts = path.split("/")  # a '..' after a name that is no folder, or after a link, is read one way by the OS and
     for i, part in enumerate(parts):  # another by abspath, which the writes use: refused, not guessed
         prefix = "/".join(parts[:i]) or ("/" if path.startswith("/") else ".")
-        if part == ".." and (not os.path.isdir(prefix) or os.path.islink(prefix)):
-            die(f"{path}: '..' follows {prefix}, which is {'a link' if os.path.islink(prefix) else 'no folder'}; "
-                "name the path without it")
+        if part == ".." and not os.path.isdir(prefix):
+            die(f"{path}: '..' follows {prefix}, which is no folder; name the path without it")
     real = os.path.realpath(path)
+    if real != os.path.realpath(os.path.abspath(path)):
+        die(f"{path}: a '..' in it follows a link; name the path without it")
     for p in map(os.path.realpath, inputs):
         if inside(real, p) or inside(p, real):
             die(f"{path} is (or holds) an input of this stage, or lies inside one; write the output elsewhere")
@@ -524,7 +525,7 @@ def load_tokenizer(path):
     if not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         die(f"{path}: no tokenizer_config.json; pass a model directory from 01_bc.py / 05_bppo.py")
     if os.path.exists(os.path.join(path, "heads.safetensors")):
-        die(f"{path} is a critic directory (03_critic.py output), not a policy")
+        die(f"{path} is a critic directory (03_critic.py's, or qlass.py's QNet), not a policy")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # a file it cannot read, or one that needs a library not installed

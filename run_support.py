@@ -268,7 +268,7 @@ def model(path):
     if not AutoTokenizer.from_pretrained(path, local_files_only=True).chat_template:
         return "its tokenizer has no chat template"
     if os.path.exists(os.path.join(path, 'heads.safetensors')):  # as plumbing.load_tokenizer refuses it
-        return "it is a critic directory (03_critic.py output), not a policy"
+        return "it is a critic directory (03_critic.py's, or qlass.py's QNet), not a policy"
     weights = [f for f in os.listdir(path) if f.endswith('.safetensors')]
     if not weights:
         return "it holds no weights (model.safetensors)"

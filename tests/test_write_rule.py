@@ -158,10 +158,14 @@ def test_a_climb_out_of_no_folder_or_a_link_is_refused(tmp_path, capsys):
 
     import plumbing
     (tmp_path / "empty").mkdir()
-    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "deep" / "er")  # link/.. is deep to the OS, tmp_path to abspath
     for bad, why in ((f"{tmp_path}/empty/sub/../../mine", f"'..' follows {tmp_path}/empty/sub, which is no folder"),
-                     (f"{tmp_path}/link/../mine", f"'..' follows {tmp_path}/link, which is a link")):
+                     (f"{tmp_path}/link/../mine", "a '..' in it follows a link"),
+                     (f"{tmp_path}/link/./../mine", "a '..' in it follows a link"),  # (the second campaign's G)
+                     (f"{tmp_path}/link//../mine", "a '..' in it follows a link")):
         with pytest.raises(SystemExit) as e:
             plumbing.check_path(bad)
         assert e.value.code == 2 and why in capsys.readouterr().err
     plumbing.check_path(f"{tmp_path}/empty/../new")  # after a folder: the OS and abspath agree
+    plumbing.check_path(f"{tmp_path}/link/new")  # a link without a '..' after it: read one way
