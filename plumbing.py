@@ -336,8 +336,10 @@ def check_out(path, kind, inputs=()):
     if not is_main():
         return
     parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
+    while not os.path.lexists(parent):
         parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):  # a file, or a link to nothing or to itself: no folder can be made there
+        die(f"cannot write {path}: {parent} is not a folder")
     try:  # a real file, not os.access: that says yes to root on a read-only or special file system
         was = os.stat(parent)
         os.rmdir(tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}.qevolve-tmp-", dir=parent))

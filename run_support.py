@@ -357,6 +357,8 @@ def check_writable(said, path):
     top = os.path.abspath(path)
     while not os.path.lexists(top):
         top = os.path.dirname(top)
+    if not os.path.isdir(top):  # a file, or a link to nothing or to itself
+        die(f"{said}: {top} is not a folder; pick a folder you may write in")
     try:
         if not (os.path.isdir(top) and os.access(top, os.W_OK | os.X_OK)):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))

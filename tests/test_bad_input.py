@@ -366,7 +366,7 @@ PROBES = {
     "02_candidates_times_envs": (["02_collect", "--policy", POLICY, "--rerank", CRITIC, "--candidates", "1024",
                                   "--num-envs", "10000", "--out", "{T}/x.jsonl"], "--num-envs 10000 --candidates 1024"),
     # -- issue 61, cause 5: one line where a traceback was
-    "01_out_under_a_file": (BC + ["--out", "{R}/data/expert.json/x"], "not a writable directory"),
+    "01_out_under_a_file": (BC + ["--out", "{R}/data/expert.json/x"], "expert.json is not a folder"),
     # -- issue 94: a file named twice counted its episodes twice
     "03_data_twice": (["03_critic", "--data", EXPERT, EXPERT, "--policy", POLICY, "--out", "{T}/c"], "twice"),
 }

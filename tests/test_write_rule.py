@@ -169,3 +169,7 @@ def test_a_climb_out_of_no_folder_or_a_link_is_refused(tmp_path, capsys):
         assert e.value.code == 2 and why in capsys.readouterr().err
     plumbing.check_path(f"{tmp_path}/empty/../new")  # after a folder: the OS and abspath agree
     plumbing.check_path(f"{tmp_path}/link/new")  # a link without a '..' after it: read one way
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing")  # the third round's I: refused after the work
+    with pytest.raises(SystemExit):
+        plumbing.check_out(f"{tmp_path}/dangling/x.jsonl", "02_collect")
+    assert f"{tmp_path}/dangling is not a folder" in capsys.readouterr().err
