@@ -360,7 +360,7 @@ def check_writable(said, path):
     if not os.path.isdir(top):  # a file, or a link to nothing or to itself
         die(f"{said}: {top} is not a folder; pick a folder you may write in")
     try:
-        if not (os.path.isdir(top) and os.access(top, os.W_OK | os.X_OK)):
+        if not os.access(top, os.W_OK | os.X_OK):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             was = os.stat(top)

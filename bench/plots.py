@@ -259,6 +259,12 @@ def ci(xs):
     return mean(xs), T975.get(len(xs) - 1, 1.96) * se(xs) if len(xs) > 1 else float("nan")
 
 
+def paired(xs, ys):
+    """xs minus ys, paired by seed: the mean gap [its 95% interval], 'shown' where the interval excludes 0."""
+    m, h = ci([a - b for a, b in zip(xs, ys)])
+    return f"{m:+.1f} [{m - h:+.1f}, {m + h:+.1f}]{' shown' if abs(m) > h else ''}"
+
+
 def own_steps(run, key, k):
     """A policy's online environment steps to date, from what it wrote: QLASS's trees, else its own episodes (02's
     env_steps) of iterations 1..k (iteration 1's, policy_0's, shared; BC: none)."""
@@ -335,10 +341,7 @@ def paper(args, table):
         for key, _, name in PAPER:
             for i, _, ok in found[pattern, key]:
                 for j in sorted(ours) if key in ("bc", "qlass") else [i] if key != "qevolve" and i in ours else []:
-                    cells = []
-                    for sp in args.splits:
-                        m, h = ci([a - b for a, b in zip(ours[j][sp], ok[sp])])
-                        cells.append(f"{m:+.1f} [{m - h:+.1f}, {m + h:+.1f}]{' shown' if abs(m) > h else ''}")
+                    cells = [paired(ours[j][sp], ok[sp]) for sp in args.splits]
                     lines.append(f"| {j} | {name}{'' if key in ('bc', 'qlass') else f' iteration {i}'} | "
                                  + " | ".join(cells) + " |")
     if args.against_first:  # tuning: a method's every other setting against its first runs', which share its BC
@@ -351,10 +354,7 @@ def paper(args, table):
             base = {i: ok for i, _, ok in found[have[0], key]} if have else {}
             for pattern in have[1:]:
                 for i, _, ok in (point for point in found[pattern, key] if point[0] in base):
-                    cells = []
-                    for sp in args.splits:
-                        m, h = ci([a - b for a, b in zip(ok[sp], base[i][sp])])
-                        cells.append(f"{m:+.1f} [{m - h:+.1f}, {m + h:+.1f}]{' shown' if abs(m) > h else ''}")
+                    cells = [paired(ok[sp], base[i][sp]) for sp in args.splits]
                     lines.append(f"| {name} | {pattern} minus {have[0]} | {i} | " + " | ".join(cells) + " |")
     # a regime (its runs' DEMOS) is one panel; its runs' budgets (N_SELF, QLASS's trees) are points on one curve
     regimes = {}
