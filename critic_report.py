@@ -212,8 +212,9 @@ def report_of(buffer, root=None):
     not 04's (a hand edit: no args, a gamma that is not a number) is one line."""
     summary = read_json(buffer[:-1]) if buffer.endswith(".jsonl") else None
     if not summary or summary.get("stage") != "04_gae":
-        die(f"{buffer}: not a buffer of 04_gae.py " + (f"(its summary {buffer[:-1]} is missing)" if buffer.endswith(
-            ".jsonl") else "(the .jsonl 04 wrote, its summary FILE.json beside it)"))
+        die(f"{buffer}: not a buffer of 04_gae.py " + (f"(its summary {buffer[:-1]} is missing or not 04's)"
+                                                       if buffer.endswith(".jsonl") else
+                                                       "(the .jsonl 04 wrote, its summary FILE.json beside it)"))
     args = summary.get("args")
     gamma = summary.get("gamma")
     if not (isinstance(args, dict) and isinstance(args.get("data"), list) and all(isinstance(p, str) for p in args[

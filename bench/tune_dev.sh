@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."  # the checkout: FROM and TO are relative to it, as run_
 [ $# -ge 2 ] && [ -f "$1/settings.json" ] && [ ! -e "$2" ] \
   || bad "bench/tune_dev.sh FROM TO [VAR=VALUE ...]: FROM a run (its settings.json), TO a new folder"
 from=$1 to=$2; shift 2
+[[ $(realpath -m -- "$to")/ != "$(realpath -- "$from")"/* ]] || bad "bench/tune_dev.sh: TO ($to) is inside FROM ($from): \
+the new run goes beside it"
 keys=$(python - "$from/settings.json" <<'EOF'  # FROM's record: run_all.sh's (a dict with its SEED), else one line
 import json, sys
 try:

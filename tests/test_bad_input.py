@@ -1778,7 +1778,8 @@ def test_tune_dev_refuses_before_it_writes(tmp_path):
     (run / "settings.json").write_text(json.dumps({"stage": "run_all.sh", **SMOKE_SETTINGS}))
     before = snapshot(tmp_path)
     for to, extra, message in [(tmp_path / "to", ["CRITC_ARGS=--epochs 8"], "'CRITC_ARGS=--epochs 8' is not VAR=VALUE"),
-                               (tmp_path / "to", ["CRITIC_ARGS=--epochs 8"], "has no data yet; run it first")]:
+                               (tmp_path / "to", ["CRITIC_ARGS=--epochs 8"], "has no data yet; run it first"),
+                               (run / "to", [], "is inside FROM")]:  # session 12: into FROM's own folder
         proc = subprocess.run(["bash", "bench/tune_dev.sh", str(run), str(to), *extra], cwd=ROOT, capture_output=True,
                               text=True)
         assert one_line(proc) and message in proc.stderr, proc.stderr
