@@ -193,23 +193,29 @@ def env_kwargs_of(paths):
     for path in paths:
         args = (read_json(path[:-1] if path.endswith(".jsonl") else path + ".json") or {}).get("args") or {}
         if args.get("policy") not in (None, "expert") and isinstance(args.get("env_kwargs"), str):
-            return parse_env_kwargs(args["env_kwargs"])
+            kwargs = parse_env_kwargs(args["env_kwargs"])
+            try:  # the world's own range checks: a hand-edited summary is one line, not a division by zero
+                envs.make(str(args.get("env")), **kwargs)
+            except (ValueError, ImportError) as e:
+                die(f"{path}: its summary names a world that cannot be made ({e}); it may have been edited")
+            return kwargs
     return None
 
 
-def summary_root(buffer, out):
-    """The folder 04 ran in, so that the relative paths its summary names resolve wherever this runs from: the
-    buffer's real path less the --out 04 was given (runs/x/iter_1/adv.jsonl); else the current directory."""
-    here = os.path.abspath(buffer)
-    tail = os.sep + os.path.normpath(out) if isinstance(out, str) and out and not os.path.isabs(out) else None
-    return here[:-len(tail)] or os.sep if tail and here.endswith(tail) else ""
+def in_run(buffer, out):
+    """Where a path 04's summary names lies now. 04 named its paths as given, from the folder it ran in, and --out
+    among them: a relative path lies where it lay beside --out, so beside the buffer, which is read in place, through a
+    link, moved or copied with its run. An absolute path stays."""
+    here = os.path.dirname(os.path.realpath(buffer))
+    there = os.path.dirname(os.path.abspath(out)) if isinstance(out, str) and out and not os.path.isabs(out) else None
+    return lambda path: os.path.join(here, os.path.relpath(path, there)) if there and not os.path.isabs(path) else path
 
 
-def report_of(buffer, root=None):
+def report_of(buffer):
     """The summary 04 wrote beside `buffer` (its FILE.json), its report computed anew from the buffer's steps (the
     figures this module computes today, the exact Bayes critic included): what `python critic_report.py` prints.
-    Paths the summary names are relative to root, by default the folder 04 ran in (summary_root). A summary that is
-    not 04's (a hand edit: no args, a gamma that is not a number) is one line."""
+    Paths the summary names are found beside the buffer (in_run). A summary that is not 04's (a hand edit: no args,
+    a gamma that is not a number, a world out of range) is one line."""
     summary = read_json(buffer[:-1]) if buffer.endswith(".jsonl") else None
     if not summary or summary.get("stage") != "04_gae":
         die(f"{buffer}: not a buffer of 04_gae.py " + (f"(its summary {buffer[:-1]} is missing or not 04's)"
@@ -222,11 +228,11 @@ def report_of(buffer, root=None):
             not isinstance(gamma, bool) and 0 <= gamma <= 1 and isinstance(summary.get("advantage"), str)):
         die(f"{buffer[:-1]}: not a summary of 04_gae.py as it writes one (its args with data and critic, a gamma in "
             "[0, 1], its advantage); run 04_gae.py again to write it")
-    root = summary_root(buffer, args.get("out")) if root is None else root
+    where = in_run(buffer, args.get("out"))
     critic = args["critic"]
-    holdout = (read_json(os.path.join(root, critic, "args.json")) or {}).get("holdout", 0.0) if critic else 0.0
+    holdout = (read_json(os.path.join(where(critic), "args.json")) or {}).get("holdout", 0.0) if critic else 0.0
     episodes = read_episodes([buffer], {**STEP_KEYS, "v": float, "q": float, "adv": float})
-    world = env_kwargs_of([os.path.join(root, p) for p in args["data"]])
+    world = env_kwargs_of([where(p) for p in args["data"]])
     how = {"qv": "Q - V", "outcome": "R - mean(R)"}.get(summary["advantage"], "GAE on r_env" + " + r_aux" * bool(
         summary.get("with_aux")))  # a summary 04 wrote before it named it
     try:

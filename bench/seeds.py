@@ -153,7 +153,7 @@ def main():
         lines.append(f"| {r['seed']} | {wall} | {span} |")
     if any(r["fresh"] for r in runs):
         lines += ["", f"Peak memory of the largest single stage process: {peak_mib:.0f} MiB."]
-    held = [(r["seed"], k, report_of(path, ROOT)["heldout"]) for r in runs for k in range(1, K + 1)
+    held = [(r["seed"], k, report_of(path)["heldout"]) for r in runs for k in range(1, K + 1)
             for path in [os.path.join(ROOT, r["run"], f"iter_{k}", "adv.jsonl")] if os.path.exists(path)]
     if any(h for *_, h in held):  # each Q-Evolve critic on the self episodes 03 held out (critic_report.py)
         f = lambda x, spec=".2f": "-" if x != x else format(x, spec)  # NaN: no such step, or no V*

@@ -1606,15 +1606,21 @@ def test_critic_report_reads_a_summary_from_any_folder(tmp_path, monkeypatch, ca
                         "critic": "runs/r/iter_1/critic"}}
     (it / "adv.json").write_text(json.dumps(summary))
     reports = []
-    for where, buffer in ((tmp_path / "proj", "runs/r/iter_1/adv.jsonl"), (tmp_path, str(it / "adv.jsonl"))):
+    (tmp_path / "link").symlink_to(tmp_path / "proj/runs/r")  # session 12's probes: through a link, and moved
+    shutil.copytree(tmp_path / "proj/runs/r", tmp_path / "moved/r")
+    for where, buffer in ((tmp_path / "proj", "runs/r/iter_1/adv.jsonl"), (tmp_path, str(it / "adv.jsonl")),
+                          (tmp_path, "link/iter_1/adv.jsonl"), (tmp_path / "moved", "r/iter_1/adv.jsonl")):
         monkeypatch.chdir(where)
         reports.append(critic_report.report_of(buffer))
-    assert reports[0]["heldout"] and json.dumps(reports[0]) == json.dumps(reports[1])  # NaN != NaN: as text
-    for edit in ({"args": None}, {"gamma": "0.99"}):
+    assert reports[0]["heldout"] and all(json.dumps(r) == json.dumps(reports[0]) for r in reports)  # NaN: as text
+    world = {"policy": "p", "env": "kitchen", "env_kwargs": '{"decisions": 99}'}
+    (it / "self.json").write_text(json.dumps({"args": world}))
+    for edit in ({"args": None}, {"gamma": "0.99"}, {}):  # {}: the self episodes' world out of range (a division by 0)
         (it / "adv.json").write_text(json.dumps({**summary, **edit}))
         with pytest.raises(SystemExit) as e:
             critic_report.report_of(str(it / "adv.jsonl"))
-        assert e.value.code == 2 and "not a summary of 04_gae.py" in capfd.readouterr().err
+        message = "not a summary of 04_gae.py" if edit else "decisions must be"
+        assert e.value.code == 2 and message in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("script, args, message", [
