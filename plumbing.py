@@ -474,12 +474,15 @@ def read_episodes(paths, step_keys=STEP_KEYS):
     line. One collection (an episode's policy, seed and split) gives every step of a label the same r_aux
     (02's --r-fmt / --r-inv / --r-repeat): a step that disagrees with an earlier one is refused too, and so is a file
     named twice."""
-    episodes, aux, real = [], {}, [os.path.realpath(p) for p in paths]
-    for i, path in enumerate(paths):
+    episodes, aux, seen = [], {}, set()
+    for path in paths:
         if not os.path.isfile(path):
             die(f"{path}: no such file; pass an episode JSONL written by 02_collect.py")
-        if real[i] in real[:i]:  # its episodes would count twice in the buffer
+        file = os.stat(path)
+        key = file.st_dev, file.st_ino  # one file however it is named: a link, a hard link, '..'
+        if key in seen:  # its episodes would count twice in the buffer
             die(f"--data names {path} twice; name each episode file once")
+        seen.add(key)
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():

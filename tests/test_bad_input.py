@@ -810,6 +810,17 @@ def test_cause_5_one_line_where_a_traceback_was(tmp_path, capfd, monkeypatch):
     assert exit_.value.code == 2 and waited == [""] and capfd.readouterr().err == "error: every rank meets this\n"
 
 
+def test_an_episode_file_named_twice_through_a_hard_link(tmp_path, capfd):
+    """Session 12's probes: a hard link to a --data file (another name, another realpath) counted its episodes twice;
+    one file is one (device, inode) however it is named."""
+    (tmp_path / "a.jsonl").write_text(episode() + "\n")
+    os.link(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
+    assert len(plumbing.read_episodes([str(tmp_path / "a.jsonl")])) == 1
+    with pytest.raises(SystemExit) as exit_:
+        plumbing.read_episodes([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])
+    assert exit_.value.code == 2 and "names " + str(tmp_path / "b.jsonl") + " twice" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("script, args, env, message", [
     ("models/smollm2.py", ["--gguf", "{d}/notes.txt", "--out", "{d}/m"], {}, "not a GGUF file"),
     ("bench/seeds.py", ["--seeds", "0", "--prefix", "{d}/run", "--out", "{d}/t.md"], {"K": "abc"}, "K must be"),
