@@ -1666,6 +1666,17 @@ def test_every_bench_script_refuses_a_count_below_one(script, args, message, tmp
     assert os.listdir(tmp_path) == []
 
 
+def test_lora_speed_without_peft_is_one_line(tmp_path, in_process, monkeypatch):
+    """Session 12's probes: lora_speed.py --ranks 8 without peft passed its child's ImportError traceback up (exit 1);
+    it is one line now, before any model is loaded."""
+    import importlib.util
+    module = load_module("bench/speed/lora_speed.py", "lora_speed")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a))
+    proc = in_process(module, "--model", str(tmp_path), "--ranks", "0", "8", check=False)
+    assert one_line(proc) and "--ranks above 0 need the peft package" in proc.stderr, proc.stderr
+
+
 @pytest.mark.slow
 def test_the_base_cache_is_a_folder_of_its_own(in_process, tmp_path, monkeypatch):
     """Issue 94: BASE_CACHE=../thesis (a user's folder), BASE_CACHE=.. and a file were taken, the base model written

@@ -5,6 +5,7 @@ the last 64 of each row, AdamW) with every weight trained vs rank-R adapters on 
     python bench/speed/lora_speed.py --model models/smollm2-135m --threads 2 --ranks 0 16
 """
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -12,7 +13,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from bench.runner import must, parser  # noqa: E402
-from plumbing import check_flags, die  # noqa: E402
+from machine import add_lora  # noqa: E402
+from plumbing import check_flags, die, load_model  # noqa: E402
 
 
 def one(model_dir, rank, threads):
@@ -20,10 +22,7 @@ def one(model_dir, rank, threads):
     from transformers import AutoModelForCausalLM
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    m = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
-    if rank:
-        from peft import LoraConfig, get_peft_model
-        m = get_peft_model(m, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0))
+    m = add_lora(load_model(AutoModelForCausalLM, model_dir), rank)  # 01 --lora's adapters; a broken model: one line
     params = [p for p in m.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
     x = torch.randint(0, m.config.vocab_size, (4, 512))
@@ -49,6 +48,8 @@ def main():
         die(f"--ranks must be LoRA ranks in [0, 4096] (0: full fine-tuning), got {' '.join(map(str, a.ranks))}")
     if a.one is not None:
         return one(a.model, a.one, a.threads)
+    if max(a.ranks) and importlib.util.find_spec("peft") is None:
+        die("--ranks above 0 need the peft package: pip install -r requirements-smollm2.txt")
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         die(f"{a.model} is not a model directory; run python -m models.smollm2 --out {a.model}")
     print("| LoRA rank | trained params | s / step | tokens/s | peak RSS |\n|---|---|---|---|---|")

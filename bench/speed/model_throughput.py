@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from bench.runner import ROOT, expert_demos, load_stage, measured, must, parser, scratch, table_out, write_table  # noqa: E402
 from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
-from plumbing import check_flags, check_out, die, save_text  # noqa: E402
+from plumbing import check_flags, check_out, die, load_model, save_text  # noqa: E402
 
 STAGES = ["bc", "collect", "critic", "gae", "bppo"]
 NAMES = {"bc": "01 BC step", "collect": "02 collection", "critic": "03 critic step", "gae": "04 critic forward",
@@ -69,7 +69,7 @@ def worker(a):
             model = build_tiny_model(tokenizer, bc.parse_args(["--data", "x", "--out", "x"]))
         else:
             tokenizer = bc.load_tokenizer(a.model)
-            model = AutoModelForCausalLM.from_pretrained(a.model, local_files_only=True, dtype=torch.float32)
+            model = load_model(AutoModelForCausalLM, a.model)  # a broken checkpoint: one line
         pairs = bc.fit_context([(ep, bc.tokenize_episode(tokenizer, ep)) for ep in episodes], model.config)
         random.Random(0).shuffle(pairs)
         need = (1 + a.steps) * a.batch_size
@@ -87,7 +87,7 @@ def worker(a):
                 loss, _ = bc.bc_loss(bc.token_logprobs(logits, b["input_ids"][b["action_step"] >= 0]))
                 descend(opt, loss)
         elif a.stage in ("critic", "gae"):
-            critic = cr.Critic(AutoModel.from_pretrained(a.model, local_files_only=True, dtype=torch.float32))
+            critic = cr.Critic(load_model(AutoModel, a.model))
             target = copy.deepcopy(critic.q_head).requires_grad_(False)
             opt = torch.optim.AdamW(critic.parameters(), lr=1e-5)
             by_id = {id(b): e for b, e in zip(batches, ep_batches)}
@@ -102,7 +102,7 @@ def worker(a):
                                         cr.batch_weights(e, False, "cpu"), 0.7, 0.95, True)
                 descend(opt, loss)
         elif a.stage == "bppo":
-            ref = AutoModelForCausalLM.from_pretrained(a.model, local_files_only=True, dtype=torch.float32).eval()
+            ref = load_model(AutoModelForCausalLM, a.model).eval()
             ref.requires_grad_(False)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
