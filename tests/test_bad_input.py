@@ -1652,6 +1652,8 @@ def test_critic_report_reads_a_summary_from_any_folder(tmp_path, monkeypatch, ca
     ("bench/speed/lora_speed.py", ["--ranks", "-1"], "--ranks must be LoRA ranks"),
     ("bench/speed/model_throughput.py", ["--budget", "abc"], "--budget must be five counts"),
     ("bench/speed/model_throughput.py", ["--episodes", "-1"], "--episodes must be at least 1"),
+    ("bench/speed/model_throughput.py", ["--episodes", "20000"], "--episodes must be at most 10000"),  # session 12:
+    ("bench/speed/collect_speed.py", ["--policy", "{d}", "--batch", "20000"], "--batch must be at most 10000"),  # late
     ("bench/speed/real_env_speed.py", ["--episodes", "-1"], "--episodes must be at least 1"),
     ("bench/speed/stage_times.py", ["--threads", "-1"], "--threads must be at least 1"),
     ("bench/speed/train_memory.py", ["--batch-size", "-1"], "--batch-size must be at least 1")])

@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from bench.runner import must, parser, scratch  # noqa: E402
-from plumbing import check_flags  # noqa: E402
+from plumbing import LIMITS, check_flags, die  # noqa: E402
 
 
 def collect(args, num_envs, out, *flags):
@@ -27,6 +27,8 @@ def main():
     p.add_argument("--split", default="seen", help="task split")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads of each run (0: torch's default)")
     args = check_flags(p.parse_args(), episodes="at least 1", batch="at least 1", threads="non-negative")
+    if args.batch > LIMITS["num_envs"]:  # 02's --num-envs: refused here, not after the first collection
+        die(f"--batch must be at most {LIMITS['num_envs']} (02's --num-envs), got {args.batch}")
     with scratch("collect_speed_") as d:
         runs = {"one at a time": collect(args, 1, f"{d}/one.jsonl"),
                 f"{args.batch}, plain loop": collect(args, args.batch, f"{d}/plain.jsonl", "--plain-generate"),

@@ -47,7 +47,7 @@ def main(argv=None):
     width = -(-(args.context + 5 + args.steps) // GRAPH_WIDTH) * GRAPH_WIDTH
     check_memory(max(args.batch) * size * (config.num_hidden_layers * 2 * width * kv_dim
                                            + args.context * (config.vocab_size + 4 * config.hidden_size)),
-                 f"--batch {max(args.batch)} --context {args.context}")
+                 f"--batch {max(args.batch)} --context {args.context} --steps {args.steps}")
     torch.manual_seed(0)
     model = (AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model)) if args.random
              else load_model(AutoModelForCausalLM, args.model)).to(device, amp).eval()

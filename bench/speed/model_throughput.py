@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from bench.runner import ROOT, expert_demos, load_stage, measured, must, parser, scratch, table_out, write_table  # noqa: E402
 from models.tiny import build_tiny_model, train_tiny_tokenizer  # noqa: E402
-from plumbing import check_flags, check_out, die, load_model, save_text  # noqa: E402
+from plumbing import LIMITS, check_flags, check_out, die, load_model, save_text  # noqa: E402
 
 STAGES = ["bc", "collect", "critic", "gae", "bppo"]
 NAMES = {"bc": "01 BC step", "collect": "02 collection", "critic": "03 critic step", "gae": "04 critic forward",
@@ -203,6 +203,8 @@ def main():
 
     check_flags(a, steps="at least 1", batch_size="at least 1", episodes="at least 1", demos="at least 1",
                 threads="at least 1")
+    if a.episodes > LIMITS["num_envs"]:  # all in lockstep: 02's --num-envs, refused here, not after the demos
+        die(f"--episodes must be at most {LIMITS['num_envs']} (all in lockstep: 02's --num-envs), got {a.episodes}")
     budget = a.budget.split(",")  # before measuring: five counts, each at least 1 (the critic's epochs too)
     if len(budget) != 5 or not all(x.isdigit() and 1 <= int(x) <= 10**6 for x in budget):
         die(f"--budget must be five counts in [1, 1000000], comma-separated (demos, BC epochs, self episodes, eval "
