@@ -61,6 +61,7 @@ def bayes_critic(name, fit, episodes, gamma, env_kwargs):
     module = importlib.import_module(REGISTRY[name].split(":")[0]) if name in REGISTRY else None
     if not hasattr(module, "bayes_values"):
         return None
+    make(name, **env_kwargs)  # the world's range checks (a ValueError), before any arithmetic on its knobs
     taken, wasted = module.behaviour(fit, gamma)
     return [module.bayes_values(ep, gamma, taken, wasted, **env_kwargs) for ep in episodes]
 

@@ -1609,9 +1609,9 @@ def test_critic_report_reads_a_summary_from_any_folder(tmp_path, monkeypatch, ca
     (it / "critic/args.json").write_text(json.dumps({"stage": "03_critic", "holdout": 0.999}))
     steps = lambda r: [{**GOOD_STEP, "v": 0.5, "q": 0.5, "adv": 0.1}, {**GOOD_STEP, "r_env": r, "done": True,
                                                                          "v": 0.5, "q": r, "adv": r - 0.5}]
-    (it / "adv.jsonl").write_text("".join(episode(task_id=f"train/{i:05d}", steps=steps(i % 2), reward=i % 2,
-                                                  success=bool(i % 2), source=["expert", "self"][i > 1]) + "\n"
-                                          for i in range(6)))
+    (it / "adv.jsonl").write_text("".join(episode(env="kitchen", task_id=f"train/{i:05d}", steps=steps(i % 2),
+                                                  reward=i % 2, success=bool(i % 2), source=["expert", "self"][i > 1])
+                                          + "\n" for i in range(6)))
     summary = {"stage": "04_gae", "advantage": "gae", "gamma": 0.99,
                "args": {"out": "runs/r/iter_1/adv.jsonl", "data": ["runs/r/iter_1/self.jsonl"],
                         "critic": "runs/r/iter_1/critic"}}
