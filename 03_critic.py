@@ -171,13 +171,12 @@ def prepare_critic(args, device):
     kept = [ep for ep in episodes if not held_out(ep, args.holdout)]  # 04 reports the critic on the others
     if not kept:
         die(f"--holdout {args.holdout} leaves no episode to train on")
-    print(f"03_critic: {len(episodes) - len(kept)} self episodes held out of training (--holdout {args.holdout})")
-    episodes = kept
     critic = Critic(grad_checkpointing(load_model(AutoModel, args.init or args.policy), args))
     if args.init:  # the V and Q heads too (checked as 04 checks them); the transformer came from --init above
         load_heads(critic, args.init)
     critic = critic.to(device).train()
-    data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in episodes], critic.backbone.config)
+    data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in kept], critic.backbone.config)
+    print(f"03_critic: {len(episodes) - len(kept)} self episodes held out of training (--holdout {args.holdout})")
     n_expert = sum(ep["source"] == "expert" for ep, _ in data)
     print(f"03_critic: {len(data)} trajectories ({n_expert} expert, {len(data) - n_expert} self), "
           f"{sum(len(ep['steps']) for ep, _ in data)} steps; tau {args.tau}, gamma {args.gamma}, "
