@@ -258,11 +258,10 @@ VALUES = {"--precision": ("fp32", "bf16"), "--env": ("household", "kitchen"), "-
 # The child that runs each stage's own check of its flags: (stage, argv) -> parse_args(argv) as a dict, or the line it
 # refused argv with (argparse's usage or the stage's error line); its own process, so that this module imports no stage.
 # Three jobs that are not a stage's: ("@model", [DIR]) -> DIR's context (its config's max_position_embeddings) once its
-# config, tokenizer (with a chat template) and safetensors headers load, or why not; ("@gpus", []) -> the GPUs seen;
-# ("@tokens", [FLAGS, CHATS]) -> each chat's tokens under the tokenizer 00_pretrain.py will train with FLAGS.
+# config, tokenizer (with a chat template) and weights load as the stages load them, or why not; ("@gpus", []) -> the
+# GPUs seen; ("@tokens", [FLAGS, CHATS]) -> each chat's tokens under the tokenizer 00_pretrain.py will train with FLAGS.
 PARSE = """import contextlib, importlib, io, json, os, sys
 def model(path):
-    from safetensors import safe_open
     from transformers import AutoConfig, AutoTokenizer
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     if not AutoTokenizer.from_pretrained(path, local_files_only=True).chat_template:
@@ -272,9 +271,13 @@ def model(path):
     weights = [f for f in os.listdir(path) if f.endswith('.safetensors')]
     if not weights:
         return "it holds no weights (model.safetensors)"
-    for f in weights:
-        with safe_open(os.path.join(path, f), 'pt') as w:
-            w.keys()
+    from transformers import AutoModelForCausalLM
+    from plumbing import load_model
+    with contextlib.redirect_stderr(io.StringIO()) as said:  # as the stages load it: a missing tensor, other shapes,
+        try:                                                   # a NaN refused
+            load_model(AutoModelForCausalLM, path)
+        except SystemExit:
+            return said.getvalue().strip().split(path + ": ", 1)[-1]
     return {'context': config.max_position_embeddings}
 def tokens(flags, chats):  # 00's tokenizer before it is built: on its corpus, drawn as 00 draws it (--seed, first)
     import random, envs
@@ -678,26 +681,31 @@ def tracked(path):
     return os.sep not in rel or rel.split(os.sep)[0] in SHIPPED
 
 
-def check_run(run):
+def check_run(run, var="RUN"):
     """run_all.sh's RUN, by the write rule (check_path): a new folder, an empty one (but for the .lock of a killed start
     and bench/speed/stage_times.py's launches.log) or one a run made (its settings.json: read_settings); never the
-    checkout or one of its own folders, a file, or a path with a {...} field (02 fills those in)."""
+    checkout or one of its own folders, a file, or a path with a {...} field (02 fills those in). var="LAB": bench/
+    gpu_lab.sh's folder of runs, by the same rule, holding only runs and the logs and report it stamps."""
     if re.search(r"[{}]", run):
-        die(f"RUN={run}: a run's folder has no {{...}} field; name a plain folder")
+        die(f"{var}={run}: a run's folder has no {{...}} field; name a plain folder")
     check_path(run)
     rel = os.path.relpath(os.path.realpath(run), CHECKOUT).split(os.sep)
     if rel == ["."] or rel[0] in SHIPPED:
-        die(f"RUN={run} is the checkout or lies in one of its folders ({', '.join(SHIPPED)}); pick a new folder, "
+        die(f"{var}={run} is the checkout or lies in one of its folders ({', '.join(SHIPPED)}); pick a new folder, "
             "e.g. runs/NAME")
     if os.path.lexists(run) and not os.path.isdir(run):
-        die(f"RUN={run} is not a folder; pick a new folder")
-    check_writable(f"RUN={run}", run)
+        die(f"{var}={run} is not a folder; pick a new folder")
+    check_writable(f"{var}={run}", run)
     try:
         names = set(os.listdir(run)) - {".lock", "launches.log"} if os.path.isdir(run) else set()
     except OSError as e:
-        die(f"cannot read RUN={run} ({e.strerror})")
+        die(f"cannot read {var}={run} ({e.strerror})")
     names |= {".lock"} if stray_lock(run) else set()  # another tool's .lock: a file like any other
-    if names and "settings.json" not in names:
+    if var == "LAB":  # the lab's own: its runs, and its logs and report (stamped)
+        ours = lambda p: os.path.isfile(os.path.join(p, "settings.json")) or owned(p, "run_log") or owned(p, "table")
+        if any(not ours(os.path.join(run, n)) for n in names):
+            die(f"LAB={run} holds files that no lab of bench/gpu_lab.sh made; pick a new folder")
+    elif names and "settings.json" not in names:
         die(f"RUN={run} holds files that no run of run_all.sh made (it has no settings.json); a run writes into a new "
             "folder or its own: pick another RUN")
 
@@ -762,10 +770,10 @@ def start_run(run, settings, command):
 
 def main(argv):
     """results RUN K WORLDS ALGOS SPLIT...: run_all.sh's table. save KIND PATH WRITER: stdin into PATH after check_out,
-    atomically, its first line stamped. check KIND PATH...: check_out each. start RUN NAME=VALUE... [-- COMMAND...]:
-    run_all.sh's start (start_run). build ENTRY -- COMMAND...: the base model (build). lock FOLDER... -- COMMAND...:
-    COMMAND run holding each folder's lock (lock, become). holds FOLDER: exit 0 if this process (its inherited open
-    files) holds FOLDER's lock (holds), else 1. torchrun ARGS...: above."""
+    atomically, its first line stamped. check KIND PATH...: check_out each (check lab LAB: gpu_lab.sh's, check_run).
+    start RUN NAME=VALUE... [-- COMMAND...]: run_all.sh's start (start_run). build ENTRY -- COMMAND...: the base model
+    (build). lock FOLDER... -- COMMAND...: COMMAND run holding each folder's lock (lock, become). holds FOLDER: exit 0
+    if this process (its inherited open files) holds FOLDER's lock (holds), else 1. torchrun ARGS...: above."""
     command, *rest = argv or ["help"]
     cut = rest.index("--") if "--" in rest else len(rest)  # start / build / lock: what comes before COMMAND
     if command == "results" and len(rest) >= 5 and rest[1].isdigit():
@@ -773,6 +781,8 @@ def main(argv):
     elif command == "save" and len(rest) == 3 and rest[0] == "run_log":
         check_out(rest[1], rest[0])
         save_text(rest[1], f"{STAMPED[rest[0]]}{STAMP}{rest[2]}\n" + sys.stdin.read())
+    elif command == "check" and rest[:1] == ["lab"] and len(rest) == 2:
+        check_run(rest[1], "LAB")
     elif command == "check" and rest and rest[0] in ARTIFACTS:
         for path in rest[1:]:
             check_out(path, rest[0])

@@ -74,6 +74,7 @@ done; done
 if [ -z "${QEVOLVE_LOCKED:-}" ]; then  # first: the checks, then this script again holding each run's folder
   [ -z "$TESTS" ] || $PYTHON -m pytest -q --co -p no:cacheprovider $TESTS >/dev/null 2>&1 || bad "TESTS='$TESTS': \
 pytest collects no test from it (python -m pytest --co $TESTS says why)"
+  $PYTHON run_support.py check lab "$LAB"  # RUN's rule: new, or only what a lab wrote
   $PYTHON run_support.py check run_log "${logs[@]}"
   $PYTHON run_support.py check table "$report"
   seeds=($SEEDS)

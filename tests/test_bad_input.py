@@ -963,6 +963,12 @@ def test_the_lab_checks_every_setting_before_anything_runs(tmp_path):
         proc = lab(*args, **settings)
         assert one_line(proc) and message in proc.stderr, (settings, proc.stderr)
         assert os.listdir(tmp_path) == []
+    mine = tmp_path / "mine"  # session 12's probes: a LAB holding a user's files got the lab's runs beside them
+    mine.mkdir()
+    (mine / "mine.txt").write_text("mine")
+    proc = lab(LAB=str(mine))
+    assert one_line(proc) and "holds files that no lab of bench/gpu_lab.sh made" in proc.stderr, proc.stderr
+    assert os.listdir(mine) == ["mine.txt"]
 
 
 def _python_stub(tmp_path, stage):
@@ -1555,9 +1561,20 @@ def test_probe83_base_names_a_model_directory(in_process, tmp_path, monkeypatch,
     model.mkdir()
     for name in ("config.json", "tokenizer_config.json"):
         (model / name).write_text("{}")
+    from safetensors.torch import load_file, save_file
+    deeper, nan = tmp_path / "deeper", tmp_path / "nan"  # session 12's probes: --check read only the tensors' names
+    for bad in (deeper, nan):
+        shutil.copytree(tiny_run / "policy_0", bad)
+    config = json.loads((deeper / "config.json").read_text())
+    (deeper / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] + 1}))
+    weights = load_file(nan / "model.safetensors")
+    save_file({k: v.fill_(float("nan")) if i == 0 else v for i, (k, v) in enumerate(weights.items())},
+              nan / "model.safetensors")
     before = snapshot(tmp_path)
     for changes, message in (({"BASE": str(tmp_path / "nonexistent")}, "is not a model directory"),
                              ({"BASE": str(model)}, f"BASE={model}: cannot load it"),
+                             ({"BASE": str(deeper)}, f"BASE={deeper}: the checkpoint lacks"),
+                             ({"BASE": str(nan)}, f"BASE={nan}: the checkpoint holds non-finite weights"),
                              ({"BASE": "smollm2", "SMOLLM2_DIR": str(model)}, f"SMOLLM2_DIR={model}: cannot load it")):
         proc = in_process(run_support, *smoke_start(tmp_path / "run", **changes), check=False)
         assert one_line(proc) and message in proc.stderr, proc.stderr
