@@ -3,15 +3,31 @@
 Pure standard library, so `import envs` never needs the optional packages.
 """
 import os
+import re
 import shutil
+import sys
 import tempfile
 import zlib
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+KEPT = re.compile(r"matplotlib|textworld-.+|alfworld-.+|\.tmp-.+")  # what this project keeps in its cache
 
 
 def cache_root(cache_dir=None):
     """Where generated games are kept: `cache_dir` if given, else $QEVOLVE_CACHE, else
-    ~/.cache/qevolve. Created if missing."""
+    ~/.cache/qevolve. Created if missing. $QEVOLVE_CACHE by RUN's rule: an absolute path outside the checkout, a new
+    folder or one holding only what this project keeps there (KEPT); else one error line, exit 2."""
     root = cache_dir or os.environ.get("QEVOLVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qevolve")
+    if not cache_dir and os.environ.get("QEVOLVE_CACHE"):
+        real = os.path.realpath(root)
+        why = ("is not an absolute path" if not os.path.isabs(root) else
+               "lies in the checkout" if real == CHECKOUT or real.startswith(CHECKOUT + os.sep) else
+               "is not a folder" if os.path.lexists(root) and not os.path.isdir(root) else
+               "holds files this project did not put there" if os.path.isdir(root) and not all(
+                   KEPT.fullmatch(n) for n in os.listdir(root)) else None)
+        if why:
+            print(f"error: QEVOLVE_CACHE={root} {why}; name a new folder of its own", file=sys.stderr)
+            sys.exit(2)
     os.makedirs(root, exist_ok=True)
     return root
 

@@ -811,6 +811,29 @@ def test_cause_5_one_line_where_a_traceback_was(tmp_path, capfd, monkeypatch):
     assert exit_.value.code == 2 and waited == [""] and capfd.readouterr().err == "error: every rank meets this\n"
 
 
+def test_the_projects_cache_folder_keeps_the_rule(tmp_path):
+    """Session 12's probes: QEVOLVE_CACHE (other tools' files: games, matplotlib's) was used as given - a relative
+    path or the checkout's docs/ got a matplotlib/ folder, a user's folder got one beside its files, a file was a
+    traceback. Each is one error line, exit 2, nothing written; a new folder, and one it keeps, are taken."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine/m.txt").write_text("mine")
+    (tmp_path / "file").write_text("mine")
+    call = lambda cache: subprocess.run([sys.executable, "-c", "from envs._common import cache_root; cache_root()"],
+                                        cwd=ROOT, env={**os.environ, "QEVOLVE_CACHE": cache}, capture_output=True,
+                                        text=True)
+    before = snapshot(tmp_path)
+    for cache, message in (("relcache", "is not an absolute path"),
+                           (os.path.join(ROOT, "docs"), "lies in the checkout"),
+                           (str(tmp_path / "file"), "is not a folder"),
+                           (str(tmp_path / "mine"), "holds files this project did not put there")):
+        proc = call(cache)
+        assert one_line(proc) and message in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before and not os.path.exists(os.path.join(ROOT, "relcache"))
+    for _ in range(2):
+        assert call(str(tmp_path / "new")).returncode == 0
+        (tmp_path / "new/textworld-1.6").mkdir(exist_ok=True)
+
+
 def test_an_episode_file_named_twice_through_a_hard_link(tmp_path, capfd):
     """Session 12's probes: a hard link to a --data file (another name, another realpath) counted its episodes twice;
     one file is one (device, inode) however it is named."""
