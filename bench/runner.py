@@ -3,6 +3,7 @@ stage file as a module, the flags, run_all.sh launched and checked, a run's eval
 mean +- std, and a table's first line, its checks and its writing (a script first puts the repo root on sys.path)."""
 import argparse
 import contextlib
+import ctypes
 import datetime
 import importlib.util
 import json
@@ -171,11 +172,17 @@ def check(run, settings=None, who=""):
         die(who + proc.stderr.strip().removeprefix("error: "))
 
 
+def with_parent():
+    """A child's preexec_fn: on Linux it is killed when this script dies, kill -9 too (prctl PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
 def launch(run, settings=None, log=None):
     """bash run_all.sh with RUN and these settings (over the environment's), its output into the open file `log` (None:
     this process's); -> the running Popen."""
     return subprocess.Popen(["bash", "run_all.sh"], cwd=ROOT, env={**os.environ, **(settings or {}), "RUN": run},
-                            stdout=log, stderr=subprocess.STDOUT if log else None)
+                            stdout=log, stderr=subprocess.STDOUT if log else None, preexec_fn=with_parent)
 
 
 def running(proc):
@@ -207,7 +214,7 @@ def must(argv, result=False, cwd=ROOT, env=None, threads=None):
     env = {**os.environ, **(env or {}), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with tempfile.TemporaryFile("w+") as out:
         t0 = time.time()
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=with_parent)
         try:
             rc, wall, cpu, peak = wait(proc, t0)
         except BaseException:  # Ctrl-C, or a SIGTERM (scratch): the child stops with this script

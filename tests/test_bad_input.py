@@ -679,6 +679,23 @@ def test_cause_1_the_gpu_lab_writes_only_inside_lab(tmp_path):
         assert snapshot(tmp_path) == before
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl PR_SET_PDEATHSIG is Linux's")
+def test_a_bench_child_dies_with_its_runner():
+    """Issue 94, session 12's probe Q: after kill -9 of a bench script its child ran on; now it gets SIGKILL."""
+    code = "import sys; sys.path.insert(0, 'bench'); import runner; runner.must(['sleep', '60'])"
+    parent, kids = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT), []
+    for _ in range(200):
+        kids = subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True, text=True).stdout.split()
+        if kids:
+            break
+        time.sleep(0.1)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    time.sleep(1)
+    state = lambda k: open(f"/proc/{k}/stat").read().split()[2] if os.path.exists(f"/proc/{k}") else "gone"
+    assert kids and all(state(k) in ("Z", "gone") for k in kids), [state(k) for k in kids]
+
+
 def test_cause_2_a_folder_that_looks_like_a_temporary_is_the_users(tmp_path):
     """recover() deleted any folder named like one of its temporaries; now only one holding write_atomic's marker."""
     out = tmp_path / "policy"
