@@ -39,7 +39,7 @@ import envs
 from distributed import finish_distributed, is_main, setup_distributed
 from kv_cache import GraphStep, generate_cached, generate_plain
 from machine import add_machine_flags, autocast, peak_mem_gb, pick_device
-from plumbing import check_flags, load_model, load_tokenizer, seed_everything, stage_parser
+from plumbing import check_flags, load_model, load_tokenizer, same_tokenizer, seed_everything, stage_parser
 from rerank import Reranker, add_rerank_flags, check_rerank
 from rollout import plan_runs, run_lockstep, summarize
 
@@ -249,6 +249,9 @@ def main(argv=None):
     seed_everything(args.seed)
     reranker = Reranker(args.rerank, args) if args.rerank else None  # first: a bad CRITIC_DIR fails fast
     policy = "expert" if args.policy == "expert" else ModelPolicy(args.policy, args)
+    if reranker and policy != "expert":  # the critic scores --policy's replies as its own tokenizer reads them
+        same_tokenizer(policy.tokenizer, reranker.tokenizer, f"--rerank {args.rerank}", args.policy,
+                       "the critic was trained on another policy's tokens (pass this policy's 03 critic)")
     aux = {"ok": 0.0, "invalid": args.r_inv, "repeat": args.r_repeat, "format": args.r_fmt}
     if world > 1:  # distributed: every rank its share of each run's tasks, sampled with its own random stream
         runs = [(r, task_ids[rank::world]) for r, task_ids in runs]

@@ -31,12 +31,12 @@ import random
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModel
+from transformers import AutoModel, AutoTokenizer
 
 from distributed import average_info, distribute, parts, unsharded
 from machine import Progress, add_machine_flags, autocast, grad_checkpointing, save_trained, start
 from plumbing import (check_flags, die, finite, fit_context, held_out, length_batches, load_heads, load_model,
-                      load_tokenizer, owned, read_episodes, save_critic, stage_parser)
+                      load_tokenizer, owned, read_episodes, same_tokenizer, save_critic, stage_parser)
 
 
 def parse_args(argv=None):
@@ -174,6 +174,8 @@ def prepare_critic(args, device):
     critic = Critic(grad_checkpointing(load_model(AutoModel, args.init or args.policy), args))
     if args.init:  # the V and Q heads too (checked as 04 checks them); the transformer came from --init above
         load_heads(critic, args.init)
+        same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(args.init, local_files_only=True),
+                       f"--init {args.init}", args.policy, "its transformer reads other token ids (pass this policy's)")
     critic = critic.to(device).train()
     data = fit_context([(ep, tokenize_episode(tokenizer, ep)) for ep in kept], critic.backbone.config)
     print(f"03_critic: {len(episodes) - len(kept)} self episodes held out of training (--holdout {args.holdout})")

@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM
 from distributed import average_info, distribute, parts
 from machine import Progress, add_lora, add_machine_flags, autocast, grad_checkpointing, save_trained, start
 from plumbing import (STEP_KEYS, by_rows, check_flags, die, finite, fit_context, length_batches, load_model,
-                      load_tokenizer, read_episodes, save_policy, stage_parser)
+                      load_tokenizer, read_episodes, same_tokenizer, save_policy, stage_parser)
 
 
 def parse_args(argv=None):
@@ -177,9 +177,8 @@ def prepare_bppo(args, device):
     """--data, --policy, --ref -> (tokenizer, pi_theta (= pi_old at first), pi_ref frozen, [(episode, tokens)])."""
     episodes = read_episodes(args.data, {**STEP_KEYS, "adv": float})
     tokenizer, ref_tokenizer = load_tokenizer(args.policy), load_tokenizer(args.ref)
-    if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or ref_tokenizer.chat_template != tokenizer.chat_template:
-        die(f"--ref {args.ref} has another tokenizer than --policy {args.policy}; the KL anchor compares "
-            "their next-token distributions token by token, so both must share one (pass the BC policy)")
+    same_tokenizer(tokenizer, ref_tokenizer, f"--ref {args.ref}", args.policy, "the KL anchor compares their "
+                   "next-token distributions token by token, so both must share one (pass the BC policy)")
     policy = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.policy), args), args.lora).to(device)
     ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
     adv = [s["adv"] for ep in episodes for s in ep["steps"]]  # the first line, once every input has loaded

@@ -542,6 +542,12 @@ def load_tokenizer(path):
     return tokenizer
 
 
+def same_tokenizer(tokenizer, other, what, policy, why):
+    """--policy's tokenizer against a second model's (05 --ref, 03 --init, 02 --rerank), which reads the same ids."""
+    if other.get_vocab() != tokenizer.get_vocab() or other.chat_template != tokenizer.chat_template:
+        die(f"{what} has another tokenizer than --policy {policy}; {why}")
+
+
 def load_model(auto_class, path):
     """from_pretrained on a local directory in fp32 (nothing downloaded, no code run); refused when
     broken or missing a tensor (transformers would fill that in with random weights)."""

@@ -291,6 +291,11 @@ PROBES = {
     "05_lr_inf": (BPPO + ["--out", "{T}/p", "--lr", "inf"], "--lr must be in (0, 1]"),
     # -- silently wrong artifacts
     "05_ref_other_tokenizer": (BPPO[:-1] + ["{B}/other_tokenizer", "--out", "{T}/p"], "has another tokenizer"),
+    # session 12: 03 --init and 02 --rerank took a critic of another tokenizer as 05 --ref did not
+    "03_init_other_tokenizer": (["03_critic", "--data", EXPERT, "--policy", "{B}/other_tokenizer", "--init", CRITIC,
+                                 "--out", "{T}/c"], "has another tokenizer"),
+    "02_rerank_other_tokenizer": (["02_collect", "--policy", "{B}/other_tokenizer", "--rerank", CRITIC,
+                                   "--out", "{T}/x.jsonl"], "has another tokenizer"),
     "02_critic_as_policy": (["02_collect", "--policy", CRITIC, "--out", "{T}/x.jsonl"], "is a critic directory"),
     "03_critic_as_policy": (["03_critic", "--data", EXPERT, "--policy", CRITIC, "--out", "{T}/c"],
                             "is a critic directory"),
