@@ -74,9 +74,9 @@ done; done
 if [ -z "${QEVOLVE_LOCKED:-}" ]; then  # first: the checks, then this script again holding each run's folder
   [ -z "$TESTS" ] || $PYTHON -m pytest -q --co -p no:cacheprovider $TESTS >/dev/null 2>&1 || bad "TESTS='$TESTS': \
 pytest collects no test from it (python -m pytest --co $TESTS says why)"
-  $PYTHON run_support.py check lab "$LAB"  # RUN's rule: new, or only what a lab wrote
   $PYTHON run_support.py check run_log "${logs[@]}"
   $PYTHON run_support.py check table "$report"
+  $PYTHON run_support.py check lab "$LAB"  # RUN's rule: new, or only what a lab wrote (a file of its own named above)
   seeds=($SEEDS)
   for env in $ENVS; do  # run_all.sh's settings, as the runs of this env get them (the first seed's)
     "${chain[@]}" ALGOS="qevolve rft outcome" ENV="$env" SEED="${seeds[0]}" K="$K" RUN="$LAB/$env-s${seeds[0]}" \
