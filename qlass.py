@@ -36,7 +36,7 @@ from transformers import AutoModel
 import envs
 from machine import Progress, add_machine_flags, autocast, start
 from plumbing import (check_flags, check_out, die, finite, fit_context, length_batches, load_model, load_tokenizer,
-                      parse_env_kwargs, read_episodes, save_critic, save_episodes, stage_parser)
+                      log_metrics, parse_env_kwargs, read_episodes, save_critic, save_episodes, stage_parser)
 from rollout import run_lockstep
 
 MAX_BRANCHES = 4096  # a tree's worst case, --width ** --depth: a bound where a typo would run for days
@@ -265,6 +265,7 @@ def main(argv=None):
         tqdm.write(f"epoch {epoch + 1}: QNet MSE {r['loss']:.4f}")
     log.bar.close()
     save_critic(qnet, args.out, tokenizer, {**vars(args), "stage": "qlass"})
+    log_metrics(args.metrics, *records)  # the QNet's epochs, as the stages' (--help)
     print(f"qlass: wrote the QNet {args.out} (MSE {r['loss']:.4f}; 02 --rerank {args.out} --candidates M uses it)")
 
 

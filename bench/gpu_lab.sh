@@ -2,12 +2,15 @@
 # The real-model lab (docs/real_model.md, 'The lab': its budgets, their arithmetic and its runs on one H200 / H100):
 # one command of at most 8 minutes on one GPU. SmolLM2 converted once (SMOLLM2_DIR=models/smollm2-135m, or from
 # SMOLLM2_GGUF=<file>); then for each env of ENVS and seed of SEEDS, side by side, run_all.sh runs LAB/<env>-s<seed>
-# with BASE=smollm2: BC, then Q-Evolve, iterated RFT and the outcome-level PG (K=2) from the same BC policy, iteration
-# by iteration, each policy evaluated greedily on seen and unseen in worlds 0 and 1 beside the next training; logs
-# LAB/<env>-s<seed>.<algo>.it<k>[.eval].log; last bench/gpu_report.py -> bench/results/gpu_lab.md. Budgets (a
-# variable you set wins): 400 demos, BC 2 epochs at 5e-5; per iteration 128 self episodes, critic 1 epoch at 1e-5,
-# BPPO 1 at 2e-6, RFT 1 at 2e-5; batches of 16; 100 greedy tasks per (world, split).
-# Settings: LAB=runs/gpu_lab, SEEDS="0 1 2", ENVS=kitchen (ENVS="kitchen household": with the control), TESTS=
+# with BASE=smollm2: BC, then each method of ALGOS from the same BC policy (Q-Evolve, iterated RFT, the outcome-level
+# PG and ETO K=2 iterations, iteration by iteration; QLASS once, beside iteration 1), each policy evaluated on seen and
+# unseen in worlds 0 and 1 beside the next training (greedily; QLASS: BC with its QNet's argmax of QLASS_M sampled
+# replies); logs LAB/<env>-s<seed>.<algo>.it<k>[.eval].log; last bench/gpu_report.py -> bench/results/gpu_lab.md.
+# Budgets (a variable you set wins): 400 demos, BC 2 epochs at 5e-5; per iteration 128 self episodes, critic 1 epoch at
+# 1e-5, BPPO 1 at 2e-6, RFT 1 at 2e-5, ETO 1 at 1e-6 (beta 0.3); QLASS: trees on 64 train tasks, its QNet 1 epoch at
+# 1e-5, 4 candidates a step; batches of 16; 100 tasks per (world, split). None tuned for SmolLM2.
+# Settings: LAB=runs/gpu_lab, SEEDS="0 1 2", ENVS=kitchen (ENVS="kitchen household": with the control),
+# ALGOS="qevolve rft outcome eto qlass" (qevolve always: its iteration-1 episodes are every method's), TESTS=
 # (pytest's arguments: the suite beside the runs, -v into LAB/tests.log), PYTHON=python, DEADLINE=S (each run stopped
 # there; the report counts what finished), CUDA_GRAPH=1 (02's decode steps from CUDA graphs where faster), MPS=1 (the
 # GPU shared through NVIDIA's MPS);
@@ -25,10 +28,13 @@ case "$*" in
 esac
 cd "$(dirname "$0")/.."
 : "${LAB:=runs/gpu_lab}" "${DRY:=0}" "${ENVS:=kitchen}" "${TESTS:=}" "${DEADLINE:=}"
+: "${ALGOS:=qevolve rft outcome eto qlass}"
 : "${SMOLLM2_DIR:=models/smollm2-135m}" "${PYTHON:=$(command -v python >/dev/null && echo python || echo python3)}"
 case $LAB in ''|-*|'~'*|*'$'*|*'`'*) bad "LAB must be a plain path (no leading - or ~, no \$ or backquote), got '$LAB'" ;; esac
 [[ $ENVS =~ ^[[:space:]]*[A-Za-z0-9_]+([[:space:]]+[A-Za-z0-9_]+)*[[:space:]]*$ ]] || bad "ENVS must be environment \
 names, got '$ENVS'"
+[[ " $ALGOS " =~ ^(\ (qevolve|rft|outcome|eto|qlass))+\ $ && " $ALGOS " == *" qevolve "* ]] || bad "ALGOS must \
+be words of: qevolve rft outcome eto qlass, qevolve among them (single spaces), got '$ALGOS'"
 [[ $DEADLINE =~ ^([1-9][0-9]{0,8})?$ ]] || bad "DEADLINE must be seconds (decimal, no leading zero) or unset, got \
 '$DEADLINE'"
 [[ $DRY =~ ^[01]$ ]] || bad "DRY must be 0 or 1, got '$DRY'"
@@ -40,7 +46,7 @@ CUDA_GRAPH=${CUDA_GRAPH:-$((1 - DRY))} MPS=${MPS:-$((1 - DRY))}  # below; a CPU 
 SEEDS=${SEEDS:-$([ "$DRY" = 1 ] && echo "0 1" || echo "0 1 2")}  # a dry run: two seeds
 [[ $SEEDS =~ ^[[:space:]]*(0|[1-9][0-9]{0,5})([[:space:]]+(0|[1-9][0-9]{0,5}))*[[:space:]]*$ ]] || bad "SEEDS must be \
 seeds (numbers of at most 6 digits without a leading 0), got '$SEEDS'"
-for v in SEEDS ENVS; do  # one run folder per env and seed
+for v in SEEDS ENVS ALGOS; do  # one run folder per env and seed, one log per method
   [ -z "$(printf '%s\n' ${!v} | sort | uniq -d)" ] || bad "$v names one twice (two runs on one folder), got '${!v}'"
 done
 
@@ -61,7 +67,9 @@ else
          BC_ARGS="${BC_ARGS:-"--epochs 2 --lr 5e-5 --batch-size 16"}"
          CRITIC_ARGS="${CRITIC_ARGS:-"--epochs 1 --lr 1e-5 --batch-size 16"}"
          BPPO_ARGS="${BPPO_ARGS:-"--epochs 1 --lr 2e-6 --batch-size 16"}"
-         RFT_ARGS="${RFT_ARGS:-"--epochs 1 --lr 2e-5 --batch-size 16"}")
+         RFT_ARGS="${RFT_ARGS:-"--epochs 1 --lr 2e-5 --batch-size 16"}"
+         ETO_ARGS="${ETO_ARGS:-"--epochs 1 --lr 1e-6 --beta 0.3 --batch-size 16"}" QLASS_M="${QLASS_M:-4}"
+         QLASS_ARGS="${QLASS_ARGS:-"--tasks 64 --epochs 1 --lr 1e-5 --batch-size 16 --num-envs 128"}")
   report=bench/results/gpu_lab.md
 fi
 
@@ -69,7 +77,9 @@ fi
 logs=("$LAB/tests.log" "$LAB/decode_step.log" "$LAB/mps.log" "$LAB/machine.log") runs=()
 for env in $ENVS; do for seed in $SEEDS; do
   runs+=("$LAB/$env-s$seed") logs+=("$LAB/$env-s$seed".qevolve.it0{,.eval}.log "$LAB/$env-s$seed.seconds")
-  for k in $(seq 1 "$K"); do logs+=("$LAB/$env-s$seed".{qevolve,rft,outcome}.it$k{,.eval}.log); done
+  for algo in $ALGOS; do
+    for k in $(seq 1 "$([ "$algo" = qlass ] && echo 1 || echo "$K")"); do logs+=("$LAB/$env-s$seed.$algo.it$k"{,.eval}.log); done
+  done
 done; done
 if [ -z "${QEVOLVE_LOCKED:-}" ]; then  # first: the checks, then this script again holding each run's folder
   [ -z "$TESTS" ] || $PYTHON -m pytest -q --co -p no:cacheprovider $TESTS >/dev/null 2>&1 || bad "TESTS='$TESTS': \
@@ -79,7 +89,7 @@ pytest collects no test from it (python -m pytest --co $TESTS says why)"
   $PYTHON run_support.py check lab "$LAB"  # RUN's rule: new, or only what a lab wrote (a file of its own named above)
   seeds=($SEEDS)
   for env in $ENVS; do  # run_all.sh's settings, as the runs of this env get them (the first seed's)
-    "${chain[@]}" ALGOS="qevolve rft outcome" ENV="$env" SEED="${seeds[0]}" K="$K" RUN="$LAB/$env-s${seeds[0]}" \
+    "${chain[@]}" ALGOS="$ALGOS" ENV="$env" SEED="${seeds[0]}" K="$K" RUN="$LAB/$env-s${seeds[0]}" \
       PYTHON="$PYTHON" bash run_all.sh --check >/dev/null
   done
   exec $PYTHON run_support.py lock "${runs[@]}" -- bash bench/gpu_lab.sh
@@ -164,8 +174,10 @@ lab() {
   ${left:+timeout "$left"} "${chain[@]}" CUDA_GRAPH="$graph" ALGOS="$1" ENV="$2" SEED="$3" K="$4" EVAL="$5" \
     RUN="$LAB/$2-s$3" PYTHON="$PYTHON" bash run_all.sh 2>&1 | save "$log.log"
 }
-# Per run: BC, then iteration by iteration (all three finish k before any starts k + 1: DEADLINE stops them alike);
-# iteration 1's baselines start once Q-Evolve's episodes exist. Iteration k's evaluations run beside k + 1's training.
+# Per run: BC, then iteration by iteration (every method finishes k before any starts k + 1: DEADLINE stops them
+# alike); iteration 1's baselines start once Q-Evolve's episodes exist, QLASS (trees of policy_0, once) with them.
+# Iteration k's evaluations run beside k + 1's training.
+others=$(printf '%s\n' $ALGOS | grep -vx qevolve | tr '\n' ' ' || true)
 for env in $ENVS; do
   for seed in $SEEDS; do
     ( t0=$(date +%s) rc=0 evals=() run=$LAB/$env-s$seed
@@ -177,13 +189,17 @@ for env in $ENVS; do
         [ "$rc" = 0 ] || break
         lab qevolve "$env" "$seed" "$k" 0 & trains=($!)
         until [ -e "$run/iter_1/self.json" ] || ! kill -0 "${trains[0]}" 2>/dev/null; do sleep 1; done
+        ran=(qevolve)
         if [ -e "$run/iter_1/self.json" ]; then
-          for algo in rft outcome; do lab "$algo" "$env" "$seed" "$k" 0 & trains+=($!); done
+          for algo in $others; do
+            [ "$algo" != qlass ] || [ "$k" = 1 ] || continue
+            lab "$algo" "$env" "$seed" "$k" 0 & trains+=($!) ran+=("$algo")
+          done
         fi
         for pid in "${trains[@]}" "${evals[@]}"; do wait "$pid" || rc=$?; done
         [ "$rc" = 0 ] || break
         evals=()
-        for algo in qevolve rft outcome; do lab "$algo" "$env" "$seed" "$k" 1 & evals+=($!); done
+        for algo in "${ran[@]}"; do lab "$algo" "$env" "$seed" "$k" 1 & evals+=($!); done
       done
       for pid in "${evals[@]}"; do wait "$pid" || rc=$?; done
       echo $(( $(date +%s) - t0 )) | save "$LAB/$env-s$seed.seconds"

@@ -23,7 +23,7 @@ from bench.runner import (ALGOS, FLOPS_PER_N, body_params, evaluations, last_epo
 from plumbing import check_flags, die  # noqa: E402
 
 PEAK_TFLOPS = {"H200": 989, "H100": 989, "A100": 312, "L40S": 362, "A10": 125, "L4": 121, "T4": 65}  # dense bf16
-NAMES = {tag: name for _, tag, _, name, _ in ALGOS}  # a policy's prefix -> its method
+NAMES = {**{tag: name for _, tag, _, name, _ in ALGOS}, "eto_": "ETO", "qlass_": "QLASS"}  # a policy's prefix -> method
 
 
 def device_name():
@@ -50,7 +50,7 @@ def policy_order(name):
 
 
 def trained(run):
-    """The policies a run trained (policy_<k>, rft/policy_<k>, outcome/policy_<k>), by their evaluations' names."""
+    """The policies a run trained (policy_<k>, rft/policy_<k>, eto/policy_<k>, ...), by their evaluations' names."""
     return {tag + d for tag in NAMES if os.path.isdir(os.path.join(run, tag[:-1]))
             for d in os.listdir(os.path.join(run, tag[:-1])) if re.fullmatch(r"policy_\d+", d)}
 
@@ -72,7 +72,8 @@ def policy_tables(evals, n_seeds, policies=()):
                 n = f" ({len(done)} of {n_seeds} seeds)" if len(done) < n_seeds else ""
                 cells.append(f"{spread([100 * d[0] for d in done], '{:.1f}')}%{n} | "
                              f"{spread([d[1] for d in done], '{:.3f}')}" if done else "- | -")
-            label = "policy_0 (BC)" if k == "0" else f"{pol} ({NAMES[tag]} iter {k})"
+            label = "policy_0 (BC)" if k == "0" else f"{pol} ({NAMES[tag]}: BC and its QNet)" if tag == "qlass_" \
+                else f"{pol} ({NAMES[tag]} iter {k})"
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
@@ -139,12 +140,12 @@ def main(argv=None):
                   "| peak memory (GB; CPU: RSS) | TFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
         records = [[json.loads(line) for line in open(os.path.join(args.lab, r, "metrics.jsonl"))] for r in env_runs]
         n = body_params(os.path.join(args.lab, env_runs[0], "policy_0"))
-        for stage in ("01_bc", "03_critic", "05_bppo"):
+        for stage in ("01_bc", "03_critic", "05_bppo", "eto", "qlass"):  # eto: DPO; qlass: its QNet
             done = [last_epochs(rs, stage) for rs in records]
             if not any(done):
                 continue
             rate = statistics.mean(r["tokens_per_s"] for d in done for r in d)
-            tflops = rate * FLOPS_PER_N[stage] * n / 1e12
+            tflops = rate * {**FLOPS_PER_N, "eto": 8, "qlass": 6}[stage] * n / 1e12  # eto: pi's 6, pi_ref's 2
             lines.append(f"| {stage} | {statistics.mean(len(d) for d in done):g} | "
                          f"{spread([sum(r['elapsed_s'] for r in d) for d in done], '{:.0f}')} | {rate:,.0f} | "
                          f"{max(r['peak_mem_gb'] for d in done for r in d):.1f} | {tflops:.3g} | "
