@@ -124,6 +124,8 @@ if [ "$BASE" != pretrained ] && [ "$BASE" != tiny ]; then
   BC_ARGS=${BC_ARGS:-"--epochs 3 --lr 5e-5 --batch-size 16"} CRITIC_ARGS=${CRITIC_ARGS:-"--epochs 2 --lr 1e-5 --batch-size 16"}
   BPPO_ARGS=${BPPO_ARGS:-"--lr 2e-6 --batch-size 16"} OUTCOME_ARGS=${OUTCOME_ARGS:-"--epochs 1"}  # not tuned here
   RFT_ARGS=${RFT_ARGS:-$BC_ARGS}  # RFT is BC on the successes: BC's budget
+  ETO_ARGS=${ETO_ARGS:-"--lr 1e-6 --batch-size 16"}  # DPO's usual rate for a pretrained model; the QNet's is the critic's
+  QLASS_ARGS=${QLASS_ARGS:-"--tasks 100 --lr 1e-5 --batch-size 16 --num-envs 128"}
   if [ "$ENV" = shop ]; then COLLECT_ARGS=${COLLECT_ARGS:-"--num-envs 128 --max-new-tokens 64"}; fi
   COLLECT_ARGS=${COLLECT_ARGS:-"--num-envs 128"}
 fi

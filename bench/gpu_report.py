@@ -55,15 +55,29 @@ def trained(run):
             for d in os.listdir(os.path.join(run, tag[:-1])) if re.fullmatch(r"policy_\d+", d)}
 
 
-def policy_tables(evals, n_seeds, policies=()):
+def online_steps(run, pol):
+    """A policy's online environment steps to date, as run_support.py's results count them: its own episodes of
+    every iteration up to its own (iteration 1's shared), QLASS's trees; None where a summary is missing."""
+    tag, k = re.fullmatch(r"(\w*?)policy_(\d+)", pol).groups()
+    files = [os.path.join(run, "qlass", "trees.json")] if tag == "qlass_" else \
+        [os.path.join(run, *([] if j == 1 or not tag else [tag[:-1]]), f"iter_{j}", "self.json")
+         for j in range(1, int(k) + 1)]
+    if not all(os.path.isfile(f) for f in files):
+        return None
+    return sum(json.load(open(f))["env_steps"] for f in files)
+
+
+def policy_tables(evals, n_seeds, policies=(), steps=None):
     """Markdown lines: one table per evaluation world, each policy's success and average reward on each split,
-    mean +- std over the seeds that finished that evaluation (fewer than all: their count in brackets). Policies
-    also lists those trained: one that no seed evaluated (stopped by DEADLINE) has a row of '-'."""
+    mean +- std over the seeds that finished that evaluation (fewer than all: their count in brackets), and its
+    online environment steps (steps: {policy: each seed's}, their mean). Policies also lists those trained: one
+    that no seed evaluated (stopped by DEADLINE) has a row of '-'."""
+    steps = steps or {}
     lines = []
     for world in sorted({w for e in evals for _, w, _ in e}, key=lambda w: int(w.removeprefix("world"))):
         splits = sorted({s for e in evals for _, w, s in e if w == world}, key=lambda s: (s != "seen", s))
         lines += ["", f"{world}:", "", "| policy | " + " | ".join(f"{s} success | {s} avg reward" for s in splits)
-                  + " |", "|---|" + "---|---|" * len(splits)]
+                  + " | online env steps |", "|---|" + "---|---|" * len(splits) + "---|"]
         for pol in sorted({p for e in evals for p, w, _ in e if w == world} | set(policies), key=policy_order):
             tag, k = re.fullmatch(r"(\w*?)policy_(\d+)", pol).groups()
             cells = []
@@ -74,7 +88,8 @@ def policy_tables(evals, n_seeds, policies=()):
                              f"{spread([d[1] for d in done], '{:.3f}')}" if done else "- | -")
             label = "policy_0 (BC)" if k == "0" else f"{pol} ({NAMES[tag]}: BC and its QNet)" if tag == "qlass_" \
                 else f"{pol} ({NAMES[tag]} iter {k})"
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            n_steps = f"{statistics.mean(steps[pol]):,.0f}" if steps.get(pol) else "-"
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {n_steps} |")
     return lines
 
 
@@ -135,7 +150,10 @@ def main(argv=None):
                  for r in env_runs if os.path.exists(os.path.join(args.lab, f"{r}.seconds"))]
         lines += ["", f"## {env}: seeds {', '.join(seeds)}", "",
                   f"Each cell: mean ± std over the seeds. Each run's wall-clock: {', '.join(walls) or '-'} s."]
-        lines += policy_tables(evals, len(seeds), {p for r in env_runs for p in trained(os.path.join(args.lab, r))})
+        policies = {p for r in env_runs for p in trained(os.path.join(args.lab, r))} | {p for e in evals for p, *_ in e}
+        steps = {p: [n for r in env_runs if (n := online_steps(os.path.join(args.lab, r), p)) is not None]
+                 for p in policies}  # the demonstrations' steps apart: not online
+        lines += policy_tables(evals, len(seeds), policies, steps)
         lines += ["", "| stage | launches per run (02: one per world and split) | loop seconds per run | tokens/s "
                   "| peak memory (GB; CPU: RSS) | TFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
         records = [[json.loads(line) for line in open(os.path.join(args.lab, r, "metrics.jsonl"))] for r in env_runs]

@@ -1,10 +1,11 @@
 """bench/gpu_lab.sh's dry run: the lab's script, end to end on a CPU (a one-layer tiny model, SMOKE's budgets,
-two seeds, BC then Q-Evolve and both baselines, --precision bf16), so that it runs at once when a GPU is lent."""
+two seeds, BC then Q-Evolve and the four baselines, --precision bf16), so that it runs at once when a GPU is lent."""
 import json
 import multiprocessing
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -120,11 +121,20 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
                 if line.startswith("== python 02_collect.py") and "--policy expert" not in line]  # (BC's demos)
     assert len(collects) > 10 and all(("--cuda-graph" in c) == graphs for c in collects), (graphs, collects)
     assert "**Tests**" in report and "1 passed, 0 failed" in report and "## kitchen: seeds 0, 1" in report
-    for policy in ("policy_0 (BC)", "policy_1 (Q-Evolve iter 1)", "rft_policy_1 (iterated RFT iter 1)",
-                   "outcome_policy_1 (outcome-level PG iter 1)", "policy_2 (Q-Evolve iter 2)",
-                   "rft_policy_2 (iterated RFT iter 2)", "outcome_policy_2 (outcome-level PG iter 2)"):
+    steps = lambda *files: statistics.mean(sum(json.load(open(tmp_path / f"kitchen-s{seed}" / f))["env_steps"]
+                                               for f in files) for seed in (0, 1))
+    for policy, online in (("policy_0 (BC)", 0), ("policy_1 (Q-Evolve iter 1)", steps("iter_1/self.json")),
+                           ("rft_policy_1 (iterated RFT iter 1)", steps("iter_1/self.json")),
+                           ("outcome_policy_1 (outcome-level PG iter 1)", None), ("eto_policy_1 (ETO iter 1)", None),
+                           ("policy_2 (Q-Evolve iter 2)", steps("iter_1/self.json", "iter_2/self.json")),
+                           ("rft_policy_2 (iterated RFT iter 2)", None), ("outcome_policy_2 (outcome-level PG iter 2)",
+                                                                          None),
+                           ("eto_policy_2 (ETO iter 2)", steps("iter_1/self.json", "eto/iter_2/self.json")),
+                           ("qlass_policy_1 (QLASS: BC and its QNet)", steps("qlass/trees.json"))):
         row = next(line for line in report.splitlines() if line.startswith(f"| {policy} |"))
         assert row.count("±") == 4, row  # success and reward on seen and unseen, mean ± std over the 2 seeds
+        if online is not None:  # and its online environment steps to date, the mean over the seeds
+            assert row.split("|")[-2].strip() == f"{online:,.0f}", (row, online)
     for stage in ("01_bc | 3 |", "03_critic | 2 |", "05_bppo | 4 |", "02_collect, greedy (evaluation)"):
         assert f"| {stage}" in report, stage  # 01: BC and RFT's two; 05: Q-Evolve's and the outcome-level PG's
     for what in ("sampled (train)", "greedy (evaluation)"):  # 02's peak memory too: here its resident set
@@ -138,7 +148,7 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
         # evaluation, and an evaluation log no training
         for log in tmp_path.glob(f"kitchen-s{seed}.*.log"):
             commands = [line for line in log.read_text().splitlines() if line.startswith("== python")]
-            evaluations = [c for c in commands if "--greedy" in c]
+            evaluations = [c for c in commands if "--greedy" in c or "--rerank" in c]  # (QLASS's: Q-guided)
             assert evaluations == commands if log.name.endswith(".eval.log") else not evaluations, (log, commands)
         assert "01_bc.py" in (tmp_path / f"kitchen-s{seed}.qevolve.it0.log").read_text()  # BC alone, first
         assert "policy_0 --env" in (tmp_path / f"kitchen-s{seed}.qevolve.it0.eval.log").read_text()
