@@ -1002,6 +1002,8 @@ def test_the_lab_checks_every_setting_before_anything_runs(tmp_path):
                                     ((), {"DEADLINE": "1e3"}, "DEADLINE must be"),
                                     (("--seeds", "0"), {}, "takes no arguments"),
                                     ((), {"SEEDS": "0 0"}, "SEEDS names one twice"),
+                                    ((), {"ALGOS": "rft eto"}, "qevolve among them"),
+                                    ((), {"ALGOS": "qevolve dpo"}, "ALGOS must be words of"),
                                     ((), {"ENVS": "nosuch"}, "unknown env 'nosuch'"),
                                     ((), {"N_EVAL": "100000"}, "N_EVAL=100000: kitchen's split 'seen' has 100"),
                                     ((), {"BC_ARGS": "--bogus 1"}, "BC_ARGS='--bogus 1': 01_bc.py refuses it")]:
