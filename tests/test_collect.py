@@ -311,7 +311,8 @@ def test_one_batch_runs_every_world_and_split_as_runs_of_their_own(stages, in_pr
         a, b = (json.loads(p.with_suffix(".json").read_text()) for p in (pair, alone))
         assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
         assert (a["runs_in_batch"], b["runs_in_batch"]) == (4, 1) and a["generated_tokens"] > 0
-        assert 0.1 < a["peak_mem_gb"] < 24  # the launch's peak: here the process's resident set, torch's included
+        # the launch's peak: on a CPU the process's resident set, torch's included; on a GPU the tiny model's tensors
+        assert (0 if torch.cuda.is_available() else 0.1) < a["peak_mem_gb"] < 24
         assert {**a["args"], "out": ""} == {**b["args"], "out": ""} and a["args"]["env_seed"] == world
     proc = in_process(stages["02_collect"], *common, "--env-seed", 0, 1, "--out", tmp_path / "x.jsonl", check=False)
     assert proc.returncode == 2 and "need {world} and {split} in the path" in proc.stderr

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 from transformers import LlamaConfig
 
 from conftest import ROOT
@@ -137,8 +138,9 @@ def test_gpu_lab_dry_run_writes_its_report(tmp_path):
             assert row.split("|")[-2].strip() == f"{online:,.0f}", (row, online)
     for stage in ("01_bc | 3 |", "03_critic | 2 |", "05_bppo | 4 |", "02_collect, greedy (evaluation)"):
         assert f"| {stage}" in report, stage  # 01: BC and RFT's two; 05: Q-Evolve's and the outcome-level PG's
-    for what in ("sampled (train)", "greedy (evaluation)"):  # 02's peak memory too: here its resident set
-        assert float(next(line for line in report.splitlines() if f"02_collect, {what}" in line).split("|")[5]) > 0.1
+    for what in ("sampled (train)", "greedy (evaluation)"):  # 02's peak memory too: on a CPU its resident set (on a
+        peak = float(next(line for line in report.splitlines() if f"02_collect, {what}" in line).split("|")[5])
+        assert peak > (-1 if torch.cuda.is_available() else 0.1)  # GPU the one-layer model's tensors: 0.0 GB)
     for seed in (0, 1):  # iteration by iteration: no algorithm's iteration 2 began before every iteration 1 ended
         run = tmp_path / f"kitchen-s{seed}"
         mtimes = lambda pattern: [f.stat().st_mtime for f in run.glob(pattern)]
