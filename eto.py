@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM
 
 from distributed import average_info, distribute, parts
 from machine import Progress, add_lora, add_machine_flags, autocast, grad_checkpointing, save_trained, start
-from plumbing import (check_flags, finite, fit_context, load_model, load_tokenizer, read_episodes,
+from plumbing import (check_flags, finite, fit_context, load_model, load_tokenizer, read_episodes, same_tokenizer,
                       save_policy, stage_parser)
 
 bppo = importlib.import_module("05_bppo")  # the reply tokens as 05 reads them: tokenize_episode, collate, reply_logits
@@ -88,12 +88,14 @@ def prepare_eto(args, device, amp):
     winners' rows then the losers', log pi_ref(tau) of every pair (2, P): winners and losers)."""
     pairs = make_pairs(read_episodes(args.data))
     tokenizer = load_tokenizer(args.policy)
+    same_tokenizer(tokenizer, load_tokenizer(args.ref), f"--ref {args.ref}", args.policy, "DPO's log-ratios compare "
+                   "their log-probabilities of the same tokens, so both must share one (pass the BC policy)")
     policy = add_lora(grad_checkpointing(load_model(AutoModelForCausalLM, args.policy), args), args.lora).to(device)
+    ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)  # checked with or without
     if not pairs:  # every own failure is on a task nobody won: nothing to contrast
         print(f"eto: no pair (no failed own episode in --data has a success on its task): the policy is written "
               f"unchanged to {args.out}")
         return tokenizer, policy, [], None, None
-    ref = load_model(AutoModelForCausalLM, args.ref).to(device).eval().requires_grad_(False)
     tokens = {id(ep): x for ep, x in fit_context([(ep, bppo.tokenize_episode(tokenizer, ep))
                                                   for pair in pairs for ep in pair], policy.config)}
     pairs = [(w, lo) for w, lo in pairs if id(w) in tokens and id(lo) in tokens]  # both fit the context

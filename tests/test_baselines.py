@@ -141,6 +141,10 @@ def test_a_buffer_without_a_pair_keeps_the_policy_as_it_is(tiny_run, in_process,
     assert "no pair" in proc.stdout
     before, after = (load_file(d / "model.safetensors") for d in (tiny_run / "policy_0", out))
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    # --ref is checked with no pair too (session 13's probes: a missing one passed, exit 0, a policy written)
+    proc = in_process(eto, "--data", tiny_run / "expert.jsonl", "--policy", tiny_run / "policy_0",
+                      "--ref", tmp_path / "nosuch", "--out", tmp_path / "p2", "--threads", 1, check=False)
+    assert proc.returncode == 2 and "nosuch: no such directory" in proc.stderr and not (tmp_path / "p2").exists()
 
 
 def test_a_tree_whose_worst_case_exceeds_the_bound_is_refused_before_any_work(capsys):
