@@ -206,7 +206,7 @@ def test_an_interrupted_lab_stops_its_runs_and_leaves_no_temporary_folder(tmp_pa
             time.sleep(0.5)
         assert list((tmp_path / "tmp").glob("gpu_lab_graph.*")), lab.stderr.read() if lab.poll() is not None else ""
         lab.send_signal(signal.SIGINT)
-        assert lab.wait(timeout=60) == 130
+        assert lab.wait(timeout=180) == 130  # stops, however busy the cores (CI beside other work once took > 60 s)
     finally:
         lab.kill()
     time.sleep(2)
